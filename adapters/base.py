@@ -1,0 +1,192 @@
+"""The adapter protocol: what the orchestrator needs from a model to tune it.
+
+An adapter is any object with these attributes and methods; subclassing `BaseAdapter` is a
+convenience, not a requirement. The orchestrator calls `suggest` to draw a trial's parameters
+(this is where the search space is declared), then `train` with those parameters on the trial's
+device. `train` calls `report(epoch, value)` once per epoch, which may raise `optuna.TrialPruned`,
+and returns the value to optimise. Nothing between `suggest` and `train` changes `batch_size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    import optuna
+    import torch
+
+# The study-wide static batch-size range. Every adapter declares `batch_size` over this range
+# (log scale) so that every node shares one search space; the sampler maps proposals into the
+# bounds that the planner derived for each GPU.
+BATCH_SIZE_MIN = 64
+BATCH_SIZE_MAX = 4096
+
+Report = Callable[[int, float], None]
+
+REQUIRED_ATTRIBUTES = ("name", "workload_class", "model_overhead_mb", "per_sample_mb", "direction")
+REQUIRED_METHODS = ("suggest", "train")
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """VRAM of one trial: a fixed overhead plus a cost per sample in a batch, in MB."""
+
+    model_overhead_mb: float
+    per_sample_mb: float
+
+    def planned_mb(self, batch_size: int) -> float:
+        return self.model_overhead_mb + batch_size * self.per_sample_mb
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    name: str
+    workload_class: str  # "rl" or "supervised"
+    model_overhead_mb: float
+    per_sample_mb: float
+    direction: str  # "maximize" or "minimize"
+
+    def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def train(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+        report: Report,
+    ) -> float: ...
+
+
+class BaseAdapter:
+    """Shared behaviour: option parsing, the memory model, and `objective` from suggest + train."""
+
+    name: str = ""
+    workload_class: str = "supervised"
+    model_overhead_mb: float = 500.0
+    per_sample_mb: float = 0.02
+    direction: str = "minimize"
+    metric: str = "objective"  # what the returned value is, in the user's words
+    description: str = ""
+    # Option name -> default value; `--option KEY=VALUE` is parsed to the default's type.
+    options: Mapping[str, Any] = {}
+    # A good starting point: enqueued as trial 0 of a new study when the user asks for it.
+    default_params: Mapping[str, Any] = {}
+
+    def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:
+        return MemoryModel(self.model_overhead_mb, self.per_sample_mb)
+
+    def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def train(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+        report: Report,
+    ) -> float:
+        raise NotImplementedError
+
+    def objective(
+        self,
+        trial: optuna.Trial,
+        device: torch.device,
+        epochs: int,
+        options: Mapping[str, Any],
+    ) -> float:
+        """One trial: draw parameters, train, report every epoch (pruning works), return the value."""
+
+        def report(epoch: int, value: float) -> None:
+            import optuna
+
+            trial.report(value, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"pruned at epoch {epoch}")
+
+        params = self.suggest(trial, options)
+        return self.train(params, epochs=epochs, device=device, options=options, report=report)
+
+
+def memory_model_of(adapter: Any, options: Mapping[str, Any]) -> MemoryModel:
+    """The adapter's memory model for these options (plain attributes where it has no method)."""
+    method = getattr(adapter, "memory_model", None)
+    if callable(method):
+        return method(options)
+    return MemoryModel(float(adapter.model_overhead_mb), float(adapter.per_sample_mb))
+
+
+def option_defaults(adapter: Any) -> dict[str, Any]:
+    return dict(getattr(adapter, "options", {}) or {})
+
+
+def parse_options(adapter: Any, raw: Mapping[str, str] | list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` strings (or a mapping of strings) to typed options, with the adapter's defaults.
+
+    An unknown key or a value of the wrong type is a UserError that lists what is accepted.
+    """
+    defaults = option_defaults(adapter)
+    pairs: dict[str, str] = {}
+    if isinstance(raw, Mapping):
+        pairs = {str(k): str(v) for k, v in raw.items()}
+    else:
+        for item in raw:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise UserError(f"--option {item!r} is not KEY=VALUE: write for example --option trial_seconds=2")
+            pairs[key.strip()] = value.strip()
+    options = dict(defaults)
+    for key, text in pairs.items():
+        if key not in defaults:
+            accepted = ", ".join(sorted(defaults)) or "none"
+            raise UserError(
+                f"adapter {adapter.name!r} has no option {key!r}; its options are: {accepted}"
+            )
+        options[key] = _convert(adapter.name, key, text, defaults[key])
+    return options
+
+
+def _convert(adapter_name: str, key: str, text: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        raise UserError(
+            f"option {key}={text!r} of adapter {adapter_name!r} must be a {type(default).__name__}"
+        ) from None
+    if default is None and text.lower() in ("", "none"):
+        return None
+    return text
+
+
+def problems_with(adapter: Any) -> list[str]:
+    """What the adapter lacks to meet the protocol (an empty list when it is usable)."""
+    missing = [f"attribute {name!r}" for name in REQUIRED_ATTRIBUTES if not hasattr(adapter, name)]
+    missing += [
+        f"method {name!r}"
+        for name in REQUIRED_METHODS
+        if not callable(getattr(adapter, name, None))
+    ]
+    if not missing:
+        if getattr(adapter, "workload_class", None) not in ("rl", "supervised"):
+            missing.append("workload_class 'rl' or 'supervised'")
+        if getattr(adapter, "direction", None) not in ("maximize", "minimize"):
+            missing.append("direction 'maximize' or 'minimize'")
+    return missing
+

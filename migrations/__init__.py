@@ -1,0 +1,1 @@
+"""Alembic chain for the orchestrator's own tables, shipped inside the package."""

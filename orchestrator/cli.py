@@ -1,0 +1,111 @@
+"""Command line: parse, call, print. A UserError becomes one line on stderr and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from orchestrator.errors import UserError
+
+# Each command is a module in orchestrator.commands with `register(subparsers)`; the module
+# imports nothing heavy at the top so `--help` stays instant.
+COMMANDS = (
+    "run",
+    "worker",
+    "plan",
+    "status",
+    "best",
+    "report",
+    "dashboard",
+    "adapters",
+    "manifests",
+    "db",
+)
+
+EPILOG = """examples:
+  python -m orchestrator run dqn                      tune the DQN agent on this machine
+  python -m orchestrator plan dqn --gpus sim:24576    what would fit on a 24 GB GPU
+  python -m orchestrator dashboard                    watch it in optuna-dashboard
+"""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (and exit 2), not a usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog="python -m orchestrator",
+        description="Hyperparameter studies for PyTorch models on GPUs, on Optuna.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    subparsers.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"orchestrator.commands.{name}")
+        except ModuleNotFoundError as error:
+            if error.name == f"orchestrator.commands.{name}":
+                continue  # not built yet in this checkout
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def add_storage_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--storage",
+        metavar="URL",
+        help="study database (default: $ORCHESTRATOR_STORAGE, else sqlite:///orchestrator.db)",
+    )
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quiet", "-q", action="store_true", help="print only the result")
+    group.add_argument("--verbose", "-v", action="store_true", help="log every decision")
+
+
+def command_parser(subparsers, name: str, *, help: str, example: str) -> Parser:  # noqa: ANN001, A002
+    """A subcommand parser whose --help ends with an example."""
+    return subparsers.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # Optuna logs every trial at INFO; our progress display says the same thing once.
+    import optuna
+
+    optuna.logging.set_verbosity(logging.DEBUG if verbose else logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

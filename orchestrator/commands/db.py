@@ -1,0 +1,48 @@
+"""`db upgrade`: create Optuna's schema, then bring our orch_* tables to head."""
+
+from __future__ import annotations
+
+import argparse
+
+from orchestrator.cli import add_storage_argument, command_parser
+
+
+def register(subparsers) -> None:  # noqa: ANN001
+    parser = command_parser(
+        subparsers,
+        "db",
+        help="create or upgrade the study database (Optuna's tables, then ours)",
+        example="python -m orchestrator db upgrade --storage postgresql://user@db:5432/studies",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+    upgrade = actions.add_parser("upgrade", help="bring both schemas to the newest revision")
+    add_storage_argument(upgrade)
+    upgrade.set_defaults(handler=upgrade_command)
+    current = actions.add_parser("current", help="print the revisions the database is at")
+    add_storage_argument(current)
+    current.set_defaults(handler=current_command)
+
+
+def upgrade_command(args: argparse.Namespace) -> int:
+    from orchestrator.migrate import current_revision, open_storage
+    from orchestrator.storage import mask_password, resolve_storage_url
+
+    url = resolve_storage_url(args.storage)
+    storage = open_storage(url)
+    print(f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
+          f"orchestrator schema {current_revision(storage)}")
+    return 0
+
+
+def current_command(args: argparse.Namespace) -> int:
+    from orchestrator.migrate import current_revision, head_revision
+    from orchestrator.storage import create_storage, mask_password, resolve_storage_url
+
+    url = resolve_storage_url(args.storage)
+    storage = create_storage(url)
+    ours = current_revision(storage)
+    behind = "" if ours == head_revision() else f" (head is {head_revision()}: run `python -m orchestrator db upgrade`)"
+    print(f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
+          f"orchestrator schema {ours}{behind}")
+    return 0

@@ -1,0 +1,298 @@
+"""Our own tables (orch_*), beside Optuna's in the same database, and the few reads and writes on them.
+
+The schema is owned by the alembic chain in `migrations/`; these Table objects mirror it so code
+and autogenerate agree. Every function takes an SQLAlchemy Engine: the caller decides where.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+# Optuna owns alembic's default `alembic_version`; our chain keeps its revision here.
+VERSION_TABLE = "orchestrator_alembic_version"
+
+metadata = sa.MetaData()
+
+workers = sa.Table(
+    "orch_workers",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("study_name", sa.String(512), nullable=False, index=True),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("gpu_index", sa.Integer, nullable=True),
+    sa.Column("gpu_name", sa.String(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("started_at", sa.DateTime, nullable=False),
+    sa.Column("last_seen", sa.DateTime, nullable=False),
+    sa.Column("stopped_at", sa.DateTime, nullable=True),
+)
+
+trial_vram = sa.Table(
+    "orch_trial_vram",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("study_name", sa.String(512), nullable=False, index=True),
+    sa.Column("trial_number", sa.Integer, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("gpu_index", sa.Integer, nullable=True),
+    sa.Column("gpu_name", sa.String(255), nullable=False),
+    sa.Column("batch_size", sa.Integer, nullable=True),
+    sa.Column("vram_planned_mb", sa.Float, nullable=True),
+    sa.Column("vram_peak_mb", sa.Float, nullable=True),
+    sa.Column("concurrency", sa.Integer, nullable=True),
+    sa.Column("oom", sa.Boolean, nullable=False, default=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("recorded_at", sa.DateTime, nullable=False),
+)
+
+concurrency_events = sa.Table(
+    "orch_concurrency_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("study_name", sa.String(512), nullable=False, index=True),
+    sa.Column("at", sa.DateTime, nullable=False),
+    sa.Column("host", sa.String(255), nullable=False),
+    sa.Column("gpu_index", sa.Integer, nullable=True),
+    sa.Column("gpu_name", sa.String(255), nullable=False),
+    sa.Column("from_slots", sa.Integer, nullable=False),
+    sa.Column("to_slots", sa.Integer, nullable=False),
+    sa.Column("reason", sa.String(16), nullable=False),  # start | rampup | oom | watchdog | degrade
+    sa.Column("detail", sa.Text, nullable=True),
+)
+
+memory_models = sa.Table(
+    "orch_memory_models",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("adapter", sa.String(255), nullable=False),
+    sa.Column("gpu_name", sa.String(255), nullable=False),
+    sa.Column("model_overhead_mb", sa.Float, nullable=False),
+    sa.Column("per_sample_mb", sa.Float, nullable=False),
+    sa.Column("source", sa.String(32), nullable=False),  # calibration | trials
+    sa.Column("samples", sa.Integer, nullable=False),
+    sa.Column("measured_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("adapter", "gpu_name", name="uq_orch_memory_models_adapter_gpu"),
+)
+
+batch_limits = sa.Table(
+    "orch_batch_limits",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("study_name", sa.String(512), nullable=False),
+    sa.Column("gpu_name", sa.String(255), nullable=False),
+    sa.Column("max_batch_size", sa.Integer, nullable=False),
+    sa.Column("trial_number", sa.Integer, nullable=True),
+    sa.Column("recorded_at", sa.DateTime, nullable=False),
+    sa.UniqueConstraint("study_name", "gpu_name", name="uq_orch_batch_limits_study_gpu"),
+)
+
+TABLE_NAMES = frozenset(metadata.tables)
+
+
+def now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+# --- workers -------------------------------------------------------------------------------
+
+
+def register_worker(
+    engine: Engine, *, study_name: str, host: str, gpu_index: int | None, gpu_name: str, pid: int
+) -> int:
+    stamp = now()
+    with engine.begin() as conn:
+        result = conn.execute(
+            workers.insert().values(
+                study_name=study_name,
+                host=host,
+                gpu_index=gpu_index,
+                gpu_name=gpu_name,
+                pid=pid,
+                started_at=stamp,
+                last_seen=stamp,
+            )
+        )
+        return int(result.inserted_primary_key[0])
+
+
+def touch_worker(engine: Engine, worker_id: int, *, stopped: bool = False) -> None:
+    stamp = now()
+    values: dict[str, Any] = {"last_seen": stamp}
+    if stopped:
+        values["stopped_at"] = stamp
+    with engine.begin() as conn:
+        conn.execute(workers.update().where(workers.c.id == worker_id).values(**values))
+
+
+# --- concurrency events --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConcurrencyEvent:
+    at: dt.datetime
+    host: str
+    gpu_index: int | None
+    gpu_name: str
+    from_slots: int
+    to_slots: int
+    reason: str
+    detail: str | None
+
+
+def record_concurrency_event(engine: Engine, *, study_name: str, event: ConcurrencyEvent) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            concurrency_events.insert().values(
+                study_name=study_name,
+                at=event.at,
+                host=event.host,
+                gpu_index=event.gpu_index,
+                gpu_name=event.gpu_name,
+                from_slots=event.from_slots,
+                to_slots=event.to_slots,
+                reason=event.reason,
+                detail=event.detail,
+            )
+        )
+
+
+def list_concurrency_events(engine: Engine, study_name: str) -> list[ConcurrencyEvent]:
+    query = (
+        sa.select(concurrency_events)
+        .where(concurrency_events.c.study_name == study_name)
+        .order_by(concurrency_events.c.at, concurrency_events.c.id)
+    )
+    with engine.connect() as conn:
+        return [
+            ConcurrencyEvent(
+                at=row.at,
+                host=row.host,
+                gpu_index=row.gpu_index,
+                gpu_name=row.gpu_name,
+                from_slots=row.from_slots,
+                to_slots=row.to_slots,
+                reason=row.reason,
+                detail=row.detail,
+            )
+            for row in conn.execute(query)
+        ]
+
+
+# --- per-trial VRAM ------------------------------------------------------------------------
+
+
+def record_trial_vram(engine: Engine, *, study_name: str, trial_number: int, **values: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            trial_vram.insert().values(
+                study_name=study_name, trial_number=trial_number, recorded_at=now(), **values
+            )
+        )
+
+
+def list_trial_vram(engine: Engine, study_name: str) -> list[dict[str, Any]]:
+    query = (
+        sa.select(trial_vram)
+        .where(trial_vram.c.study_name == study_name)
+        .order_by(trial_vram.c.trial_number, trial_vram.c.id)
+    )
+    with engine.connect() as conn:
+        return [dict(row._mapping) for row in conn.execute(query)]
+
+
+# --- memory models and batch limits --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MeasuredMemoryModel:
+    model_overhead_mb: float
+    per_sample_mb: float
+    source: str
+    samples: int
+    measured_at: dt.datetime
+
+
+def save_memory_model(
+    engine: Engine,
+    *,
+    adapter: str,
+    gpu_name: str,
+    model_overhead_mb: float,
+    per_sample_mb: float,
+    source: str,
+    samples: int,
+) -> None:
+    """Store (or replace) the measured memory model of an adapter on one kind of GPU."""
+    with engine.begin() as conn:
+        conn.execute(
+            memory_models.delete().where(
+                (memory_models.c.adapter == adapter) & (memory_models.c.gpu_name == gpu_name)
+            )
+        )
+        conn.execute(
+            memory_models.insert().values(
+                adapter=adapter,
+                gpu_name=gpu_name,
+                model_overhead_mb=model_overhead_mb,
+                per_sample_mb=per_sample_mb,
+                source=source,
+                samples=samples,
+                measured_at=now(),
+            )
+        )
+
+
+def load_memory_model(engine: Engine, *, adapter: str, gpu_name: str) -> MeasuredMemoryModel | None:
+    query = sa.select(memory_models).where(
+        (memory_models.c.adapter == adapter) & (memory_models.c.gpu_name == gpu_name)
+    )
+    with engine.connect() as conn:
+        row = conn.execute(query).first()
+    if row is None:
+        return None
+    return MeasuredMemoryModel(
+        model_overhead_mb=row.model_overhead_mb,
+        per_sample_mb=row.per_sample_mb,
+        source=row.source,
+        samples=row.samples,
+        measured_at=row.measured_at,
+    )
+
+
+def lower_batch_limit(
+    engine: Engine, *, study_name: str, gpu_name: str, max_batch_size: int, trial_number: int | None
+) -> None:
+    """Record that batches above max_batch_size do not fit this GPU; a limit only ever goes down."""
+    current = load_batch_limit(engine, study_name=study_name, gpu_name=gpu_name)
+    if current is not None and current <= max_batch_size:
+        return
+    with engine.begin() as conn:
+        conn.execute(
+            batch_limits.delete().where(
+                (batch_limits.c.study_name == study_name) & (batch_limits.c.gpu_name == gpu_name)
+            )
+        )
+        conn.execute(
+            batch_limits.insert().values(
+                study_name=study_name,
+                gpu_name=gpu_name,
+                max_batch_size=max_batch_size,
+                trial_number=trial_number,
+                recorded_at=now(),
+            )
+        )
+
+
+def load_batch_limit(engine: Engine, *, study_name: str, gpu_name: str) -> int | None:
+    query = sa.select(batch_limits.c.max_batch_size).where(
+        (batch_limits.c.study_name == study_name) & (batch_limits.c.gpu_name == gpu_name)
+    )
+    with engine.connect() as conn:
+        return conn.execute(query).scalar()
