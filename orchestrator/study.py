@@ -1,0 +1,130 @@
+"""A study and what is stored with it: the adapter, the budget, epochs and options.
+
+`run` writes this spec into the study's user attributes (optuna-dashboard shows it), so that
+`worker --study NAME` on another node joins with nothing else to type. The budget arithmetic is
+pure: which trials count towards `--trials N`, and whether a worker may ask for another.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
+
+SPEC_ATTR = "orchestrator"
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    adapter: str  # a registered adapter's name, or module:attribute when adapter_path is set
+    trials: int  # the study's total budget, over every worker on every node
+    epochs: int
+    direction: str
+    options: dict[str, Any] = field(default_factory=dict)
+    adapter_path: bool = False
+    sampler: str = "pso"
+    seed: int | None = None
+    swarm_size: int = 20
+    max_retries: int = 2  # how often an OOM'd or lost trial's parameters are re-run
+
+    def to_attr(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_attr(cls, value: dict[str, Any]) -> StudySpec:
+        known = {name for name in cls.__dataclass_fields__}
+        return cls(**{key: val for key, val in value.items() if key in known})
+
+    def updated(self, **changes: Any) -> StudySpec:
+        return replace(self, **{key: val for key, val in changes.items() if val is not None})
+
+
+def load_spec(study: optuna.Study) -> StudySpec | None:
+    value = study.user_attrs.get(SPEC_ATTR)
+    if not isinstance(value, dict):
+        return None
+    return StudySpec.from_attr(value)
+
+
+def save_spec(study: optuna.Study, spec: StudySpec) -> None:
+    # JSON round trip: user attributes must be JSON-serialisable, and we want a clear error if not.
+    study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.to_attr())))
+
+
+def study_names(storage: BaseStorage) -> list[str]:
+    return sorted(summary.study_name for summary in storage.get_all_studies())
+
+
+def load_existing_study(storage: BaseStorage, name: str, storage_label: str) -> optuna.Study:
+    """The study called `name`, or a UserError that lists the studies that do exist."""
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        names = study_names(storage)
+        have = ", ".join(names) if names else "none yet (start one with `python -m orchestrator run ADAPTER`)"
+        raise UserError(f"no study {name!r} in {storage_label}; studies there: {have}") from None
+
+
+# --- the budget ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BudgetCount:
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0  # failed and not re-queued: final
+    retried: int = 0  # failed, with a WAITING copy that re-runs its parameters
+    running: int = 0
+    waiting: int = 0
+
+    @property
+    def counted(self) -> int:
+        """Trials that have used up budget for good."""
+        return self.complete + self.pruned + self.failed
+
+    def may_ask(self, budget: int) -> bool:
+        # A waiting trial is already inside the budget: asking hands it over, it adds nothing.
+        return self.waiting > 0 or self.counted + self.running < budget
+
+    def finished(self, budget: int) -> bool:
+        return self.counted >= budget and self.running == 0
+
+
+def retried_trial_numbers(trials: Iterable[FrozenTrial]) -> set[int]:
+    """Numbers of failed trials whose parameters were re-queued (Optuna's retry_history format)."""
+    retried: set[int] = set()
+    for trial in trials:
+        history = trial.system_attrs.get("retry_history")
+        if history:
+            retried.add(int(history[-1]))
+    return retried
+
+
+def count_trials(trials: Iterable[FrozenTrial]) -> BudgetCount:
+    from optuna.trial import TrialState
+
+    trials = list(trials)
+    retried = retried_trial_numbers(trials)
+    counts = dict.fromkeys(("complete", "pruned", "failed", "retried", "running", "waiting"), 0)
+    for trial in trials:
+        if trial.state == TrialState.COMPLETE:
+            counts["complete"] += 1
+        elif trial.state == TrialState.PRUNED:
+            counts["pruned"] += 1
+        elif trial.state == TrialState.FAIL:
+            counts["retried" if trial.number in retried else "failed"] += 1
+        elif trial.state == TrialState.RUNNING:
+            counts["running"] += 1
+        elif trial.state == TrialState.WAITING:
+            counts["waiting"] += 1
+    return BudgetCount(**counts)
