@@ -24,13 +24,19 @@ def _parse_sim(spec: str) -> list[float]:
     for part in spec.split(","):
         part = part.strip()
         if not part.startswith("sim:"):
-            raise UserError(f"--gpus {spec!r}: mix no real and simulated GPUs; write sim:MB[,sim:MB...]")
+            raise UserError(
+                f"--gpus {spec!r}: real and simulated GPUs do not mix; write sim:MB[,sim:MB...]"
+            )
         try:
             size = float(part[4:])
         except ValueError:
-            raise UserError(f"--gpus {part!r}: the simulated size must be a number of MB, e.g. sim:24576") from None
+            raise UserError(
+                f"--gpus {part!r}: the simulated size must be a number of MB, e.g. sim:24576"
+            ) from None
         if size <= 0:
-            raise UserError(f"--gpus {part!r}: the simulated size must be more than 0 MB, e.g. sim:24576")
+            raise UserError(
+                f"--gpus {part!r}: the simulated size must be more than 0 MB, e.g. sim:24576"
+            )
         sizes.append(size)
     return sizes
 
@@ -50,7 +56,9 @@ def select_devices(spec: str = "auto", *, sim_dir: str | None = None) -> tuple[P
     try:
         wanted = [int(part) for part in spec.split(",") if part.strip()]
     except ValueError:
-        raise UserError(f"--gpus {spec!r}: use auto, none, GPU indices such as 0,2, or sim:MB") from None
+        raise UserError(
+            f"--gpus {spec!r}: use auto, none, GPU indices such as 0,2, or sim:MB"
+        ) from None
     by_index = {device.index: device for device in found}
     missing = [index for index in wanted if index not in by_index]
     if missing:

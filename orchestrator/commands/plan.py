@@ -1,0 +1,240 @@
+"""`plan ADAPTER`: how many trials of an adapter fit on each GPU, with which batch sizes, and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from adapters.base import MemoryModel
+    from orchestrator.gpu.base import Device
+    from orchestrator.planner import GpuPlan, NodePlan
+
+DEFAULT_SWARM_SIZE = 20
+
+
+def register(subparsers) -> None:  # noqa: ANN001
+    parser = command_parser(
+        subparsers,
+        "plan",
+        help="show how many trials fit on each GPU at once, with which batch sizes, and what limits them",
+        example="python -m orchestrator plan dqn --gpus sim:24576,sim:49152",
+    )
+    parser.add_argument(
+        "adapter", nargs="?", metavar="ADAPTER", help="adapter name (see `adapters`)"
+    )
+    parser.add_argument(
+        "--gpus",
+        default="auto",
+        metavar="SPEC",
+        help="auto (default), none, indices such as 0,2, or simulated sizes sim:MB[,sim:MB...]",
+    )
+    add_storage_argument(parser)
+    parser.add_argument(
+        "--swarm-size",
+        type=int,
+        default=DEFAULT_SWARM_SIZE,
+        metavar="N",
+        help=f"particles in the swarm: the most trials one GPU runs at once (default {DEFAULT_SWARM_SIZE})",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="at most N trials at once per GPU (lowers the plan, never raises it past VRAM)",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an adapter option (repeatable), e.g. --option per_sample_mb=0.05",
+    )
+    parser.add_argument("--adapter-path", metavar="MODULE:ATTRIBUTE", help="load your own adapter")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="measure the memory model on each kind of GPU first (two short trainings) and store it",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    parser.set_defaults(handler=plan_command)
+
+
+def plan_command(args: argparse.Namespace) -> int:
+    import adapters
+    from orchestrator.calibrate import AdapterRef
+    from orchestrator.gpu import select_devices
+    from orchestrator.memory import DECLARED, measured_models
+    from orchestrator.planner import plan_node, usable_cpu_cores
+    from orchestrator.storage import resolve_storage_url
+    from orchestrator.workloads import workload_class
+
+    if args.swarm_size < 1:
+        raise UserError(f"--swarm-size {args.swarm_size}: the swarm needs at least 1 particle")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise UserError(f"--concurrency {args.concurrency}: give at least 1 trial per GPU")
+    if args.adapter_path:
+        ref = AdapterRef(path=args.adapter_path)
+    elif args.adapter:
+        ref = AdapterRef(name=args.adapter)
+    else:
+        raise UserError(
+            "name an adapter, e.g. `plan dqn`, or load one with --adapter-path module:attribute"
+        )
+    adapter = ref.load()
+    options = adapters.parse_options(adapter, args.option)
+    declared = adapters.memory_model_of(adapter, options)
+    workload = workload_class(adapter.workload_class)
+    url = resolve_storage_url(args.storage)
+
+    with tempfile.TemporaryDirectory(prefix="orchestrator-plan-") as sim_dir:
+        _probe, devices = select_devices(args.gpus, sim_dir=sim_dir)
+        if args.calibrate:
+            _calibrate(ref, adapter, options, devices, url, args)
+        measured = measured_models(url, adapter.name, declared, (device.name for device in devices))
+        plan = plan_node(
+            devices,
+            declared,
+            cpu_bound=workload.cpu_bound,
+            cpu_cores=usable_cpu_cores(),
+            swarm_size=args.swarm_size,
+            memory_model_source=DECLARED,
+            concurrency=args.concurrency,
+            gpu_memory_models=measured,
+        )
+    if args.json:
+        print(json.dumps(plan_json(plan, adapter, args), indent=2))
+    else:
+        print("\n".join(render_plan(plan, adapter, args)))
+    return 0
+
+
+def plan_json(plan: NodePlan, adapter: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "adapter": adapter.name,
+        "workload_class": adapter.workload_class,
+        "gpus_spec": args.gpus,
+        "swarm_size": args.swarm_size,
+        "concurrency": args.concurrency,
+        **plan.as_dict(),
+    }
+
+
+def describe_model(model: MemoryModel, source: str) -> str:
+    return f"{source}: {model.model_overhead_mb:,.0f} MB + {model.per_sample_mb:g} MB per sample"
+
+
+def render_plan(plan: NodePlan, adapter: Any, args: argparse.Namespace) -> list[str]:
+    """The plan in words: one line without a GPU, else a header and a block per GPU."""
+    first = plan.gpus[0]
+    if first.device is None:
+        found = "no GPU" if args.gpus == "none" else "no GPU found"
+        low, high = first.batch_bounds
+        return [
+            f"{found} (--gpus {args.gpus}): {adapter.name} runs 1 trial at a time on the CPU, "
+            f"batch sizes {low}..{high} (memory model {describe_model(first.memory_model, first.memory_model_source)})"
+        ]
+    cores = plan.cpu_cores
+    bound = (
+        f"{adapter.workload_class} is CPU-bound: at most {cores} trials at once over all GPUs "
+        f"({cores} usable CPU cores)"
+        if plan.cpu_bound
+        else f"{adapter.workload_class} is GPU-bound: not capped by the {cores} CPU cores"
+    )
+    lines = [f"plan for {adapter.name}: swarm of {args.swarm_size}; {bound}"]
+    for gpu in plan.gpus:
+        lines.append("")
+        lines.extend(_render_gpu(gpu, plan, args))
+    lines.append("")
+    count = len(plan.gpus)
+    lines.append(
+        f"in all: {plan.total_slots} trials at once on {count} GPU{'s' if count > 1 else ''}"
+    )
+    return lines
+
+
+def _limit_words(gpu: GpuPlan, plan: NodePlan, args: argparse.Namespace) -> str:
+    vram = gpu.strategy.max_concurrent_trials
+    if gpu.limited_by == "vram":
+        return "VRAM"
+    if gpu.limited_by == "swarm":
+        return f"swarm size {args.swarm_size} (VRAM fits more)"
+    if gpu.limited_by == "cpu":
+        return f"CPU cores ({plan.cpu_cores} usable, shared by {len(plan.gpus)} GPU(s); VRAM fits {vram})"
+    if gpu.limited_by == "user":
+        return f"--concurrency {args.concurrency} (VRAM fits {vram})"
+    return gpu.limited_by
+
+
+def _render_gpu(gpu: GpuPlan, plan: NodePlan, args: argparse.Namespace) -> list[str]:
+    device = gpu.device
+    assert device is not None
+    low, high = gpu.batch_bounds
+    rows = [
+        (f"GPU {device.index}", f"{device.name} ({device.kind})"),
+        ("total VRAM", f"{gpu.total_mb:,.0f} MB ({gpu.usable_mb:,.0f} MB usable, 20% kept free)"),
+        ("memory model", describe_model(gpu.memory_model, gpu.memory_model_source)),
+        (
+            "per trial",
+            f"{gpu.per_trial_mb:,.1f} MB at batch {low}, {gpu.largest_trial_mb:,.1f} MB at {high}",
+        ),
+        ("slots", f"{gpu.slots} trials at once, limited by {_limit_words(gpu, plan, args)}"),
+        ("batch bounds", f"{low}..{high}"),
+        ("reserved", f"{gpu.reserved_mb:,.0f} MB at the minimum batch"),
+    ]
+    lines = [rows[0][0] + "  " + rows[0][1]] + [f"  {key:<13} {value}" for key, value in rows[1:]]
+    if not gpu.fits:
+        lines.append(
+            f"  warning: one trial needs {gpu.per_trial_mb:,.0f} MB, more than the "
+            f"{gpu.usable_mb:,.0f} MB usable: expect out-of-memory errors on this GPU"
+        )
+    return lines
+
+
+def _calibrate(
+    ref: Any,
+    adapter: Any,
+    options: dict[str, Any],
+    devices: Sequence[Device],
+    url: str,
+    args: argparse.Namespace,
+) -> None:
+    """Measure on the first GPU of each name and store the models, before planning with them."""
+    from orchestrator.calibrate import SOURCE, calibrate, calibration_params
+    from orchestrator.memory import save_measured
+    from orchestrator.migrate import open_storage
+    from orchestrator.storage import mask_password
+
+    real = [device for device in devices if device.kind == "cuda"]
+    if not real:
+        what = "simulated GPUs have no memory to measure" if devices else "none was found"
+        raise UserError(
+            f"--calibrate needs a real CUDA GPU but {what} (--gpus {args.gpus}); "
+            "plan without --calibrate to use the declared memory model"
+        )
+    calibration_params(adapter, 1)  # fails early, in this process, if it cannot vary batch_size
+    first_by_name: dict[str, Device] = {}
+    for device in real:
+        first_by_name.setdefault(device.name, device)
+    engine = open_storage(url).engine
+    for name, device in first_by_name.items():
+        result = calibrate(ref, options, device_index=device.index, gpu_name=name)
+        save_measured(
+            engine,
+            adapter=adapter.name,
+            gpu_name=name,
+            model=result.model,
+            source=SOURCE,
+            samples=len(result.measurements),
+        )
+        if not args.json:
+            peaks = ", ".join(
+                f"batch {m.batch_size}: {m.peak_reserved_mb:,.0f} MB" for m in result.measurements
+            )
+            print(f"calibrated {adapter.name} on {name} ({peaks}); stored in {mask_password(url)}")
