@@ -1,0 +1,97 @@
+"""`manifests ADAPTER --study NAME --workers N`: Kubernetes YAML for N workers on the adapter's pool."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from orchestrator.cli import command_parser
+from orchestrator.errors import UserError
+from orchestrator.workloads import add_workloads_argument
+
+
+def register(subparsers) -> None:  # noqa: ANN001
+    from orchestrator.deploy import DEFAULT_IMAGE, DEFAULT_STORAGE_SECRET
+
+    parser = command_parser(
+        subparsers,
+        "manifests",
+        help="write Kubernetes YAML for N GPU workers of a study on the adapter's node pool",
+        example="python -m orchestrator manifests dqn --study dqn-l4 --workers 4 "
+        "--image registry.example.com/orchestrator:0.1.0 --out k8s/",
+    )
+    parser.add_argument("adapter", metavar="ADAPTER", help="the adapter the study tunes, e.g. dqn")
+    parser.add_argument("--study", required=True, metavar="NAME", help="the study the workers join")
+    parser.add_argument(
+        "--workers", type=int, required=True, metavar="N", help="worker pods, one GPU each"
+    )
+    parser.add_argument(
+        "--image", default=DEFAULT_IMAGE, help=f"container image (default: {DEFAULT_IMAGE})"
+    )
+    parser.add_argument(
+        "--storage-secret",
+        default=DEFAULT_STORAGE_SECRET,
+        metavar="NAME",
+        help="Secret whose key `url` holds the storage URL (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--epochs", type=int, metavar="N", help="epochs per trial (default: the workload class's)"
+    )
+    parser.add_argument(
+        "--trials", type=int, metavar="N", help="the study's trial budget, shared by all workers"
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write migrate.yaml, workers.yaml, dashboard.yaml here (default: print)",
+    )
+    add_workloads_argument(parser)
+    parser.set_defaults(handler=manifests_command)
+
+
+def manifests_command(args: argparse.Namespace) -> int:
+    import adapters
+    from orchestrator.deploy import Deployment, apply_commands, manifests, to_yaml
+    from orchestrator.workloads import workload_class
+
+    adapter = adapters.get(args.adapter)
+    wc = workload_class(adapter.workload_class, args.workloads)
+    deployment = Deployment(
+        adapter=args.adapter,
+        workload=wc,
+        study=args.study,
+        workers=args.workers,
+        image=args.image,
+        storage_secret=args.storage_secret,
+        epochs=args.epochs,
+        trials=args.trials,
+    )
+    files = manifests(deployment)
+    summary = (
+        f"{args.adapter} is {wc.name}: {args.workers} worker(s) on "
+        f"{wc.node_selector_key}={wc.node_selector_value} ({wc.gpu_kind or 'GPU'}), "
+        f"cpu {wc.cpu_request}/{wc.cpu_limit}, memory {wc.memory_request}/{wc.memory_limit}, "
+        f"1 GPU, {deployment.epochs_or_default} epochs per trial"
+    )
+    if args.out is None:
+        sys.stdout.write(to_yaml([obj for objects in files.values() for obj in objects]))
+        print(f"# {summary}", file=sys.stderr)
+        return 0
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, objects in files.items():
+            (out / name).write_text(to_yaml(objects), encoding="utf-8")
+    except OSError as error:
+        raise UserError(
+            f"cannot write to {str(out)!r} ({error.strerror}): choose another --out"
+        ) from None
+    print(summary)
+    print(f"wrote {', '.join(str(out / name) for name in files)}")
+    print(f"slots per GPU: {wc.plan_command(args.adapter)}")
+    print("next:")
+    for command in apply_commands(deployment, args.out.rstrip("/")):
+        print(f"  {command}")
+    return 0
