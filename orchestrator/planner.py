@@ -56,7 +56,8 @@ class HardwareBudget:
         per_trial_mb = model_overhead_mb + min_batch * per_sample_mb
         if per_trial_mb <= 0:
             return math.inf
-        return float(math.floor(self.available_mb / per_trial_mb))
+        ratio = self.available_mb / per_trial_mb
+        return ratio if math.isinf(ratio) else float(math.floor(ratio))
 
     def plan_hyperopt(
         self,
@@ -97,7 +98,8 @@ def batch_upper_bound(
     """The largest batch that fits one trial's equal share of `available_mb`, within [min, max]."""
     batch_budget = available_mb / concurrency - model_overhead_mb
     if batch_budget > 0 and per_sample_mb > 0:
-        return int(min(max_batch, max(min_batch, math.floor(batch_budget / per_sample_mb))))
+        ratio = batch_budget / per_sample_mb  # may overflow to inf for a vanishing per-sample cost
+        return int(max_batch) if ratio >= max_batch else int(max(min_batch, math.floor(ratio)))
     if batch_budget > 0:
         return int(max_batch)  # batch size costs nothing measurable
     return int(min_batch)
