@@ -1,0 +1,459 @@
+"""PSOSampler: particle-swarm optimisation over an Optuna study, shared by every worker.
+
+The swarm has no home process. Each trial is one step of one particle, and the step is written
+into that trial's system attributes; any process, on any node, rebuilds the swarm from the
+storage when it samples, so a worker that starts cold continues the same swarm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import StudyDirection
+from optuna.trial import TrialState
+
+from samplers._lhs import lhs_point, name_key
+from samplers._space import clip_to_bounds, from_unit, grid_bounds, to_unit
+from samplers._swarm import SwarmCoefficients, back_off, step
+
+if TYPE_CHECKING:
+    from optuna.study import Study
+    from optuna.trial import FrozenTrial
+
+# System attributes: "pso" = {"p": particle, "x": {name: [position, velocity]}} from a relative
+# sample; "pso:NAME" = [particle, position, velocity] from a sample of one parameter.
+RECORD_KEY = "pso"
+PARAM_KEY_PREFIX = "pso:"
+# Parameters whose value decides a trial's memory: an out-of-memory failure pushes them down.
+MEMORY_PARAMS = ("batch_size",)
+TOPOLOGIES = ("global", "ring")
+_DEDUPE_ATTEMPTS = 8
+
+
+@dataclass
+class _Record:
+    """One trial as the swarm sees it."""
+
+    number: int
+    state: TrialState
+    score: float | None  # the value to minimise; None unless COMPLETE
+    particle: int | None
+    moves: dict[str, tuple[float, float]]
+    params: dict[str, Any]
+    distributions: dict[str, BaseDistribution]
+    oom: bool
+
+    def evaluated(self, name: str) -> float | None:
+        """The unit coordinate of the value this trial really ran with."""
+        if name not in self.params:
+            return None
+        return to_unit(self.distributions[name], self.params[name])
+
+
+def _parse(trial: FrozenTrial, sign: float) -> _Record:
+    system_attrs = trial.system_attrs
+    particle: int | None = None
+    moves: dict[str, tuple[float, float]] = {}
+    record = system_attrs.get(RECORD_KEY)
+    if isinstance(record, dict):
+        particle = int(record["p"])
+        moves = {name: (float(x), float(v)) for name, (x, v) in record["x"].items()}
+    for key, value in system_attrs.items():
+        if key.startswith(PARAM_KEY_PREFIX):
+            particle = int(value[0])
+            moves[key[len(PARAM_KEY_PREFIX) :]] = (float(value[1]), float(value[2]))
+    value = trial.value if trial.state == TrialState.COMPLETE else None
+    return _Record(
+        number=trial.number,
+        state=trial.state,
+        score=None if value is None or math.isnan(value) else sign * value,
+        particle=particle,
+        moves=moves,
+        params=trial.params,
+        distributions=trial.distributions,
+        oom=trial.state == TrialState.FAIL and trial.user_attrs.get("oom") is True,
+    )
+
+
+@dataclass
+class _SwarmView:
+    """The swarm as the storage holds it right now."""
+
+    records: list[_Record]
+    ranked: list[_Record]  # COMPLETE trials, best first
+    by_particle: dict[int, list[_Record]] = field(default_factory=dict)  # ascending number
+    relative_space: dict[str, BaseDistribution] = field(default_factory=dict)
+
+
+def _build_view(trials: Sequence[FrozenTrial], sign: float) -> _SwarmView:
+    records = [_parse(trial, sign) for trial in trials]
+    ranked = sorted((r for r in records if r.score is not None), key=lambda r: (r.score, r.number))
+    view = _SwarmView(records=records, ranked=ranked)
+    for record in sorted(records, key=lambda r: r.number):
+        if record.particle is not None:
+            view.by_particle.setdefault(record.particle, []).append(record)
+    # Intersection of complete and pruned trials' spaces: what every evaluated trial declared.
+    space: dict[str, BaseDistribution] | None = None
+    for record in records:
+        if record.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+            continue
+        if space is None:
+            space = dict(record.distributions)
+        else:
+            space = {
+                name: dist for name, dist in space.items() if record.distributions.get(name) == dist
+            }
+    view.relative_space = {
+        name: dist for name, dist in sorted((space or {}).items()) if not dist.single()
+    }
+    return view
+
+
+class PSOSampler(BaseSampler):
+    """Particle-swarm optimisation with a Latin-hypercube start, for many workers at once.
+
+    **Particles and trials.** Trial number ``n`` moves particle ``n % swarm_size``; its
+    generation is ``n // swarm_size``. Trial numbers are unique across every process on every
+    node, so two workers asking at once never step the same particle the same way, and no
+    counter has to be shared. All randomness of a trial comes from ``(seed, n, parameter)``, so
+    the same seed gives the same sequence in any process.
+
+    **Start.** A particle with no earlier trial, or a study with no complete trial yet, takes
+    point ``n % swarm_size`` of Latin hypercube design number ``n // swarm_size`` (design 0 is the
+    swarm's start). A design's columns are keyed by parameter name, so every process agrees on it
+    before anyone knows the whole search space, and the first wave of workers, which all ask
+    before any trial finished, fills the space instead of duplicating each other.
+
+    **Step.** Otherwise the particle steps from its latest trial (finished or still running: a
+    running trial is not waited for), pulled towards its personal best and the best of its
+    neighbourhood (all particles for ``topology="global"``, itself and the two next to it for
+    ``"ring"``), with a clamped velocity and reflection at the edges (see ``samplers._swarm``).
+    Every parameter is stepped on its own unit coordinate, so conditional parameters are
+    handled by the same rule: the bests for a parameter are the best trials that have it.
+    Positions are kept unclamped by ``bounds``; bests are the values that were really run.
+
+    **Outcomes.** Only COMPLETE trials become personal or neighbourhood bests. A FAIL or PRUNED
+    trial still moves its particle (its position is the particle's new place), so the pulls of the
+    bests bring it back from a bad region. A trial that failed with the user attribute
+    ``oom=True`` also pushes its particle's memory parameters (``batch_size`` and any parameter in
+    ``bounds``) down to half the size that ran out of memory and removes their upward speed, so
+    the swarm does not keep proposing a batch size that did not fit.
+
+    **Enqueued trials** (``study.enqueue_trial``, re-runs of failed trials) are evaluated as
+    given: they move no particle; a parameter they leave open is drawn at random from the
+    trial's own stream, or by ``independent_sampler`` when one is given. Their results count as
+    bests like any other trial's.
+
+    **Bounds.** ``bounds={"batch_size": (lo, hi)}`` maps every value this process proposes for
+    that parameter into ``[lo, hi]`` (keeping the distribution's log and step), while the study's
+    search space stays the same on every node.
+
+    Duplicates: before a relative sample is returned it is checked against every trial in the
+    storage and nudged if it repeats one (integer and categorical spaces can collide).
+
+    Args:
+        swarm_size: particles in the swarm (at least 2).
+        inertia, cognitive, social: the step's coefficients; Clerc and Kennedy's constriction
+            values by default (0.7298, 1.49618, 1.49618).
+        max_velocity: the velocity clamp as a fraction of each parameter's range, in (0, 1].
+        topology: ``"global"`` or ``"ring"``.
+        bounds: per-parameter ``(low, high)`` for this process, such as the planner's batch
+            size bounds; ``None`` for none.
+        seed: the swarm's seed. ``None`` derives it from the study's name and id, so the workers
+            of one study still agree with each other (give a seed to vary it between studies
+            of the same name).
+        independent_sampler: draws the open parameters of enqueued trials; ``None`` draws them
+            uniformly from the trial's own random stream.
+    """
+
+    def __init__(
+        self,
+        *,
+        swarm_size: int = 20,
+        inertia: float = SwarmCoefficients.inertia,
+        cognitive: float = SwarmCoefficients.cognitive,
+        social: float = SwarmCoefficients.social,
+        max_velocity: float = SwarmCoefficients.max_velocity,
+        topology: str = "global",
+        bounds: Mapping[str, tuple[float, float]] | None = None,
+        seed: int | None = None,
+        independent_sampler: BaseSampler | None = None,
+    ) -> None:
+        if isinstance(swarm_size, bool) or not isinstance(swarm_size, int) or swarm_size < 2:
+            raise ValueError(f"The `{swarm_size=}` must be a whole number of at least 2.")
+        if topology not in TOPOLOGIES:
+            raise ValueError(
+                f"The `{topology=}` is invalid. Choose one of {', '.join(TOPOLOGIES)}."
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"The `{seed=}` must be a whole number >= 0 or None.")
+        self._swarm_size = swarm_size
+        self._coefficients = SwarmCoefficients(inertia, cognitive, social, max_velocity)
+        self._topology = topology
+        self._bounds = _check_bounds(bounds)
+        self._seed = seed
+        self._independent_sampler = independent_sampler
+        self._local = threading.local()
+
+    # -- Optuna's sampler interface -------------------------------------------------------
+
+    def reseed_rng(self) -> None:
+        # The swarm's randomness comes from (seed, trial number), never from state in this
+        # object, so there is nothing of its own to reseed.
+        if self._independent_sampler is not None:
+            self._independent_sampler.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        if study._is_multi_objective():
+            return {}
+        return dict(self._view(study).relative_space)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        self._raise_error_if_multi_objective(study)
+        if not search_space or self._is_enqueued(trial):
+            return {}
+        view = self._view(study)
+        entropy = self._entropy(study)
+        names = sorted(name for name, dist in search_space.items() if not dist.single())
+        moves = {
+            name: self._move(view, entropy, trial.number, name, search_space[name])
+            for name in names
+        }
+        params = {name: self._value(name, search_space[name], moves[name][0]) for name in names}
+        params, moves = self._dedupe(view, entropy, trial.number, search_space, params, moves)
+        record: dict[str, Any] = {
+            "p": trial.number % self._swarm_size,
+            "x": {name: [moves[name][0], moves[name][1]] for name in names},
+        }
+        study._storage.set_trial_system_attr(trial._trial_id, RECORD_KEY, record)
+        return params
+
+    def sample_independent(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        self._raise_error_if_multi_objective(study)
+        entropy = self._entropy(study)
+        if self._is_enqueued(trial):
+            return self._sample_open_parameter(
+                study, trial, entropy, param_name, param_distribution
+            )
+        x, v = self._move(self._view(study), entropy, trial.number, param_name, param_distribution)
+        study._storage.set_trial_system_attr(
+            trial._trial_id,
+            PARAM_KEY_PREFIX + param_name,
+            [trial.number % self._swarm_size, x, v],
+        )
+        return self._value(param_name, param_distribution, x)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        # Remember whether the trial was enqueued while its system attributes are at hand
+        # (later calls get a trial whose attributes are read from the storage on each access).
+        self._enqueued_cache()[trial._trial_id] = "fixed_params" in trial.system_attrs
+        if self._independent_sampler is not None:
+            self._independent_sampler.before_trial(study, trial)
+
+    def after_trial(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._enqueued_cache().pop(trial._trial_id, None)
+        if self._independent_sampler is not None:
+            self._independent_sampler.after_trial(study, trial, state, values)
+
+    # -- the swarm --------------------------------------------------------------------------
+
+    def _move(
+        self, view: _SwarmView, entropy: int, number: int, name: str, dist: BaseDistribution
+    ) -> tuple[float, float]:
+        """(position, velocity) of trial `number`'s particle for parameter `name`."""
+        particle, generation = number % self._swarm_size, number // self._swarm_size
+        previous = self._previous(view, particle, number, name)
+        neighbourhood_best = self._neighbourhood_best(view, particle, name)
+        if previous is None or neighbourhood_best is None:
+            return lhs_point(entropy, generation, particle, name, self._swarm_size), 0.0
+        if name in previous.moves:
+            x, v = previous.moves[name]
+        else:  # the value came from elsewhere (an enqueued value): start there at rest
+            x, v = previous.evaluated(name), 0.0
+        if previous.oom and self._is_memory_param(name) and name in previous.params:
+            x, v = self._back_off(previous, name, x, v)
+        personal_best = self._personal_best(view, particle, name)
+        rng = np.random.default_rng([entropy, number, name_key(name)])
+        r1, r2 = rng.random(2)
+        new_x, new_v = step(
+            np.array([x]),
+            np.array([v]),
+            np.array([x if personal_best is None else personal_best]),
+            np.array([neighbourhood_best]),
+            np.array([r1]),
+            np.array([r2]),
+            self._coefficients,
+        )
+        return float(new_x[0]), float(new_v[0])
+
+    def _previous(self, view: _SwarmView, particle: int, number: int, name: str) -> _Record | None:
+        for record in reversed(view.by_particle.get(particle, [])):
+            if record.number < number and (name in record.moves or name in record.params):
+                return record
+        return None
+
+    def _personal_best(self, view: _SwarmView, particle: int, name: str) -> float | None:
+        best = min(
+            (
+                r
+                for r in view.by_particle.get(particle, [])
+                if r.score is not None and name in r.params
+            ),
+            key=lambda r: (r.score, r.number),
+            default=None,
+        )
+        return None if best is None else best.evaluated(name)
+
+    def _neighbourhood_best(self, view: _SwarmView, particle: int, name: str) -> float | None:
+        if self._topology == "ring":
+            size = self._swarm_size
+            members = {(particle - 1) % size, particle, (particle + 1) % size}
+        for record in view.ranked:
+            if name not in record.params:
+                continue
+            # Trials that move no particle (enqueued ones) belong to every neighbourhood.
+            if (
+                self._topology == "ring"
+                and record.particle is not None
+                and record.particle not in members
+            ):
+                continue
+            return record.evaluated(name)
+        return None
+
+    def _back_off(self, previous: _Record, name: str, x: float, v: float) -> tuple[float, float]:
+        dist = previous.distributions[name]
+        value = previous.params[name]
+        half = max(dist.low, value / 2)
+        return back_off(
+            x, v, to_unit(dist, value), to_unit(dist, from_unit(dist, to_unit(dist, half)))
+        )
+
+    def _is_memory_param(self, name: str) -> bool:
+        return name in MEMORY_PARAMS or name in self._bounds
+
+    def _dedupe(
+        self,
+        view: _SwarmView,
+        entropy: int,
+        number: int,
+        space: Mapping[str, BaseDistribution],
+        params: dict[str, Any],
+        moves: dict[str, tuple[float, float]],
+    ) -> tuple[dict[str, Any], dict[str, tuple[float, float]]]:
+        """Nudge a proposal that repeats a trial already in the storage, in growing circles."""
+        names = sorted(params)
+        seen = {
+            tuple(r.params[name] for name in names)
+            for r in view.records
+            if all(name in r.params for name in names)
+        }
+        rng = np.random.default_rng([entropy, number, 0xD0D0])
+        radius = 1.0 / self._swarm_size
+        for _ in range(_DEDUPE_ATTEMPTS):
+            if tuple(params[name] for name in names) not in seen:
+                break
+            nudged = {}
+            for name in names:
+                x, v = moves[name]
+                nudged[name] = (float(np.clip(x + rng.uniform(-radius, radius), 0.0, 1.0)), v)
+            moves = nudged
+            params = {name: self._value(name, space[name], moves[name][0]) for name in names}
+            radius = min(1.0, radius * 2)
+        return params, moves
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _value(self, name: str, dist: BaseDistribution, x: float) -> Any:
+        value = from_unit(dist, x)
+        if name in self._bounds and not isinstance(dist, CategoricalDistribution):
+            value = clip_to_bounds(dist, value, self._bounds[name])
+        return value
+
+    def _sample_open_parameter(
+        self, study: Study, trial: FrozenTrial, entropy: int, name: str, dist: BaseDistribution
+    ) -> Any:
+        if self._independent_sampler is not None:
+            value = self._independent_sampler.sample_independent(study, trial, name, dist)
+            if name in self._bounds and not isinstance(dist, CategoricalDistribution):
+                value = clip_to_bounds(dist, value, self._bounds[name])
+            return value
+        rng = np.random.default_rng([entropy, trial.number, name_key(name), 0x0E0E])
+        return self._value(name, dist, float(rng.random()))
+
+    def _is_enqueued(self, trial: FrozenTrial) -> bool:
+        cache = self._enqueued_cache()
+        if trial._trial_id not in cache:
+            cache[trial._trial_id] = "fixed_params" in trial.system_attrs
+        return cache[trial._trial_id]
+
+    def _enqueued_cache(self) -> dict[int, bool]:
+        if not hasattr(self._local, "enqueued"):
+            self._local.enqueued = {}
+        return self._local.enqueued
+
+    def _view(self, study: Study) -> _SwarmView:
+        trials = study._get_trials(deepcopy=False, use_cache=True)
+        # One view per snapshot of the trials (Optuna refreshes that snapshot at every ask).
+        key = (id(study._storage), study._study_id, id(trials), len(trials))
+        cached = getattr(self._local, "view", None)
+        if cached is not None and cached[0] == key and cached[2] is trials:
+            return cached[1]
+        sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+        view = _build_view(trials, sign)
+        self._local.view = (key, view, trials)
+        return view
+
+    def _entropy(self, study: Study) -> int:
+        if self._seed is not None:
+            return self._seed
+        text = f"{study.study_name}\0{study._study_id}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def _check_bounds(
+    bounds: Mapping[str, tuple[float, float]] | None,
+) -> dict[str, tuple[float, float]]:
+    if bounds is None:
+        return {}
+    checked = {}
+    for name, pair in bounds.items():
+        try:
+            low, high = (float(v) for v in pair)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"The bounds for {name!r} must be a pair (low, high), got {pair!r}."
+            ) from None
+        if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+            raise ValueError(
+                f"The bounds for {name!r} must be finite with low <= high, got {pair!r}."
+            )
+        checked[name] = (low, high)
+    return checked
+
+
+__all__ = ["PSOSampler", "grid_bounds"]

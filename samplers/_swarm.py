@@ -1,0 +1,80 @@
+"""The particle-swarm step, pure numpy: no Optuna, no storage.
+
+Positions live in the unit cube [0, 1]^d. One step of one particle:
+
+    v' = clip(w v + c1 r1 (p - x) + c2 r2 (g - x), -v_max, v_max)
+    x' = x + v'   reflected back into [0, 1], with that velocity component reversed
+
+where p is the particle's personal best, g the best of its neighbourhood, and r1, r2 are
+uniform in [0, 1) per coordinate. The defaults are Clerc and Kennedy's constriction
+coefficients (w = 0.7298, c1 = c2 = 1.49618), the standard choice that makes the swarm converge
+without a velocity clamp; the clamp (a quarter of the range) only tames the first steps after a
+space-filling start, when p and g can be far apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SwarmCoefficients:
+    inertia: float = 0.7298
+    cognitive: float = 1.49618
+    social: float = 1.49618
+    max_velocity: float = 0.25  # as a fraction of each parameter's range
+
+    def __post_init__(self) -> None:
+        for name in ("inertia", "cognitive", "social"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value >= 0):
+                raise ValueError(f"The `{name}={value}` must be a finite number >= 0.")
+        if not (0 < self.max_velocity <= 1):
+            raise ValueError(
+                f"The `max_velocity={self.max_velocity}` must be in (0, 1]: it is a fraction "
+                "of each parameter's range."
+            )
+
+
+def reflect(x: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fold positions back into [0, 1], reversing the velocity of each coordinate that bounced."""
+    x = np.asarray(x, dtype=float).copy()
+    v = np.asarray(v, dtype=float).copy()
+    low, high = x < 0, x > 1
+    x[low], x[high] = -x[low], 2 - x[high]
+    v[low | high] = -v[low | high]
+    # A step longer than the whole range (not possible with max_velocity <= 1) would still land.
+    return np.clip(x, 0.0, 1.0), v
+
+
+def step(
+    x: np.ndarray,
+    v: np.ndarray,
+    personal_best: np.ndarray,
+    neighbourhood_best: np.ndarray,
+    r1: np.ndarray,
+    r2: np.ndarray,
+    coefficients: SwarmCoefficients = SwarmCoefficients(),  # noqa: B008 (frozen, so shared safely)
+) -> tuple[np.ndarray, np.ndarray]:
+    """One particle's next (position, velocity); all arrays have the same shape."""
+    c = coefficients
+    x = np.asarray(x, dtype=float)
+    velocity = (
+        c.inertia * np.asarray(v, dtype=float)
+        + c.cognitive * np.asarray(r1) * (np.asarray(personal_best) - x)
+        + c.social * np.asarray(r2) * (np.asarray(neighbourhood_best) - x)
+    )
+    velocity = np.clip(velocity, -c.max_velocity, c.max_velocity)
+    return reflect(x + velocity, velocity)
+
+
+def back_off(x: float, v: float, evaluated: float, halved: float) -> tuple[float, float]:
+    """Where a particle restarts after its trial ran out of memory at coordinate `evaluated`.
+
+    It moves to `halved` (the coordinate of half that batch size) unless it already sits lower,
+    and loses any upward speed, so the next step cannot carry it back over the failing size
+    except by the pull of a best that did fit.
+    """
+    return min(x, evaluated, halved), min(v, 0.0)
