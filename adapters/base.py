@@ -140,7 +140,9 @@ def parse_options(adapter: Any, raw: Mapping[str, str] | list[str]) -> dict[str,
         for item in raw:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise UserError(f"--option {item!r} is not KEY=VALUE: write for example --option trial_seconds=2")
+                raise UserError(
+                    f"--option {item!r} is not KEY=VALUE: write for example --option trial_seconds=2"
+                )
             pairs[key.strip()] = value.strip()
     options = dict(defaults)
     for key, text in pairs.items():
@@ -189,4 +191,3 @@ def problems_with(adapter: Any) -> list[str]:
         if getattr(adapter, "direction", None) not in ("maximize", "minimize"):
             missing.append("direction 'maximize' or 'minimize'")
     return missing
-

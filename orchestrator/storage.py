@@ -19,9 +19,12 @@ if TYPE_CHECKING:
 DEFAULT_STORAGE = "sqlite:///orchestrator.db"
 STORAGE_ENV = "ORCHESTRATOR_STORAGE"
 
-# A trial process records a heartbeat this often; a trial silent for GRACE_PERIOD is stale.
+# A trial process records a heartbeat this often; a trial silent for the grace period is stale
+# (failed and re-queued by the next worker that looks). Both can be set in the environment.
 HEARTBEAT_INTERVAL_S = 10
 GRACE_PERIOD_S = 40
+HEARTBEAT_ENV = "ORCHESTRATOR_HEARTBEAT_INTERVAL"
+GRACE_ENV = "ORCHESTRATOR_GRACE_PERIOD"
 SQLITE_BUSY_TIMEOUT_S = 60
 
 
@@ -129,6 +132,33 @@ def unreachable(url: str, error: BaseException) -> UserError:
     )
 
 
+def quiet_optuna_warnings() -> None:
+    """Heartbeats with ask/tell are what we mean to use: Optuna's experimental-feature warnings
+    and its "heartbeat is supposed to be used with Study.optimize" note would only be noise."""
+    import warnings
+
+    from optuna.exceptions import ExperimentalWarning
+
+    warnings.filterwarnings("ignore", category=ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+
+
+def heartbeat_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
+    """(interval, grace period) in seconds; a bad value in the environment is a UserError."""
+    values = []
+    for name, default in ((HEARTBEAT_ENV, HEARTBEAT_INTERVAL_S), (GRACE_ENV, GRACE_PERIOD_S)):
+        text = environ.get(name)
+        try:
+            value = int(text) if text else default
+        except ValueError:
+            raise UserError(f"{name}={text!r} must be a whole number of seconds") from None
+        if value < 1:
+            raise UserError(f"{name}={text!r} must be at least 1 second")
+        values.append(value)
+    interval, grace = values
+    return interval, max(grace, interval + 1)
+
+
 def create_storage(
     url: str,
     *,
@@ -144,13 +174,14 @@ def create_storage(
     from sqlalchemy.exc import SQLAlchemyError
 
     url = normalize_url(url)
+    quiet_optuna_warnings()
     try:
         _enable_sqlite_wal(url)
         return RDBStorage(
             url,
             engine_kwargs=engine_kwargs(url),
-            heartbeat_interval=HEARTBEAT_INTERVAL_S if heartbeat else None,
-            grace_period=GRACE_PERIOD_S if heartbeat else None,
+            heartbeat_interval=heartbeat_settings()[0] if heartbeat else None,
+            grace_period=heartbeat_settings()[1] if heartbeat else None,
             heartbeat_stale_trial_callback=heartbeat_stale_trial_callback,
         )
     except (SQLAlchemyError, sqlite3.Error, OSError) as error:

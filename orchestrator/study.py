@@ -34,6 +34,7 @@ class StudySpec:
     seed: int | None = None
     swarm_size: int = 20
     max_retries: int = 2  # how often an OOM'd or lost trial's parameters are re-run
+    pruner: str = "median"  # "median" stops trials below the median of earlier ones; "none"
 
     def to_attr(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,6 +46,19 @@ class StudySpec:
 
     def updated(self, **changes: Any) -> StudySpec:
         return replace(self, **{key: val for key, val in changes.items() if val is not None})
+
+
+PRUNERS = ("median", "none")
+
+
+def pruner_for(spec: StudySpec) -> optuna.pruners.BasePruner:
+    """The pruner named in the spec (pruners hold no state in the storage, so every process builds one)."""
+    import optuna
+
+    if spec.pruner == "none":
+        return optuna.pruners.NopPruner()
+    # Let a few trials finish and a quarter of the epochs pass before judging anyone.
+    return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=max(1, spec.epochs // 4))
 
 
 def load_spec(study: optuna.Study) -> StudySpec | None:
@@ -71,7 +85,11 @@ def load_existing_study(storage: BaseStorage, name: str, storage_label: str) -> 
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         names = study_names(storage)
-        have = ", ".join(names) if names else "none yet (start one with `python -m orchestrator run ADAPTER`)"
+        have = (
+            ", ".join(names)
+            if names
+            else "none yet (start one with `python -m orchestrator run ADAPTER`)"
+        )
         raise UserError(f"no study {name!r} in {storage_label}; studies there: {have}") from None
 
 

@@ -30,8 +30,10 @@ def upgrade_command(args: argparse.Namespace) -> int:
 
     url = resolve_storage_url(args.storage)
     storage = open_storage(url)
-    print(f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
-          f"orchestrator schema {current_revision(storage)}")
+    print(
+        f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
+        f"orchestrator schema {current_revision(storage)}"
+    )
     return 0
 
 
@@ -42,7 +44,13 @@ def current_command(args: argparse.Namespace) -> int:
     url = resolve_storage_url(args.storage)
     storage = create_storage(url)
     ours = current_revision(storage)
-    behind = "" if ours == head_revision() else f" (head is {head_revision()}: run `python -m orchestrator db upgrade`)"
-    print(f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
-          f"orchestrator schema {ours}{behind}")
+    behind = (
+        ""
+        if ours == head_revision()
+        else f" (head is {head_revision()}: run `python -m orchestrator db upgrade`)"
+    )
+    print(
+        f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
+        f"orchestrator schema {ours}{behind}"
+    )
     return 0

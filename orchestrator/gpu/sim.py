@@ -76,6 +76,10 @@ class SimLedger:
                 )
             holders[holder] = holders.get(holder, 0.0) + float(mb)
 
+    def held_mb(self, holder: str) -> float:
+        with self._locked() as holders:
+            return float(holders.get(holder, 0.0))
+
     def release(self, holder: str) -> None:
         with self._locked() as holders:
             holders.pop(holder, None)
@@ -104,13 +108,15 @@ def make_sim_devices(sizes_mb: list[float], directory: str | None = None) -> lis
     devices = []
     for index, size in enumerate(sizes_mb):
         if size <= 0:
-            raise ValueError(f"sim:{size:g} is not a size: write the simulated VRAM in MB, e.g. sim:24576")
+            raise ValueError(
+                f"sim:{size:g} is not a size: write the simulated VRAM in MB, e.g. sim:24576"
+            )
         path = folder / f"sim{index}.ledger"
         path.write_text("{}")
         devices.append(
             Device(
                 index=index,
-                name=f"{SIM_NAME} {size / 1024:g} GB",
+                name=f"{SIM_NAME} {size / 1024:.4g} GB",
                 uuid=f"sim-{index}-{int(size)}",
                 total_mb=float(size),
                 kind="sim",

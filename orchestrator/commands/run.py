@@ -1,0 +1,184 @@
+"""`run ADAPTER`: create or resume a study and run it on this machine until its budget is used."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+from orchestrator.cli import add_output_arguments, add_storage_argument, command_parser
+from orchestrator.errors import UserError
+
+
+def register(subparsers) -> None:  # noqa: ANN001
+    from orchestrator.launch import SAMPLERS, add_pool_arguments
+
+    parser = command_parser(
+        subparsers,
+        "run",
+        help="create or resume a study of ADAPTER and run its trials on this machine's GPUs",
+        example="python -m orchestrator run dqn --trials 40 --gpus auto",
+    )
+    parser.add_argument(
+        "adapter",
+        nargs="?",
+        metavar="ADAPTER",
+        help="dqn, ppo, tft, synthetic, or an installed one",
+    )
+    parser.add_argument(
+        "--adapter-path",
+        metavar="MODULE:ATTRIBUTE",
+        help="use an adapter object from your own module",
+    )
+    parser.add_argument("--study", metavar="NAME", help="study name (default: the adapter's name)")
+    add_storage_argument(parser)
+    parser.add_argument(
+        "--trials",
+        type=int,
+        metavar="N",
+        help="the study's total budget of trials (resuming keeps it)",
+    )
+    parser.add_argument(
+        "--epochs", type=int, metavar="N", help="epochs per trial (default: the workload class's)"
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an adapter option (repeatable)",
+    )
+    parser.add_argument(
+        "--env",
+        metavar="ENV",
+        help="RL adapters: trading (default) or a Gymnasium id such as CartPole-v1",
+    )
+    parser.add_argument(
+        "--data",
+        metavar="CSV",
+        help="prices from a CSV file with a close column (default: synthetic)",
+    )
+    parser.add_argument(
+        "--sampler", choices=SAMPLERS, help="pso (default) or one of Optuna's samplers"
+    )
+    parser.add_argument("--seed", type=int, help="sampler seed")
+    parser.add_argument(
+        "--swarm-size", type=int, metavar="N", help="particles in the swarm (default 20)"
+    )
+    parser.add_argument(
+        "--pruner", choices=("median", "none"), help="stop poor trials early (default median)"
+    )
+    parser.add_argument(
+        "--max-retries", type=int, metavar="N", help="re-runs of an OOM'd or lost trial (default 2)"
+    )
+    add_pool_arguments(parser)
+    add_output_arguments(parser)
+    parser.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    import adapters
+    from adapters.base import parse_options
+    from orchestrator.launch import check_pool_arguments, configure, print_outcome, run_pool
+    from orchestrator.migrate import open_storage
+    from orchestrator.retry import stale_trial_callback
+    from orchestrator.storage import describe_location, parse_url, resolve_storage_url
+
+    configure(args)
+    # Everything the user typed is checked before anything is stored.
+    if not args.adapter and not args.adapter_path:
+        raise UserError(
+            "name an adapter (python -m orchestrator run dqn) or give --adapter-path module:attribute"
+        )
+    for flag in ("trials", "epochs", "swarm_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise UserError(f"--{flag.replace('_', '-')} {value} must be at least 1")
+    if args.max_retries is not None and args.max_retries < 0:
+        raise UserError(f"--max-retries {args.max_retries} must be 0 or more")
+    check_pool_arguments(args)
+    url = resolve_storage_url(args.storage)
+    parse_url(url)
+    adapter = (
+        adapters.load_path(args.adapter_path) if args.adapter_path else adapters.get(args.adapter)
+    )
+    raw_options = list(args.option)
+    for flag in ("env", "data"):
+        value = getattr(args, flag)
+        if value is not None:
+            if flag not in (getattr(adapter, "options", {}) or {}):
+                raise UserError(f"adapter {adapter.name!r} takes no --{flag}")
+            raw_options.append(f"{flag}={value}")
+    options = parse_options(adapter, raw_options)
+    check_options = getattr(adapter, "check_options", None)
+    if callable(check_options):
+        check_options(options)
+    from orchestrator.gpu import select_devices
+
+    select_devices(args.gpus)  # a bad --gpus fails here, before the study is touched
+
+    storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
+    study, spec = _create_or_resume(storage, args, adapter, options, describe_location(url))
+    outcome = run_pool(url=url, storage=storage, study=study, spec=spec, args=args)
+    print_outcome(outcome, metric=getattr(adapter, "metric", "value"), as_json=args.json)
+    return 130 if outcome.interrupted else 0
+
+
+def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, ANN202
+    import optuna
+
+    from orchestrator.study import StudySpec, load_spec, save_spec
+    from orchestrator.workloads import workload_class
+
+    name = args.study or adapter.name
+    adapter_ref = args.adapter_path or adapter.name
+    existing = None
+    with contextlib.suppress(KeyError):
+        existing = optuna.load_study(study_name=name, storage=storage)
+    if existing is not None:
+        spec = load_spec(existing)
+        if spec is None:
+            raise UserError(
+                f"study {name!r} in {label} was not made by this tool: choose another --study name"
+            )
+        if spec.adapter != adapter_ref:
+            raise UserError(
+                f"study {name!r} tunes {spec.adapter!r}, not {adapter_ref!r}: choose another --study name"
+            )
+        typed_now = {key: options[key] for key in options if _typed(key, args)}
+        spec = spec.updated(
+            trials=args.trials,
+            epochs=args.epochs,
+            sampler=args.sampler,
+            seed=args.seed,
+            swarm_size=args.swarm_size,
+            pruner=args.pruner,
+            max_retries=args.max_retries,
+            options={**spec.options, **typed_now},
+        )
+        save_spec(existing, spec)
+        return existing, spec
+    spec = StudySpec(
+        adapter=adapter_ref,
+        adapter_path=bool(args.adapter_path),
+        trials=args.trials or int(getattr(adapter, "default_trials", 20)),
+        epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
+        direction=adapter.direction,
+        options=options,
+        sampler=args.sampler or "pso",
+        seed=args.seed,
+        swarm_size=args.swarm_size or 20,
+        pruner=args.pruner or "median",
+        max_retries=args.max_retries if args.max_retries is not None else 2,
+    )
+    study = optuna.create_study(
+        study_name=name, storage=storage, direction=adapter.direction, load_if_exists=True
+    )
+    save_spec(study, spec)
+    return study, spec
+
+
+def _typed(key: str, args: argparse.Namespace) -> bool:
+    """Was this option typed now (so it replaces the stored one on resume)?"""
+    typed = {item.partition("=")[0].strip() for item in args.option}
+    typed |= {flag for flag in ("env", "data") if getattr(args, flag) is not None}
+    return key in typed

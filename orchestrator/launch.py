@@ -1,0 +1,223 @@
+"""What `run` and `worker` share: open the study, plan this host's GPUs, run the pool, say the result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.study import StudySpec
+
+logger = logging.getLogger(__name__)
+
+SAMPLERS = ("pso", "tpe", "random", "qmc", "cmaes")
+
+
+def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags about this host: which GPUs, how many trials at once, for how long."""
+    parser.add_argument(
+        "--gpus",
+        default="auto",
+        metavar="SPEC",
+        help="auto (default), none, indices such as 0,2, or simulated devices sim:MB[,sim:MB...]",
+    )
+    parser.add_argument(
+        "--sim-memory-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="a simulated trial holds F times its memory model's MB (default 1.0)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="at most N trials at once per GPU (lowers the plan)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="start no trial after this long; running ones finish",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def check_pool_arguments(args: argparse.Namespace) -> None:
+    if args.concurrency is not None and args.concurrency < 1:
+        raise UserError(f"--concurrency {args.concurrency} must be at least 1")
+    if args.sim_memory_scale <= 0:
+        raise UserError(f"--sim-memory-scale {args.sim_memory_scale} must be more than 0")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UserError(f"--timeout {args.timeout} must be more than 0 seconds")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    study_name: str
+    budget: int
+    counted: int
+    best_value: float | None
+    best_trial: int | None
+    best_params: dict[str, Any]
+    ooms: int
+    interrupted: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "study": self.study_name,
+            "trials": self.budget,
+            "counted": self.counted,
+            "best_value": self.best_value,
+            "best_trial": self.best_trial,
+            "best_params": self.best_params,
+            "ooms": self.ooms,
+            "interrupted": self.interrupted,
+        }
+
+
+def resolve_adapter(spec: StudySpec) -> Any:
+    import adapters
+
+    return adapters.load_path(spec.adapter) if spec.adapter_path else adapters.get(spec.adapter)
+
+
+def run_pool(
+    *,
+    url: str,
+    storage: Any,
+    study: optuna.Study,
+    spec: StudySpec,
+    args: argparse.Namespace,
+) -> Outcome:
+    """Plan this host's GPUs for the study's adapter and run trials until the budget is used."""
+    from adapters.base import memory_model_of
+    from orchestrator.gpu import select_devices
+    from orchestrator.memory import measured_models, refine_from_trials
+    from orchestrator.planner import plan_node, usable_cpu_cores
+    from orchestrator.pool import Pool
+    from orchestrator.workloads import workload_class
+
+    adapter = resolve_adapter(spec)
+    probe, devices = select_devices(args.gpus)
+    declared = memory_model_of(adapter, spec.options)
+    measured = measured_models(url, adapter.name, declared, [d.name for d in devices])
+    cores = usable_cpu_cores()
+    plan = plan_node(
+        devices,
+        declared,
+        cpu_bound=workload_class(adapter.workload_class).cpu_bound,
+        cpu_cores=cores,
+        swarm_size=spec.swarm_size,
+        concurrency=args.concurrency,
+        gpu_memory_models=measured,
+    )
+    for gpu in plan.gpus:
+        where = gpu.device.label if gpu.device else "no GPU (CPU only)"
+        logger.info(
+            "%s: up to %d trials at once (limited by %s), batch sizes %d..%d, memory model %s",
+            where,
+            gpu.slots,
+            gpu.limited_by,
+            *gpu.batch_bounds,
+            gpu.memory_model_source,
+        )
+        if not gpu.fits:
+            raise UserError(
+                f"{where}: one trial needs about {gpu.per_trial_mb:.0f} MB but only "
+                f"{gpu.usable_mb:.0f} MB are usable; use a bigger GPU or a smaller model"
+            )
+
+    progress = _progress(args)
+    pool = Pool(
+        storage_url=url,
+        engine=storage.engine,
+        study=study,
+        spec=spec,
+        plans=list(plan.gpus),
+        probe=probe,
+        cpu_cores=cores,
+        sim_memory_scale=args.sim_memory_scale,
+        timeout_s=args.timeout,
+        metric=getattr(adapter, "metric", "objective"),
+        on_update=progress.update if progress else None,
+    )
+    result = pool.run()
+    final = pool.snapshot()
+    if progress:
+        progress.close(final)
+    for device in devices:
+        refine_from_trials(
+            storage.engine,
+            adapter=adapter.name,
+            gpu_name=device.name,
+            study_names=[study.study_name],
+        )
+    best = _best(study)
+    return Outcome(
+        study_name=study.study_name,
+        budget=spec.trials,
+        counted=final.counted,
+        best_value=best.value if best else None,
+        best_trial=best.number if best else None,
+        best_params=dict(best.params) if best else {},
+        ooms=result.ooms,
+        interrupted=result.interrupted,
+    )
+
+
+def _progress(args: argparse.Namespace) -> Any:
+    if getattr(args, "json", False) and not getattr(args, "verbose", False):
+        return None
+    try:
+        from orchestrator.progress import make_progress
+    except ImportError:
+        return None
+    return make_progress(
+        quiet=bool(getattr(args, "quiet", False)), verbose=bool(getattr(args, "verbose", False))
+    )
+
+
+def _best(study: optuna.Study) -> Any:
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
+
+
+def print_outcome(outcome: Outcome, *, metric: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(outcome.as_dict(), indent=2, default=str))
+        return
+    state = "interrupted" if outcome.interrupted else "done"
+    print(
+        f"study {outcome.study_name!r}: {outcome.counted}/{outcome.budget} trials {state}, {outcome.ooms} out-of-memory"
+    )
+    if outcome.best_trial is None:
+        print("no trial has completed yet")
+        return
+    print(f"best trial #{outcome.best_trial}: {metric} = {outcome.best_value:.6g}")
+    for name, value in outcome.best_params.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else value
+        print(f"  {name} = {shown}")
+
+
+def configure(args: argparse.Namespace) -> None:
+    from orchestrator.cli import configure_logging
+
+    configure_logging(
+        verbose=getattr(args, "verbose", False),
+        quiet=getattr(args, "quiet", False) or getattr(args, "json", False),
+    )
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
