@@ -42,8 +42,7 @@ DASHBOARD_PORT = 8080
 RUN_AS_USER = 10001  # the Dockerfile's non-root user
 # A worker that gets SIGTERM lets running trials finish for a while, then re-queues them.
 WORKER_GRACE_SECONDS = 120
-# Exit status 2 is a user error (bad flag, unknown study): the same on every node, never retried.
-USER_ERROR_EXIT = 2
+USER_ERROR_EXIT = 2  # what the CLI returns for a UserError
 GPU_RESOURCE = "nvidia.com/gpu"
 CLAIMS_DIR = "/var/lib/orchestrator/gpu-claims"
 
@@ -131,16 +130,13 @@ def _pod_security_context() -> dict[str, Any]:
 
 
 def worker_args(d: Deployment) -> list[str]:
-    """The worker's command line after `python -m orchestrator`."""
-    args = [
-        "worker",
-        "--study",
-        d.study,
-        "--adapter",
-        d.adapter,
-        "--epochs",
-        str(d.epochs_or_default),
-    ]
+    """A worker's command line after `python -m orchestrator`.
+
+    Every pod runs `run ADAPTER --study NAME`, which creates the study with its settings or joins
+    it as it is stored, so no pod depends on another having started first. A pod that loses the
+    race to create the study fails once and its index is retried (backoffLimitPerIndex), joining.
+    """
+    args = ["run", d.adapter, "--study", d.study, "--epochs", str(d.epochs_or_default)]
     if d.trials is not None:
         args += ["--trials", str(d.trials)]
     # The pod holds exactly one GPU (the device plugin shows it alone), so auto finds that one.
@@ -171,7 +167,7 @@ def worker_job(d: Deployment) -> dict[str, Any]:
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
     }
     pod_spec = {
-        "restartPolicy": "Never",  # podFailurePolicy needs it; the Job makes the replacement pod
+        "restartPolicy": "Never",  # podFailurePolicy needs it; the Job makes a replacement pod
         "nodeSelector": wc.node_selector,
         # GPU pools are commonly tainted so that only pods asking for a GPU land there.
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
@@ -200,14 +196,6 @@ def worker_job(d: Deployment) -> dict[str, Any]:
             "backoffLimitPerIndex": 3,
             "podFailurePolicy": {
                 "rules": [
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {
-                            "containerName": "worker",
-                            "operator": "In",
-                            "values": [USER_ERROR_EXIT],
-                        },
-                    },
                     {
                         # A drained or preempted node is not the worker's fault: retry freely.
                         "action": "Ignore",
