@@ -1,0 +1,111 @@
+"""Any Gymnasium environment with a discrete action space, behind the same tensor interface.
+
+Gymnasium's own vector API steps the copies (`gymnasium.make_vec`, synchronous, same-step
+autoreset); this wrapper only converts arrays to tensors on the agent's device, fills
+`final_obs` where an episode ended, and keeps the returns of finished episodes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from adapters.envs.base import StepResult
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+
+def check_gym_id(env_id: str) -> None:
+    """A UserError unless `env_id` is a registered Gymnasium id with a discrete action space."""
+    import gymnasium as gym
+
+    try:
+        gym.spec(env_id)
+    except Exception as error:  # gymnasium raises several error types for unknown ids
+        raise UserError(
+            f"--env {env_id!r} is neither 'trading' nor a registered Gymnasium id ({error}); "
+            "try --env CartPole-v1"
+        ) from None
+    env = gym.make(env_id)
+    try:
+        space = env.action_space
+        shape = getattr(env.observation_space, "shape", None)
+    finally:
+        env.close()
+    if not isinstance(space, gym.spaces.Discrete):
+        raise UserError(
+            f"--env {env_id!r} has a {type(space).__name__} action space; "
+            "DQN and PPO here need a Discrete one (try CartPole-v1 or Acrobot-v1)"
+        )
+    if not shape or len(shape) != 1:
+        raise UserError(
+            f"--env {env_id!r} has observations of shape {shape}; a flat vector is needed"
+        )
+
+
+class GymVecEnv:
+    """`num_envs` copies of a Gymnasium environment, stepped by Gymnasium's vector API."""
+
+    def __init__(
+        self,
+        env_id: str,
+        *,
+        num_envs: int = 1,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        import gymnasium as gym
+        import torch
+        from gymnasium.vector import AutoresetMode
+
+        self.env = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        )
+        self.env.action_space.seed(seed)
+        self.seed = seed
+        self.device = torch.device(device)
+        self.num_envs = num_envs
+        self.obs_dim = int(self.env.single_observation_space.shape[0])
+        self.n_actions = int(self.env.single_action_space.n)
+        self.episode_return = torch.zeros(num_envs, dtype=torch.float64)
+        self.finished_returns: list[float] = []
+
+    def _tensor(self, array: Any) -> torch.Tensor:
+        import torch
+
+        return torch.as_tensor(array, dtype=torch.float32).to(self.device)
+
+    def reset(self) -> torch.Tensor:
+        obs, _ = self.env.reset(seed=self.seed)
+        self.episode_return.zero_()
+        return self._tensor(obs)
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        import numpy as np
+        import torch
+
+        obs, reward, terminated, truncated, info = self.env.step(actions.cpu().numpy())
+        final = obs
+        done = np.logical_or(terminated, truncated)
+        self.episode_return += torch.as_tensor(reward, dtype=torch.float64)
+        if done.any():
+            final = np.array(obs, copy=True)
+            rows = np.flatnonzero(info["_final_obs"])
+            final[rows] = np.stack([info["final_obs"][i] for i in rows])
+            ended = torch.as_tensor(done)
+            self.finished_returns.extend(self.episode_return[ended].tolist())
+            self.episode_return[ended] = 0.0
+        return StepResult(
+            self._tensor(obs),
+            self._tensor(reward),
+            torch.as_tensor(terminated).to(self.device),
+            torch.as_tensor(truncated).to(self.device),
+            self._tensor(final),
+        )
+
+    def close(self) -> None:
+        self.env.close()

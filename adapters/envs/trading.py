@@ -1,0 +1,183 @@
+"""A trading environment vectorised in torch: many episodes step at once on the trial's device.
+
+One asset, one price series. A position is an integer number of units in
+[-max_position, +max_position]; one unit is a fixed notional of one unit of capital, re-marked
+every step (so its mark-to-market change over a step is the price's simple return).
+
+Actions: 0 sell one unit, 1 hold, 2 buy one unit. An order that would pass the position limit
+is not executed (and costs nothing).
+
+At time t (the agent has seen prices up to t), with position p_old and action a:
+
+    p_new   = clamp(p_old + a - 1, -max_position, +max_position)
+    traded  = |p_new - p_old|
+    pnl     = p_new * R[t] - cost_rate * traded                    # the real net return
+    reward  = reward_scale * (p_new * R[t]
+                              - cost_rate * cost_multiplier * traded
+                              - hold_penalty_weight * hold_cost * |p_new|)
+
+where R[t] = price[t+1] / price[t] - 1. `pnl` is what the strategy really earns (the held-out
+Sharpe ratio is computed from it); `cost_multiplier` and the hold penalty (a carrying charge on
+open inventory, `hold_cost` per unit per step) only shape the training reward.
+
+The observation at time t is the last `window` log returns (up to price[t]) divided by
+`return_scale` and clipped to [-5, 5], followed by p_old / max_position.
+
+Episodes last `episode_steps` steps or until the series ends (both are truncations, never
+terminations: the market does not end). An episode that ends is reset at once, at a random start
+(or at `start` with `random_starts=False`) with a flat position; `final_obs` holds the
+observation the step really led to, for bootstrapping.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from adapters.envs.base import StepResult
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+SELL, HOLD, BUY = 0, 1, 2
+OBS_CLIP = 5.0
+
+
+class TradingEnv:
+    """`num_envs` independent episodes over one price series, stepped with tensor operations."""
+
+    n_actions = 3
+
+    def __init__(
+        self,
+        prices: np.ndarray | torch.Tensor,
+        *,
+        num_envs: int = 1,
+        window: int = 32,
+        max_position: int = 1,
+        cost_rate: float = 5e-4,
+        cost_multiplier: float = 1.0,
+        hold_penalty_weight: float = 0.0,
+        hold_cost: float = 1e-4,
+        reward_scale: float = 100.0,
+        episode_steps: int = 256,
+        start: int = 0,
+        end: int | None = None,
+        random_starts: bool = True,
+        return_scale: float | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        import torch
+
+        if max_position < 1:
+            raise ValueError(f"max_position must be at least 1, not {max_position}")
+        if window < 1:
+            raise ValueError(f"window must be at least 1, not {window}")
+        self.device = torch.device(device)
+        # Accounting in float64: small returns minus small costs lose digits in float32.
+        price = torch.as_tensor(prices, dtype=torch.float64).to(self.device)
+        self.prices = price
+        end = len(price) if end is None else end
+        # The first decision needs `window` returns behind it; the last needs one price after it.
+        self.first_t = max(start, window)
+        self.last_t = end - 2
+        if self.last_t < self.first_t:
+            raise ValueError(
+                f"prices [{start}, {end}) are too short for a window of {window}: "
+                f"need at least {window + 2} prices"
+            )
+        self.num_envs = num_envs
+        self.window = window
+        self.max_position = max_position
+        self.cost_rate = cost_rate
+        self.cost_multiplier = cost_multiplier
+        self.hold_penalty_weight = hold_penalty_weight
+        self.hold_cost = hold_cost
+        self.reward_scale = reward_scale
+        self.episode_steps = episode_steps
+        self.random_starts = random_starts
+        self.obs_dim = window + 1
+
+        self.simple_returns = price[1:] / price[:-1] - 1.0  # R[t]: from price t to t+1
+        log_returns = torch.log(price[1:] / price[:-1])
+        if return_scale is None:
+            # Normalise by the spread of returns in this env's own range (its training part).
+            return_scale = float(log_returns[start : end - 1].std().clamp_min(1e-12))
+        self.return_scale = return_scale
+        self.scaled_returns = (log_returns / return_scale).clamp(-OBS_CLIP, OBS_CLIP).float()
+        self.offsets = torch.arange(-window, 0, device=self.device)
+
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self.steps = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self.position = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self.episode_return = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
+        self.pnl = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
+        self.finished_returns: list[float] = []
+
+    def _starts(self, count: int) -> torch.Tensor:
+        import torch
+
+        if not self.random_starts:
+            return torch.full((count,), self.first_t, dtype=torch.long, device=self.device)
+        # Leave room for a whole episode where the range allows it.
+        latest = max(self.first_t, self.last_t - self.episode_steps + 1)
+        return torch.randint(
+            self.first_t,
+            latest + 1,
+            (count,),
+            generator=self.generator,
+            device=self.device,
+        )
+
+    def observe(self) -> torch.Tensor:
+        import torch
+
+        # scaled_returns[k] is the log return from price k to k+1, so the window ending at
+        # price t is scaled_returns[t - window : t].
+        returns = self.scaled_returns[self.t.unsqueeze(1) + self.offsets]
+        position = (self.position.float() / self.max_position).unsqueeze(1)
+        return torch.cat([returns, position], dim=1)
+
+    def reset(self) -> torch.Tensor:
+        self.t = self._starts(self.num_envs)
+        self.steps.zero_()
+        self.position.zero_()
+        self.episode_return.zero_()
+        return self.observe()
+
+    def step(self, actions: torch.Tensor) -> StepResult:
+        import torch
+
+        actions = actions.to(self.device).long()
+        new_position = (self.position + actions - 1).clamp(-self.max_position, self.max_position)
+        traded = (new_position - self.position).abs().double()
+        held = new_position.double()
+        market = held * self.simple_returns[self.t]
+        self.pnl = market - self.cost_rate * traded
+        shaped = (
+            market
+            - self.cost_rate * self.cost_multiplier * traded
+            - self.hold_penalty_weight * self.hold_cost * held.abs()
+        )
+        reward = self.reward_scale * shaped
+        self.episode_return += reward
+
+        self.position = new_position
+        self.t = self.t + 1
+        self.steps += 1
+        truncated = (self.steps >= self.episode_steps) | (self.t > self.last_t)
+        terminated = torch.zeros_like(truncated)
+        final_obs = self.observe()
+        obs = final_obs
+        if bool(truncated.any()):
+            done = truncated.nonzero().squeeze(1)
+            self.finished_returns.extend(self.episode_return[done].tolist())
+            self.episode_return[done] = 0.0
+            self.t[done] = self._starts(len(done))
+            self.steps[done] = 0
+            self.position[done] = 0
+            obs = self.observe()
+        return StepResult(obs, reward.float(), terminated, truncated, final_obs)
