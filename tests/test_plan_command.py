@@ -88,11 +88,21 @@ def test_cpu_bound_work_is_capped_by_cores(capsys, storage, monkeypatch) -> None
     assert "rl is CPU-bound: at most 6 trials at once over all GPUs" in out
     assert (
         out.count(
-            "3 trials at once, limited by CPU cores (6 usable, shared by 2 GPU(s); VRAM fits 20)"
+            "3 trials at once, limited by CPU cores (6 usable, shared by 2 GPUs; VRAM fits 20)"
         )
         == 2
     )
     assert "in all: 6 trials at once on 2 GPUs" in out
+
+
+def test_planning_for_a_host_with_more_cores(capsys, storage) -> None:
+    rl = ["--adapter-path", f"{__name__}:RlSynthetic", "--storage", storage, *DQN_LIKE]
+    code, out, _ = plan(capsys, *rl, "--gpus", "sim:24576", "--cpu-cores", "32")
+    assert "20 trials at once, limited by swarm size 20" in out
+    code, out, _ = plan(capsys, *rl, "--gpus", "sim:24576", "--cpu-cores", "1")
+    assert "1 trial at once, limited by CPU cores (1 usable; VRAM fits 20)" in out
+    code, _, err = plan(capsys, *rl, "--gpus", "sim:24576", "--cpu-cores", "0")
+    assert code == 2 and "--cpu-cores 0" in err
 
 
 def test_user_concurrency_and_swarm_size(capsys, storage) -> None:
@@ -151,7 +161,7 @@ def test_a_measured_model_is_used_and_named(capsys, storage) -> None:
 def test_a_model_that_does_not_fit_is_warned_about(capsys, storage) -> None:
     code, out, _ = plan(capsys, "synthetic", "--gpus", "sim:2048", "--storage", storage, *TFT_LIKE)
     assert code == 0
-    assert "1 trials at once" in out
+    assert "1 trial at once" in out
     assert "warning: one trial needs 2,003 MB, more than the 1,638 MB usable" in out
 
 

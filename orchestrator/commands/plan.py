@@ -50,6 +50,12 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="at most N trials at once per GPU (lowers the plan, never raises it past VRAM)",
     )
     parser.add_argument(
+        "--cpu-cores",
+        type=int,
+        metavar="N",
+        help="plan for a host with N usable CPU cores (default: this machine's, after affinity and cgroup quota)",
+    )
+    parser.add_argument(
         "--option",
         action="append",
         default=[],
@@ -79,6 +85,8 @@ def plan_command(args: argparse.Namespace) -> int:
         raise UserError(f"--swarm-size {args.swarm_size}: the swarm needs at least 1 particle")
     if args.concurrency is not None and args.concurrency < 1:
         raise UserError(f"--concurrency {args.concurrency}: give at least 1 trial per GPU")
+    if args.cpu_cores is not None and args.cpu_cores < 1:
+        raise UserError(f"--cpu-cores {args.cpu_cores}: a host has at least 1 CPU core")
     if args.adapter_path:
         ref = AdapterRef(path=args.adapter_path)
     elif args.adapter:
@@ -102,7 +110,7 @@ def plan_command(args: argparse.Namespace) -> int:
             devices,
             declared,
             cpu_bound=workload.cpu_bound,
-            cpu_cores=usable_cpu_cores(),
+            cpu_cores=args.cpu_cores or usable_cpu_cores(),
             swarm_size=args.swarm_size,
             memory_model_source=DECLARED,
             concurrency=args.concurrency,
@@ -154,9 +162,13 @@ def render_plan(plan: NodePlan, adapter: Any, args: argparse.Namespace) -> list[
     lines.append("")
     count = len(plan.gpus)
     lines.append(
-        f"in all: {plan.total_slots} trials at once on {count} GPU{'s' if count > 1 else ''}"
+        f"in all: {_trials(plan.total_slots)} at once on {count} GPU{'s' if count > 1 else ''}"
     )
     return lines
+
+
+def _trials(count: int) -> str:
+    return f"{count} trial{'s' if count != 1 else ''}"
 
 
 def _limit_words(gpu: GpuPlan, plan: NodePlan, args: argparse.Namespace) -> str:
@@ -166,7 +178,8 @@ def _limit_words(gpu: GpuPlan, plan: NodePlan, args: argparse.Namespace) -> str:
     if gpu.limited_by == "swarm":
         return f"swarm size {args.swarm_size} (VRAM fits more)"
     if gpu.limited_by == "cpu":
-        return f"CPU cores ({plan.cpu_cores} usable, shared by {len(plan.gpus)} GPU(s); VRAM fits {vram})"
+        shared = f", shared by {len(plan.gpus)} GPUs" if len(plan.gpus) > 1 else ""
+        return f"CPU cores ({plan.cpu_cores} usable{shared}; VRAM fits {vram})"
     if gpu.limited_by == "user":
         return f"--concurrency {args.concurrency} (VRAM fits {vram})"
     return gpu.limited_by
@@ -184,7 +197,7 @@ def _render_gpu(gpu: GpuPlan, plan: NodePlan, args: argparse.Namespace) -> list[
             "per trial",
             f"{gpu.per_trial_mb:,.1f} MB at batch {low}, {gpu.largest_trial_mb:,.1f} MB at {high}",
         ),
-        ("slots", f"{gpu.slots} trials at once, limited by {_limit_words(gpu, plan, args)}"),
+        ("slots", f"{_trials(gpu.slots)} at once, limited by {_limit_words(gpu, plan, args)}"),
         ("batch bounds", f"{low}..{high}"),
         ("reserved", f"{gpu.reserved_mb:,.0f} MB at the minimum batch"),
     ]
