@@ -1,0 +1,204 @@
+"""PSOSampler's behaviour in one process: start, steps, outcomes, bounds, enqueued trials."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import optuna
+import pytest
+from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+import samplers
+from samplers import PSOSampler, make_sampler
+from samplers._space import to_unit
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def objective(trial: optuna.Trial) -> float:
+    x = trial.suggest_float("x", -5, 5)
+    lr = trial.suggest_float("lr", 1e-5, 1e-1, log=True)
+    batch = trial.suggest_int("batch_size", 64, 4096, log=True)
+    return x**2 + (np.log10(lr) + 3) ** 2 + abs(np.log2(batch) - 8)
+
+
+def run_sequence(seed: int | None, n_trials: int = 45, storage: str | None = None) -> list[dict]:
+    study = optuna.create_study(
+        storage=storage, sampler=PSOSampler(swarm_size=8, seed=seed), study_name="repro"
+    )
+    study.optimize(objective, n_trials=n_trials)
+    return [t.params for t in study.trials]
+
+
+def test_same_seed_same_sequence_other_seed_other_sequence() -> None:
+    first = run_sequence(3)
+    assert first == run_sequence(3)
+    assert first != run_sequence(4)
+
+
+def test_same_sequence_in_a_spawned_process() -> None:
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        spawned = pool.apply(run_sequence, (3,))
+    assert spawned == run_sequence(3)
+
+
+def test_seedless_workers_of_one_study_agree() -> None:
+    # Without a seed the stream comes from the study, so two sampler objects agree.
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    dist = FloatDistribution(0, 1)
+    a = PSOSampler().sample_independent(study, storage.get_trial(trial._trial_id), "x", dist)
+    b = PSOSampler().sample_independent(study, storage.get_trial(trial._trial_id), "x", dist)
+    assert a == b
+
+
+def test_first_generation_is_one_latin_hypercube() -> None:
+    size = 10
+    study = optuna.create_study(sampler=PSOSampler(swarm_size=size, seed=5))
+    study.optimize(objective, n_trials=size)
+    for name in ("x", "lr"):
+        dist = study.trials[0].distributions[name]
+        strata = sorted(int(to_unit(dist, t.params[name]) * size) for t in study.trials)
+        assert strata == list(range(size)), name
+
+
+def test_values_are_python_numbers_and_the_swarm_improves() -> None:
+    study = optuna.create_study(sampler=PSOSampler(swarm_size=10, seed=1))
+    study.optimize(objective, n_trials=120)
+    for trial in study.trials:
+        assert type(trial.params["x"]) is float and type(trial.params["lr"]) is float
+        assert type(trial.params["batch_size"]) is int
+    start = min(t.value for t in study.trials[:10])
+    assert study.best_value < start / 4
+    # Trial n moved particle n % swarm_size, and its step was recorded.
+    record = study.trials[57].system_attrs["pso"]
+    assert record["p"] == 7 and set(record["x"]) == {"x", "lr", "batch_size"}
+
+
+def test_multi_objective_raises() -> None:
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=PSOSampler())
+    with pytest.raises(ValueError):
+        study.optimize(lambda t: (t.suggest_float("x", 0, 1), 1.0), n_trials=1, catch=())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"swarm_size": 1},
+        {"swarm_size": 2.5},
+        {"topology": "star"},
+        {"seed": -1},
+        {"bounds": {"batch_size": (512, 64)}},
+        {"bounds": {"batch_size": 64}},
+        {"max_velocity": 2},
+    ],
+)
+def test_constructor_validates(kwargs) -> None:
+    with pytest.raises(ValueError):
+        PSOSampler(**kwargs)
+
+
+def position(trial: optuna.trial.FrozenTrial, name: str) -> float:
+    """The particle's position for `name` as the trial recorded it (relative or one parameter)."""
+    if "pso" in trial.system_attrs and name in trial.system_attrs["pso"]["x"]:
+        return trial.system_attrs["pso"]["x"][name][0]
+    return trial.system_attrs["pso:" + name][1]
+
+
+def test_bounds_map_proposals_but_positions_stay_unclamped() -> None:
+    study = optuna.create_study(
+        sampler=PSOSampler(swarm_size=8, seed=2, bounds={"batch_size": (100, 300)})
+    )
+    study.optimize(objective, n_trials=40)
+    sizes = [t.params["batch_size"] for t in study.trials]
+    assert all(100 <= s <= 300 for s in sizes)
+    dist = IntDistribution(64, 4096, log=True)
+    positions = [position(study.trials[i], "batch_size") for i in range(8)]
+    # The Latin-hypercube start spans the whole static range, beyond this process's bounds.
+    assert max(positions) > to_unit(dist, 300) and min(positions) < to_unit(dist, 100)
+
+
+def test_enqueued_trials_are_respected_and_move_no_particle() -> None:
+    study = optuna.create_study(sampler=PSOSampler(swarm_size=4, seed=0))
+    study.optimize(objective, n_trials=6)
+    study.enqueue_trial({"x": 0.25, "batch_size": 256})
+    study.optimize(objective, n_trials=3)
+    guest = study.trials[6]
+    assert guest.params["x"] == 0.25 and guest.params["batch_size"] == 256
+    assert 1e-5 <= guest.params["lr"] <= 1e-1
+    assert not any(key.startswith("pso") for key in guest.system_attrs)
+    assert "pso" in study.trials[7].system_attrs
+
+
+def _batch_after_failure(oom: bool) -> tuple[int, int]:
+    """Particle 1 fails at a large batch size; what does its next step propose?"""
+    study = optuna.create_study()
+    dist = {"x": FloatDistribution(-5, 5), "batch_size": IntDistribution(64, 4096, log=True)}
+
+    def ask(bounds):
+        # Seed 4 starts particle 1 high in the batch-size range (checked below).
+        study.sampler = PSOSampler(swarm_size=2, seed=4, bounds=bounds)
+        return study.ask(dist)
+
+    t0 = ask({"batch_size": (64, 128)})
+    study.tell(t0, 1.0)
+    t1 = ask(None)
+    assert t1.params["batch_size"] >= 2048
+    t1.set_user_attr("oom", oom)
+    study.tell(t1, state=TrialState.FAIL)
+    study.tell(ask(None), 2.0)
+    study.tell(t3 := ask(None), 2.0)
+    assert t3.number == 3  # particle 1 again
+    return t1.params["batch_size"], t3.params["batch_size"]
+
+
+def test_oom_pushes_the_batch_size_down() -> None:
+    failed, after_oom = _batch_after_failure(oom=True)
+    assert after_oom <= failed // 2
+    _, after_plain_failure = _batch_after_failure(oom=False)
+    assert after_plain_failure > after_oom
+
+
+def test_small_discrete_space_gets_no_duplicates() -> None:
+    study = optuna.create_study(sampler=PSOSampler(swarm_size=4, seed=0))
+
+    def tiny(trial):
+        return (trial.suggest_int("a", 0, 3) - 2) ** 2 + (trial.suggest_int("b", 0, 3) - 1) ** 2
+
+    study.optimize(tiny, n_trials=14)
+    sets = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(set(sets)) == len(sets)
+
+
+def test_make_sampler_names_bounds_and_offsets() -> None:
+    with pytest.raises(ValueError, match="pso, tpe, random, qmc, cmaes"):
+        make_sampler("hyperband", seed=0, swarm_size=20, bounds=None)
+    assert isinstance(make_sampler("pso", seed=0, swarm_size=20, bounds=None), PSOSampler)
+    for name in samplers.SAMPLER_NAMES:
+        sampler = make_sampler(name, seed=0, swarm_size=4, bounds={"batch_size": (128, 256)})
+        study = optuna.create_study(sampler=sampler)
+        study.optimize(objective, n_trials=6)
+        assert all(128 <= t.params["batch_size"] <= 256 for t in study.trials), name
+
+    def first_point(offset: int) -> dict:
+        study = optuna.create_study(
+            sampler=make_sampler(
+                "random", seed=0, swarm_size=20, bounds=None, independent_seed_offset=offset
+            )
+        )
+        study.optimize(objective, n_trials=1)
+        return study.trials[0].params
+
+    assert first_point(1) == first_point(1) != first_point(2)
+
+
+def test_importing_the_package_does_not_import_optuna() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, samplers; print('optuna' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
