@@ -1,0 +1,83 @@
+"""`dashboard`: optuna-dashboard on the same storage, on localhost unless the user says otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+import sys
+
+from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.errors import UserError
+
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def register(subparsers) -> None:  # noqa: ANN001
+    parser = command_parser(
+        subparsers,
+        "dashboard",
+        help="start optuna-dashboard on the study storage (each trial's VRAM shows on its page)",
+        example="python -m orchestrator dashboard --storage sqlite:///orchestrator.db --port 8080",
+    )
+    add_storage_argument(parser)
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the network)",
+    )
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    parser.set_defaults(handler=dashboard_command)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A UserError, in one line, when host:port cannot be listened on."""
+    if not 0 < port < 65536:
+        raise UserError(f"--port {port} is not a port number: use 1-65535, for example --port 8080")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise UserError(
+            f"--host {host!r} is not an address of this machine ({error.strerror})"
+        ) from None
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # The same option the dashboard's server sets, so a port in TIME_WAIT is not called busy.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise UserError(
+                    f"port {port} on {host} is in use: choose another with --port, e.g. --port {port + 1}"
+                ) from None
+            raise UserError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+
+
+def dashboard_command(args: argparse.Namespace) -> int:
+    from orchestrator.inspect import open_for_reading
+    from orchestrator.storage import mask_password, resolve_storage_url
+
+    url = resolve_storage_url(args.storage)
+    check_port_free(args.host, args.port)
+    storage = open_for_reading(url)
+    if args.host not in LOCAL_HOSTS:
+        print(
+            f"note: listening on {args.host}, not localhost, as you chose with --host: anyone who "
+            "can reach this machine can see and change the studies (the dashboard has no login)",
+            file=sys.stderr,
+        )
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"optuna-dashboard on http://{shown}:{args.port}/ for {mask_password(url)} (Ctrl-C stops it)",
+        flush=True,
+    )
+    from optuna_dashboard import run_server
+
+    try:
+        run_server(storage, host=args.host, port=args.port)
+    except OSError as error:
+        raise UserError(
+            f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"
+        ) from None
+    return 0

@@ -1,0 +1,42 @@
+"""`report`: a self-contained HTML page and PNG charts of one study."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from orchestrator.cli import add_storage_argument, command_parser
+
+
+def register(subparsers) -> None:  # noqa: ANN001
+    parser = command_parser(
+        subparsers,
+        "report",
+        help="write an HTML page (opens offline) and PNG charts of a study",
+        example="python -m orchestrator report --study dqn --out reports/dqn",
+    )
+    parser.add_argument("--study", metavar="NAME", required=True, help="the study to report on")
+    add_storage_argument(parser)
+    parser.add_argument(
+        "--out", metavar="DIR", required=True, help="directory for index.html and the PNGs"
+    )
+    parser.set_defaults(handler=report_command)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from orchestrator.inspect import load_study_trials, open_for_reading, study_detail
+    from orchestrator.report import write_report
+    from orchestrator.storage import describe_location, resolve_storage_url
+
+    url = resolve_storage_url(args.storage)
+    storage = open_for_reading(url)
+    label = describe_location(url)
+    detail = study_detail(storage, args.study, label)
+    study = load_study_trials(storage, args.study, label)
+    files = write_report(study, detail, Path(args.out))
+    print(f"report of {args.study!r}: {files.page}")
+    for png in files.pngs:
+        print(f"  {png}")
+    for note in files.notes:
+        print(f"  ({note})")
+    return 0

@@ -1,0 +1,390 @@
+"""A study's report: one self-contained HTML page (plotly.js inline, opens with no network) and PNGs.
+
+Charts: optimisation history, parameter importances and parallel coordinates from
+`optuna.visualization` (and `optuna.visualization.matplotlib` for the PNGs), then our own two:
+batch size against peak VRAM per kind of GPU beside the memory model's line, and slots over time
+per GPU with the out-of-memory failures marked.
+"""
+
+from __future__ import annotations
+
+import html
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.inspect import StudyDetail
+
+# Importances need enough completed trials to say anything; below this the chart is a note.
+MIN_TRIALS_FOR_IMPORTANCE = 8
+PAGE_NAME = "index.html"
+
+
+@dataclass(frozen=True)
+class Chart:
+    key: str  # file stem of its PNG
+    title: str
+    figure: Any | None  # a plotly Figure, or None when there is nothing to draw
+    note: str = ""  # why it is missing, or what to read in it
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    page: Path
+    pngs: list[Path]
+    notes: list[str]
+
+
+def write_report(study: optuna.Study, detail: StudyDetail, out_dir: Path) -> ReportFiles:
+    """Write index.html and one PNG per drawn chart into out_dir (created if missing)."""
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UserError(
+            f"cannot write the report to {out_dir}: {error.strerror or error}; "
+            "choose a writable directory with --out"
+        ) from None
+    charts = plotly_charts(study, detail)
+    pngs = write_pngs(study, detail, charts, out_dir)
+    page = out_dir / PAGE_NAME
+    page.write_text(render_page(detail, charts, pngs), encoding="utf-8")
+    notes = [f"{chart.title}: {chart.note}" for chart in charts if chart.figure is None]
+    return ReportFiles(page=page, pngs=pngs, notes=notes)
+
+
+def completed_count(study: optuna.Study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+
+
+def importance_evaluator():  # noqa: ANN201
+    # PED-ANOVA needs no scikit-learn (fANOVA, Optuna's default, does).
+    from optuna.importance import PedAnovaImportanceEvaluator
+
+    return PedAnovaImportanceEvaluator(target_quantile=0.25)
+
+
+# --- plotly charts (the page) ------------------------------------------------------------------
+
+
+def plotly_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
+    import optuna.visualization as vis
+
+    done = completed_count(study)
+    charts: list[Chart] = []
+    if done == 0:
+        none = "no completed trial yet"
+        charts.append(Chart("history", "Optimisation history", None, none))
+        charts.append(Chart("importances", "Parameter importances", None, none))
+        charts.append(Chart("parallel", "Parallel coordinates", None, none))
+    else:
+        charts.append(
+            Chart("history", "Optimisation history", vis.plot_optimization_history(study))
+        )
+        if done < MIN_TRIALS_FOR_IMPORTANCE:
+            note = f"skipped: {done} completed trials, importances need at least {MIN_TRIALS_FOR_IMPORTANCE}"
+            charts.append(Chart("importances", "Parameter importances", None, note))
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                figure = vis.plot_param_importances(study, evaluator=importance_evaluator())
+            charts.append(Chart("importances", "Parameter importances", figure, "PED-ANOVA"))
+        charts.append(
+            Chart("parallel", "Parallel coordinates", vis.plot_parallel_coordinate(study))
+        )
+    charts.append(vram_chart(detail))
+    charts.append(slots_chart(detail))
+    return charts
+
+
+def vram_chart(detail: StudyDetail) -> Chart:
+    import plotly.graph_objects as go
+
+    title = "Batch size vs peak VRAM per GPU"
+    rows = [r for r in detail.vram if r.batch_size is not None and r.peak_mb is not None]
+    if not rows:
+        return Chart("vram", title, None, "no trial has recorded its VRAM yet")
+    figure = go.Figure()
+    palette = _palette()
+    for i, gpu in enumerate(sorted({r.gpu for r in rows})):
+        colour = palette[i % len(palette)]
+        mine = [r for r in rows if r.gpu == gpu]
+        fine = [r for r in mine if not r.oom]
+        ooms = [r for r in mine if r.oom]
+        for group, symbol, suffix in ((fine, "circle", ""), (ooms, "x", " OOM")):
+            if group:
+                figure.add_trace(
+                    go.Scatter(
+                        x=[r.batch_size for r in group],
+                        y=[r.peak_mb for r in group],
+                        mode="markers",
+                        marker={"color": colour, "symbol": symbol, "size": 10 if suffix else 8},
+                        name=f"{gpu} peak{suffix}",
+                        text=[f"trial #{r.trial}, {r.concurrency} slots" for r in group],
+                    )
+                )
+        xs = _line_span(mine)
+        for line in (ln for ln in detail.memory_lines if ln.gpu == gpu):
+            figure.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=[line.at(x) for x in xs],
+                    mode="lines",
+                    line={"color": colour, "dash": "solid" if line.source == "plan" else "dash"},
+                    name=f"{gpu} memory model ({line.source})",
+                )
+            )
+    figure.update_layout(
+        title=title, xaxis_title="batch size", yaxis_title="VRAM (MB)", xaxis_type="log"
+    )
+    return Chart("vram", title, figure, "points: measured peak per trial; line: the memory model")
+
+
+def slots_chart(detail: StudyDetail) -> Chart:
+    import plotly.graph_objects as go
+
+    from orchestrator.inspect import slot_series
+
+    title = "Slots over time, with OOMs"
+    series = slot_series(detail.concurrency_events, until=_last_time(detail))
+    if not series and not detail.ooms:
+        return Chart("slots", title, None, "no concurrency changes recorded")
+    figure = go.Figure()
+    for s in series:
+        figure.add_trace(
+            go.Scatter(
+                x=s.times, y=s.slots, mode="lines", line_shape="hv", name=s.label, text=s.reasons
+            )
+        )
+    ooms = [o for o in detail.ooms if o.at is not None]
+    if ooms:
+        figure.add_trace(
+            go.Scatter(
+                x=[o.at for o in ooms],
+                y=[o.concurrency or 1 for o in ooms],
+                mode="markers",
+                marker={"symbol": "x", "size": 12, "color": "crimson"},
+                name="OOM",
+                text=[f"trial #{o.trial}, batch {o.batch_size}, {o.gpu}" for o in ooms],
+            )
+        )
+    figure.update_layout(title=title, xaxis_title="time (UTC)", yaxis_title="trials at once")
+    return Chart("slots", title, figure)
+
+
+def _line_span(rows: list) -> list[float]:
+    """Batch sizes to draw a memory model at: evenly spaced on the log axis the chart uses."""
+    low = min(r.batch_size for r in rows)
+    high = max(r.batch_size for r in rows)
+    if low == high:
+        low, high = low / 2, high * 2
+    steps = 40
+    return [low * (high / low) ** (i / steps) for i in range(steps + 1)]
+
+
+def _last_time(detail: StudyDetail):  # noqa: ANN202
+    times = [e.at for e in detail.concurrency_events] + [o.at for o in detail.ooms if o.at]
+    times += [w.stopped_at or w.last_seen for w in detail.workers]
+    return max(times) if times else None
+
+
+def _palette() -> list[str]:
+    import plotly.colors
+
+    return list(plotly.colors.qualitative.Plotly)
+
+
+# --- PNGs (matplotlib, Agg) ------------------------------------------------------------------
+
+
+def write_pngs(
+    study: optuna.Study, detail: StudyDetail, charts: list[Chart], out_dir: Path
+) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna.visualization.matplotlib as mvis
+
+    drawn = {chart.key for chart in charts if chart.figure is not None}
+    makers = {
+        "history": lambda: mvis.plot_optimization_history(study),
+        "importances": lambda: mvis.plot_param_importances(study, evaluator=importance_evaluator()),
+        "parallel": lambda: mvis.plot_parallel_coordinate(study),
+        "vram": lambda: _vram_axes(detail),
+        "slots": lambda: _slots_axes(detail),
+    }
+    paths = []
+    for key, make in makers.items():
+        if key not in drawn:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            axes = make()
+        figure = _figure_of(axes)
+        figure.set_size_inches(9, 5)
+        figure.tight_layout()
+        path = out_dir / f"{key}.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def _figure_of(axes: Any) -> Any:
+    import numpy as np
+
+    if isinstance(axes, np.ndarray):  # parallel coordinates may hand back several axes
+        axes = axes.flat[0]
+    return axes.figure
+
+
+def _vram_axes(detail: StudyDetail) -> Any:
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots()
+    rows = [r for r in detail.vram if r.batch_size is not None and r.peak_mb is not None]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, gpu in enumerate(sorted({r.gpu for r in rows})):
+        colour = colours[i % len(colours)]
+        mine = [r for r in rows if r.gpu == gpu]
+        fine = [r for r in mine if not r.oom]
+        ooms = [r for r in mine if r.oom]
+        if fine:
+            ax.scatter(
+                [r.batch_size for r in fine],
+                [r.peak_mb for r in fine],
+                color=colour,
+                label=f"{gpu} peak",
+            )
+        if ooms:
+            ax.scatter(
+                [r.batch_size for r in ooms],
+                [r.peak_mb for r in ooms],
+                color=colour,
+                marker="x",
+                s=80,
+                label=f"{gpu} OOM",
+            )
+        xs = _line_span(mine)
+        for line in (ln for ln in detail.memory_lines if ln.gpu == gpu):
+            style = "-" if line.source == "plan" else "--"
+            ax.plot(
+                xs,
+                [line.at(x) for x in xs],
+                style,
+                color=colour,
+                label=f"{gpu} memory model ({line.source})",
+            )
+    ax.set_xscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("VRAM (MB)")
+    ax.set_title("Batch size vs peak VRAM per GPU")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def _slots_axes(detail: StudyDetail) -> Any:
+    import matplotlib.pyplot as plt
+
+    from orchestrator.inspect import slot_series
+
+    figure, ax = plt.subplots()
+    for s in slot_series(detail.concurrency_events, until=_last_time(detail)):
+        ax.step(s.times, s.slots, where="post", label=s.label)
+    ooms = [o for o in detail.ooms if o.at is not None]
+    if ooms:
+        ax.scatter(
+            [o.at for o in ooms],
+            [o.concurrency or 1 for o in ooms],
+            marker="x",
+            s=80,
+            color="crimson",
+            label="OOM",
+            zorder=3,
+        )
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel("trials at once")
+    ax.set_title("Slots over time, with OOMs")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize="small")
+    figure.autofmt_xdate()
+    return ax
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+
+def render_page(detail: StudyDetail, charts: list[Chart], pngs: list[Path]) -> str:
+    """The HTML page: a summary, the best parameters, then each chart (plotly.js inline once)."""
+    esc = html.escape
+    png_names = {p.stem: p.name for p in pngs}
+    budget = "?" if detail.budget is None else str(detail.budget)
+    states = ", ".join(f"{state} {n}" for state, n in detail.states.items())
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>Study {esc(detail.name)}</title>",
+        "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}"
+        "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}"
+        ".note{color:#666;font-style:italic}</style>",
+        "</head><body>",
+        f"<h1>Study {esc(detail.name)}</h1>",
+        f"<p>Adapter <b>{esc(detail.adapter or '?')}</b>, {esc(detail.direction)}, "
+        f"{detail.counted}/{budget} trials counted ({esc(states)}).</p>",
+    ]
+    if detail.best is not None:
+        rows = "".join(
+            f"<tr><td>{esc(str(k))}</td><td>{esc(_show(v))}</td></tr>"
+            for k, v in detail.best.params.items()
+        )
+        parts.append(
+            f"<h2>Best trial #{detail.best.number}: {detail.best.value:.6g}</h2>"
+            f"<table><tr><th>parameter</th><th>value</th></tr>{rows}</table>"
+        )
+    else:
+        parts.append("<p class='note'>No completed trial yet.</p>")
+    if detail.vram_by_gpu:
+        rows = "".join(
+            f"<tr><td>{esc(g.gpu)}</td><td>{g.trials}</td><td>{_mb(g.planned_mean_mb)}</td>"
+            f"<td>{_mb(g.peak_mean_mb)}</td><td>{_mb(g.peak_max_mb)}</td><td>{g.ooms}</td></tr>"
+            for g in detail.vram_by_gpu
+        )
+        parts.append(
+            "<h2>VRAM by GPU (MB)</h2><table><tr><th>GPU</th><th>trials</th><th>planned mean</th>"
+            f"<th>peak mean</th><th>peak max</th><th>OOMs</th></tr>{rows}</table>"
+        )
+    inline_js = True  # plotly.js goes into the page once, with the first figure
+    for chart in charts:
+        parts.append(f"<h2>{esc(chart.title)}</h2>")
+        if chart.figure is None:
+            parts.append(f"<p class='note'>{esc(chart.note)}</p>")
+            continue
+        if chart.note:
+            parts.append(f"<p class='note'>{esc(chart.note)}</p>")
+        parts.append(chart.figure.to_html(full_html=False, include_plotlyjs=inline_js))
+        inline_js = False
+        if chart.key in png_names:
+            name = esc(png_names[chart.key])
+            parts.append(f"<p><a href='{name}'>{name}</a></p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _show(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
