@@ -25,7 +25,7 @@ The observation at time t is the last `window` log returns (up to price[t]) divi
 
 Episodes last `episode_steps` steps or until the series ends (both are truncations, never
 terminations: the market does not end). An episode that ends is reset at once, at a random start
-(or at `start` with `random_starts=False`) with a flat position; `final_obs` holds the
+(or at the first one, `start + window`, with `random_starts=False`) with a flat position; `final_obs` holds the
 observation the step really led to, for bootstrapping.
 """
 
@@ -79,14 +79,17 @@ class TradingEnv:
         price = torch.as_tensor(prices, dtype=torch.float64).to(self.device)
         self.prices = price
         end = len(price) if end is None else end
-        # The first decision needs `window` returns behind it; the last needs one price after it.
-        self.first_t = max(start, window)
+        # Prices [start, end): the first decision needs `window` returns behind it, the last
+        # needs one price after it.
+        self.first_t = start + window
         self.last_t = end - 2
         if self.last_t < self.first_t:
             raise ValueError(
                 f"prices [{start}, {end}) are too short for a window of {window}: "
                 f"need at least {window + 2} prices"
             )
+        if start < 0 or end > len(price):
+            raise ValueError(f"prices [{start}, {end}) are outside the series of {len(price)}")
         self.num_envs = num_envs
         self.window = window
         self.max_position = max_position
