@@ -119,12 +119,12 @@ def build_study(url: str, name: str = "demo", *, completed: int = 10) -> dict:
             detail=f"{reason} on {gpu}",
         )
         records.record_concurrency_event(engine, study_name=name, event=event)
-    best = min(values, key=values.get)
+    best = min(values, key=values.get) if values else None
     return {
         "storage": storage,
         "values": values,
         "best": best,
-        "best_params": trial_params(best),
+        "best_params": None if best is None else trial_params(best),
         "oom_trial": oom_number,
         "name": name,
     }

@@ -1,0 +1,158 @@
+"""Live progress: log lines off a terminal, a rich panel on one, nothing with --quiet."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from orchestrator.progress import (
+    LiveProgress,
+    LogProgress,
+    QuietProgress,
+    format_duration,
+    make_progress,
+    render,
+    summary_line,
+)
+from orchestrator.snapshot import GpuSnapshot, PoolSnapshot
+
+
+def snapshot(
+    counted: int = 3, *, elapsed: float = 60.0, best: float | None = 0.25, ooms: int = 1
+) -> PoolSnapshot:
+    gpus = (
+        GpuSnapshot("cuda:0 NVIDIA L4", 2, 4, 2, 9.5 * 1024, 22.5 * 1024, ooms, (64, 1536)),
+        GpuSnapshot("sim:1 Simulated GPU 24 GB", 4, 4, 3, None, None, 0, (64, 4096)),
+    )
+    return PoolSnapshot(
+        study_name="dqn",
+        budget=10,
+        counted=counted,
+        running=5,
+        waiting=1,
+        best_value=best,
+        best_trial=7 if best is not None else None,
+        direction="maximize",
+        metric="return",
+        elapsed_s=elapsed,
+        gpus=gpus,
+        ooms=ooms,
+        retries=2,
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "?"), (0, "0s"), (9.4, "9s"), (133, "2m13s"), (3725, "1h02m"), (-3, "0s")],
+)
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_summary_line_says_everything_a_person_watches_for():
+    line = summary_line(snapshot())
+    for words in (
+        "[dqn]",
+        "3/10 trials",
+        "5 running",
+        "1 waiting",
+        "best return 0.25 (#7)",
+        "cuda:0 2/2 slots 9.5/22.5 GB",
+        "sim:1 3/4 slots",
+        "1 OOM",
+        "2 retries",
+        "1m00s elapsed",
+        "~2m20s left",
+    ):
+        assert words in line
+    assert "best return -" in summary_line(snapshot(0, best=None))
+    assert "left" not in summary_line(snapshot(0))  # no rate yet, no estimate
+
+
+def test_log_lines_on_each_finished_trial_and_at_most_every_ten_seconds():
+    out = io.StringIO()
+    clock = Clock()
+    progress = LogProgress(stream=out, clock=clock)
+    progress.update(snapshot(3))  # first call: a line
+    for t in (1, 2, 5, 9.9):  # same count, inside the interval: quiet
+        clock.now = t
+        progress.update(snapshot(3))
+    assert out.getvalue().count("\n") == 1
+    clock.now = 10.5
+    progress.update(snapshot(3))  # interval passed: a line
+    clock.now = 11
+    progress.update(snapshot(4))  # a trial finished: a line at once
+    clock.now = 12
+    progress.update(snapshot(4))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "3/10 trials" in lines[1] and "4/10 trials" in lines[2]
+    progress.close(snapshot(10))
+    assert "done: 10/10 trials" in out.getvalue().splitlines()[-1]
+
+
+def test_verbose_log_adds_a_line_per_gpu():
+    out = io.StringIO()
+    progress = make_progress(quiet=False, verbose=True, stream=out)
+    assert isinstance(progress, LogProgress)
+    progress.update(snapshot())
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "cuda:0 NVIDIA L4: 2 running, 2/4 slots, 9.5/22.5 GB, 1 OOM, batch 64-1536" in lines[1]
+
+
+def test_quiet_prints_nothing():
+    out = io.StringIO()
+    progress = make_progress(quiet=True, verbose=False, stream=out)
+    assert isinstance(progress, QuietProgress)
+    progress.update(snapshot())
+    progress.close(snapshot(10))
+    assert out.getvalue() == ""
+
+
+def test_a_terminal_gets_the_live_panel():
+    out = io.StringIO()
+    progress = make_progress(quiet=False, verbose=False, stream=out, force_terminal=True)
+    assert isinstance(progress, LiveProgress)
+    progress.update(snapshot(3))
+    progress.update(snapshot(4, elapsed=80))
+    progress.close(snapshot(10, elapsed=200))
+    text = out.getvalue()
+    assert "\x1b[" in text  # drawn with terminal control codes
+    assert "4/10" in text and "10/10" in text
+    assert "done: 10/10 trials in 3m20s" in text
+
+
+def test_the_panel_shows_slots_and_vram_per_gpu():
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, force_terminal=False, width=140).print(render(snapshot()))
+    text = out.getvalue()
+    for words in (
+        "dqn",
+        "3/10",
+        "best return 0.25 (#7)",
+        "cuda:0 NVIDIA L4",
+        "2/4",
+        "9.5/22.5 GB",
+        "sim:1 Simulated GPU 24 GB",
+        "4/4",
+        "64-4096",
+        "~2m20s left",
+        "2 retries",
+    ):
+        assert words in text
+
+
+def test_a_pipe_is_not_a_terminal():
+    assert isinstance(make_progress(quiet=False, verbose=False, stream=io.StringIO()), LogProgress)

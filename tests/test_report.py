@@ -1,0 +1,138 @@
+"""`report`: an HTML page that opens with no network, and the same charts as PNG files."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from test_status import build_study, run_cli
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5_000, path
+
+
+def assert_offline_page(page: Path) -> str:
+    text = page.read_text()
+    # Self-contained: plotly.js inline, nothing fetched from elsewhere.
+    assert "Plotly.newPlot" in text and len(text) > 1_000_000
+    assert not re.search(r"<script[^>]+src=", text)
+    assert not re.search(r"<link[^>]+href=[\"']https?:", text)
+    return text
+
+
+def test_report_writes_a_page_and_pngs(storage_url, tmp_path, capsys):
+    built = build_study(storage_url)
+    out = tmp_path / "report"
+    code, printed, _ = run_cli(
+        capsys, "report", "--study", "demo", "--storage", storage_url, "--out", str(out)
+    )
+    assert code == 0 and str(out / "index.html") in printed
+    for name in ("history", "importances", "parallel", "vram", "slots"):
+        assert_png(out / f"{name}.png")
+    text = assert_offline_page(out / "index.html")
+    for words in (
+        "Study demo",
+        f"Best trial #{built['best']}",
+        "Optimisation history",
+        "Parameter importances",
+        "Parallel coordinates",
+        "Batch size vs peak VRAM per GPU",
+        "Slots over time",
+        "NVIDIA L40S memory model (plan)",
+        "history.png",
+    ):
+        assert words in text
+    assert text.count('class="plotly-graph-div"') == 5
+    assert "importances need at least" not in text
+
+
+def test_report_with_few_trials_skips_importances_with_a_note(sqlite_url, tmp_path, capsys):
+    build_study(sqlite_url, completed=3)
+    out = tmp_path / "r"
+    code, printed, _ = run_cli(
+        capsys, "report", "--study", "demo", "--storage", sqlite_url, "--out", str(out)
+    )
+    assert code == 0 and "importances need at least" in printed
+    assert not (out / "importances.png").exists()
+    assert_png(out / "history.png")
+    assert "importances need at least 8" in (out / "index.html").read_text()
+
+
+def test_report_to_an_unwritable_directory_is_one_line(sqlite_url, tmp_path, capsys):
+    build_study(sqlite_url, completed=2)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, _, err = run_cli(
+        capsys,
+        "report",
+        "--study",
+        "demo",
+        "--storage",
+        sqlite_url,
+        "--out",
+        str(blocker / "report"),
+    )
+    assert code == 2 and err.startswith("error: cannot write the report") and err.count("\n") == 1
+
+
+def test_report_of_a_missing_study_lists_the_others(sqlite_url, tmp_path, capsys):
+    build_study(sqlite_url, "only-one", completed=1)
+    code, _, err = run_cli(
+        capsys, "report", "--study", "x", "--storage", sqlite_url, "--out", str(tmp_path)
+    )
+    assert code == 2 and "only-one" in err
+
+
+def test_a_real_run_then_status_best_and_report(tmp_path):
+    """End to end: `run` on a simulated GPU writes what status, best and report read back."""
+    url = f"sqlite:///{tmp_path / 'e2e.db'}"
+    env = dict(os.environ, PYTHONPATH=str(REPO), ORCHESTRATOR_STORAGE=url)
+
+    def cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    ran = cli(
+        "run",
+        "synthetic",
+        "--trials",
+        "4",
+        "--gpus",
+        "sim:24576",
+        "--option",
+        "trial_seconds=0.1",
+        "--quiet",
+        timeout=240,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+
+    status = cli("status", "--study", "synthetic", "--json")
+    assert status.returncode == 0, status.stderr
+    detail = json.loads(status.stdout)
+    assert detail["counted"] == 4 and detail["budget"] == 4
+    assert len(detail["vram"]) == 4 and all(row["peak_mb"] > 0 for row in detail["vram"])
+    assert {row["gpu"] for row in detail["vram"]} == {w["gpu_name"] for w in detail["workers"]}
+    assert detail["concurrency_events"], "the pool records at least its start"
+
+    best = cli("best", "--study", "synthetic")
+    assert json.loads(best.stdout) == detail["best"]["params"]
+
+    report = cli("report", "--study", "synthetic", "--out", "report")
+    assert report.returncode == 0, report.stderr
+    assert_offline_page(tmp_path / "report" / "index.html")
+    assert_png(tmp_path / "report" / "vram.png")
