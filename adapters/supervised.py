@@ -246,6 +246,10 @@ class SupervisedForecasterAdapter(BaseAdapter):
             sizes["max_width"], sizes["max_window"], sizes["max_depth"], sizes["horizon"]
         )
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Bad sizes fail before the study is created, not in every trial."""
+        _sizes(options)
+
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
         sizes = _sizes(options)
         return {
