@@ -112,7 +112,7 @@ def vram_chart(detail: StudyDetail) -> Chart:
     import plotly.graph_objects as go
 
     title = "Batch size vs peak VRAM per GPU"
-    rows = [r for r in detail.vram if r.batch_size is not None and r.peak_mb is not None]
+    rows = vram_points(detail)
     if not rows:
         return Chart("vram", title, None, "no trial has recorded its VRAM yet")
     figure = go.Figure()
@@ -122,12 +122,12 @@ def vram_chart(detail: StudyDetail) -> Chart:
         mine = [r for r in rows if r.gpu == gpu]
         fine = [r for r in mine if not r.oom]
         ooms = [r for r in mine if r.oom]
-        for group, symbol, suffix in ((fine, "circle", ""), (ooms, "x", " OOM")):
+        for group, symbol, suffix in ((fine, "circle", ""), (ooms, "x", " OOM (at planned MB)")):
             if group:
                 figure.add_trace(
                     go.Scatter(
                         x=[r.batch_size for r in group],
-                        y=[r.peak_mb for r in group],
+                        y=[point_mb(r) for r in group],
                         mode="markers",
                         marker={"color": colour, "symbol": symbol, "size": 10 if suffix else 8},
                         name=f"{gpu} peak{suffix}",
@@ -148,7 +148,29 @@ def vram_chart(detail: StudyDetail) -> Chart:
     figure.update_layout(
         title=title, xaxis_title="batch size", yaxis_title="VRAM (MB)", xaxis_type="log"
     )
-    return Chart("vram", title, figure, "points: measured peak per trial; line: the memory model")
+    return Chart(
+        "vram",
+        title,
+        figure,
+        "points: measured peak per trial (an OOM at what it was planned to use); "
+        "lines: the memory model the trials were planned with, and the one measured from them",
+    )
+
+
+def vram_points(detail: StudyDetail) -> list:
+    """Trials to plot: those with a measured peak, and OOMs (which have none worth showing)."""
+    return [
+        r
+        for r in detail.vram
+        if r.batch_size is not None and (r.peak_mb if not r.oom else point_mb(r)) is not None
+    ]
+
+
+def point_mb(row) -> float | None:  # noqa: ANN001
+    """Where a trial sits on the VRAM axis: its peak; an OOM'd one at its planned MB (its peak is moot)."""
+    if row.oom:
+        return row.peak_mb or row.planned_mb
+    return row.peak_mb
 
 
 def slots_chart(detail: StudyDetail) -> Chart:
@@ -254,7 +276,7 @@ def _vram_axes(detail: StudyDetail) -> Any:
     import matplotlib.pyplot as plt
 
     figure, ax = plt.subplots()
-    rows = [r for r in detail.vram if r.batch_size is not None and r.peak_mb is not None]
+    rows = vram_points(detail)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, gpu in enumerate(sorted({r.gpu for r in rows})):
         colour = colours[i % len(colours)]
@@ -271,11 +293,11 @@ def _vram_axes(detail: StudyDetail) -> Any:
         if ooms:
             ax.scatter(
                 [r.batch_size for r in ooms],
-                [r.peak_mb for r in ooms],
+                [point_mb(r) for r in ooms],
                 color=colour,
                 marker="x",
                 s=80,
-                label=f"{gpu} OOM",
+                label=f"{gpu} OOM (at planned MB)",
             )
         xs = _line_span(mine)
         for line in (ln for ln in detail.memory_lines if ln.gpu == gpu):
