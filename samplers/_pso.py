@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from samplers._lhs import lhs_point, name_key
 from samplers._space import clip_to_bounds, from_unit, grid_bounds, to_unit
-from samplers._swarm import SwarmCoefficients, back_off, step
+from samplers._swarm import SwarmCoefficients, back_off, reflect, step
 
 if TYPE_CHECKING:
     from optuna.study import Study
@@ -35,7 +35,7 @@ PARAM_KEY_PREFIX = "pso:"
 # Parameters whose value decides a trial's memory: an out-of-memory failure pushes them down.
 MEMORY_PARAMS = ("batch_size",)
 TOPOLOGIES = ("global", "ring")
-_DEDUPE_ATTEMPTS = 8
+_DEDUPE_ATTEMPTS = 32
 
 
 @dataclass
@@ -83,6 +83,23 @@ def _parse(trial: FrozenTrial, sign: float) -> _Record:
     )
 
 
+@dataclass(frozen=True)
+class _Move:
+    """One parameter's step: from `base` (None for a fresh point) to `x` with velocity `v`."""
+
+    base: float | None
+    x: float
+    v: float
+
+    def nudged(self, delta: float, max_velocity: float) -> _Move:
+        """The move with `delta` added to its velocity (clamped to `max_velocity`)."""
+        if self.base is None:
+            return _Move(None, float(np.clip(self.x + delta, 0.0, 1.0)), self.v)
+        v = float(np.clip(self.v + delta, -max_velocity, max_velocity))
+        x, bounced = reflect(np.array([self.base + v]), np.array([v]))
+        return _Move(self.base, float(x[0]), float(bounced[0]))
+
+
 @dataclass
 class _SwarmView:
     """The swarm as the storage holds it right now."""
@@ -91,6 +108,13 @@ class _SwarmView:
     ranked: list[_Record]  # COMPLETE trials, best first
     by_particle: dict[int, list[_Record]] = field(default_factory=dict)  # ascending number
     relative_space: dict[str, BaseDistribution] = field(default_factory=dict)
+
+    def best_number(self, name: str) -> int | None:
+        """The number of the best complete trial that has parameter `name`."""
+        for record in self.ranked:
+            if name in record.params:
+                return record.number
+        return None
 
 
 def _build_view(trials: Sequence[FrozenTrial], sign: float) -> _SwarmView:
@@ -164,6 +188,8 @@ class PSOSampler(BaseSampler):
         inertia, cognitive, social: the step's coefficients; Clerc and Kennedy's constriction
             values by default (0.7298, 1.49618, 1.49618).
         max_velocity: the velocity clamp as a fraction of each parameter's range, in (0, 1].
+        search_radius: how far the particle that holds the best searches around it, as a
+            fraction of each range (it has no pull of its own, so it would otherwise stop).
         topology: ``"global"`` or ``"ring"``.
         bounds: per-parameter ``(low, high)`` for this process, such as the planner's batch
             size bounds; ``None`` for none.
@@ -182,6 +208,7 @@ class PSOSampler(BaseSampler):
         cognitive: float = SwarmCoefficients.cognitive,
         social: float = SwarmCoefficients.social,
         max_velocity: float = SwarmCoefficients.max_velocity,
+        search_radius: float = 0.05,
         topology: str = "global",
         bounds: Mapping[str, tuple[float, float]] | None = None,
         seed: int | None = None,
@@ -197,6 +224,9 @@ class PSOSampler(BaseSampler):
             raise ValueError(f"The `{seed=}` must be a whole number >= 0 or None.")
         self._swarm_size = swarm_size
         self._coefficients = SwarmCoefficients(inertia, cognitive, social, max_velocity)
+        if not (0 <= search_radius <= 1):
+            raise ValueError(f"The `{search_radius=}` must be in [0, 1]: a fraction of each range.")
+        self._search_radius = search_radius
         self._topology = topology
         self._bounds = _check_bounds(bounds)
         self._seed = seed
@@ -231,11 +261,11 @@ class PSOSampler(BaseSampler):
             name: self._move(view, entropy, trial.number, name, search_space[name])
             for name in names
         }
-        params = {name: self._value(name, search_space[name], moves[name][0]) for name in names}
+        params = {name: self._value(name, search_space[name], moves[name].x) for name in names}
         params, moves = self._dedupe(view, entropy, trial.number, search_space, params, moves)
         record: dict[str, Any] = {
             "p": trial.number % self._swarm_size,
-            "x": {name: [moves[name][0], moves[name][1]] for name in names},
+            "x": {name: [moves[name].x, moves[name].v] for name in names},
         }
         study._storage.set_trial_system_attr(trial._trial_id, RECORD_KEY, record)
         return params
@@ -253,13 +283,13 @@ class PSOSampler(BaseSampler):
             return self._sample_open_parameter(
                 study, trial, entropy, param_name, param_distribution
             )
-        x, v = self._move(self._view(study), entropy, trial.number, param_name, param_distribution)
+        move = self._move(self._view(study), entropy, trial.number, param_name, param_distribution)
         study._storage.set_trial_system_attr(
             trial._trial_id,
             PARAM_KEY_PREFIX + param_name,
-            [trial.number % self._swarm_size, x, v],
+            [trial.number % self._swarm_size, move.x, move.v],
         )
-        return self._value(param_name, param_distribution, x)
+        return self._value(param_name, param_distribution, move.x)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         # Remember whether the trial was enqueued while its system attributes are at hand
@@ -283,13 +313,15 @@ class PSOSampler(BaseSampler):
 
     def _move(
         self, view: _SwarmView, entropy: int, number: int, name: str, dist: BaseDistribution
-    ) -> tuple[float, float]:
-        """(position, velocity) of trial `number`'s particle for parameter `name`."""
+    ) -> _Move:
+        """Where trial `number`'s particle goes for parameter `name`, and from where."""
         particle, generation = number % self._swarm_size, number // self._swarm_size
         previous = self._previous(view, particle, number, name)
         neighbourhood_best = self._neighbourhood_best(view, particle, name)
         if previous is None or neighbourhood_best is None:
-            return lhs_point(entropy, generation, particle, name, self._swarm_size), 0.0
+            return _Move(
+                None, lhs_point(entropy, generation, particle, name, self._swarm_size), 0.0
+            )
         if name in previous.moves:
             x, v = previous.moves[name]
         else:  # the value came from elsewhere (an enqueued value): start there at rest
@@ -298,7 +330,10 @@ class PSOSampler(BaseSampler):
             x, v = self._back_off(previous, name, x, v)
         personal_best = self._personal_best(view, particle, name)
         rng = np.random.default_rng([entropy, number, name_key(name)])
-        r1, r2 = rng.random(2)
+        r1, r2, r3 = rng.random(3)
+        # The particle that holds the best is pulled nowhere; it searches around it instead
+        # (guaranteed-convergence PSO), or it would stand still and repeat itself.
+        holds_best = view.best_number(name) == previous.number
         new_x, new_v = step(
             np.array([x]),
             np.array([v]),
@@ -307,8 +342,9 @@ class PSOSampler(BaseSampler):
             np.array([r1]),
             np.array([r2]),
             self._coefficients,
+            jitter=np.array([self._search_radius * (2 * r3 - 1) if holds_best else 0.0]),
         )
-        return float(new_x[0]), float(new_v[0])
+        return _Move(x, float(new_x[0]), float(new_v[0]))
 
     def _previous(self, view: _SwarmView, particle: int, number: int, name: str) -> _Record | None:
         for record in reversed(view.by_particle.get(particle, [])):
@@ -363,9 +399,13 @@ class PSOSampler(BaseSampler):
         number: int,
         space: Mapping[str, BaseDistribution],
         params: dict[str, Any],
-        moves: dict[str, tuple[float, float]],
-    ) -> tuple[dict[str, Any], dict[str, tuple[float, float]]]:
-        """Nudge a proposal that repeats a trial already in the storage, in growing circles."""
+        moves: dict[str, _Move],
+    ) -> tuple[dict[str, Any], dict[str, _Move]]:
+        """Nudge a proposal that repeats a trial already in the storage, in growing circles.
+
+        A step is nudged through its velocity, so position = previous position + velocity
+        still holds for every recorded step.
+        """
         names = sorted(params)
         seen = {
             tuple(r.params[name] for name in names)
@@ -377,12 +417,14 @@ class PSOSampler(BaseSampler):
         for _ in range(_DEDUPE_ATTEMPTS):
             if tuple(params[name] for name in names) not in seen:
                 break
-            nudged = {}
-            for name in names:
-                x, v = moves[name]
-                nudged[name] = (float(np.clip(x + rng.uniform(-radius, radius), 0.0, 1.0)), v)
-            moves = nudged
-            params = {name: self._value(name, space[name], moves[name][0]) for name in names}
+            moves = {
+                # Once the clamp's reach is exhausted (a small discrete space), jump further.
+                name: moves[name].nudged(
+                    rng.uniform(-radius, radius), max(radius, self._coefficients.max_velocity)
+                )
+                for name in names
+            }
+            params = {name: self._value(name, space[name], moves[name].x) for name in names}
             radius = min(1.0, radius * 2)
         return params, moves
 

@@ -57,14 +57,20 @@ def step(
     r1: np.ndarray,
     r2: np.ndarray,
     coefficients: SwarmCoefficients = SwarmCoefficients(),  # noqa: B008 (frozen, so shared safely)
+    jitter: np.ndarray | float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One particle's next (position, velocity); all arrays have the same shape."""
+    """One particle's next (position, velocity); all arrays have the same shape.
+
+    `jitter` is added to the velocity before the clamp: the random search of the particle that
+    holds the best, which the two pulls cannot move.
+    """
     c = coefficients
     x = np.asarray(x, dtype=float)
     velocity = (
         c.inertia * np.asarray(v, dtype=float)
         + c.cognitive * np.asarray(r1) * (np.asarray(personal_best) - x)
         + c.social * np.asarray(r2) * (np.asarray(neighbourhood_best) - x)
+        + jitter
     )
     velocity = np.clip(velocity, -c.max_velocity, c.max_velocity)
     return reflect(x + velocity, velocity)

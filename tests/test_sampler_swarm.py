@@ -36,10 +36,11 @@ def vectors(elements, size: int):
         lambda d: st.tuples(*(vectors(e, d) for e in (unit, speed, unit, unit, rand, rand)))
     ),
     c=coefficients,
+    jitter=st.floats(-0.2, 0.2),
 )
-def test_step_keeps_positions_in_the_unit_cube_and_velocity_clamped(dim, c) -> None:
+def test_step_keeps_positions_in_the_unit_cube_and_velocity_clamped(dim, c, jitter) -> None:
     x, v, personal, neighbourhood, r1, r2 = dim
-    new_x, new_v = step(x, v, personal, neighbourhood, r1, r2, c)
+    new_x, new_v = step(x, v, personal, neighbourhood, r1, r2, c, jitter=jitter)
     assert np.all(new_x >= 0.0) and np.all(new_x <= 1.0)
     assert np.all(np.abs(new_v) <= c.max_velocity + 1e-12)
     assert new_x.shape == x.shape and new_v.shape == v.shape
