@@ -311,7 +311,7 @@ class DQNAdapter(BaseAdapter):
     }
     default_trials = 12
 
-    def validate_options(self, options: Mapping[str, Any]) -> None:
+    def check_options(self, options: Mapping[str, Any]) -> None:
         """Check the environment and load the prices now: a bad CSV fails before any training."""
         _rl.load_task(options)
 

@@ -137,7 +137,7 @@ def test_malformed_csv_fails_before_training(tmp_path):
     path.write_text("date,price\n2020-01-01,100\n")
     options = {**dqn.adapter.options, "data": str(path)}
     with pytest.raises(UserError, match="has no `close` column") as caught:
-        dqn.adapter.validate_options(options)
+        dqn.adapter.check_options(options)
     assert str(path) in str(caught.value)
     reports = []
     with pytest.raises(UserError, match=str(path)):

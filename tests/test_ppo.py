@@ -139,7 +139,7 @@ def test_malformed_csv_fails_before_training(tmp_path):
     path.write_text("date,price\n2020-01-01,100\n")
     options = {**ppo.adapter.options, "data": str(path)}
     with pytest.raises(UserError, match="has no `close` column") as caught:
-        ppo.adapter.validate_options(options)
+        ppo.adapter.check_options(options)
     assert str(path) in str(caught.value)
     reports = []
     with pytest.raises(UserError, match=str(path)):
