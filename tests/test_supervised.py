@@ -271,38 +271,25 @@ def test_plan_differs_from_dqn_on_a_48_gb_gpu(tmp_path):
     assert "limited by swarm size" not in big.stdout
 
 
-def test_run_tft_prints_the_best_validation_loss(tmp_path):
-    import json
-
-    storage = f"sqlite:///{tmp_path / 'run.db'}"
-    result = _cli(
-        "run",
-        "tft",
-        "--trials",
-        "1",
-        "--epochs",
-        "2",
-        "--gpus",
-        "none",
-        "--storage",
-        storage,
-        "--option",
-        "max_width=32",
-        "--option",
-        "max_window=24",
-        "--option",
-        "max_depth=1",
-        "--json",
-        timeout=150,
+def test_a_small_study_with_the_median_pruner_finds_a_best_validation_loss():
+    """In process; `python -m orchestrator run tft` is run in tests/test_user_adapters.py."""
+    options = parse_options(
+        supervised.adapter, ["max_width=32", "max_window=24", "max_depth=1", "steps=1200"]
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads(result.stdout)
-    study = optuna.load_study(study_name="tft", storage=storage)
-    (trial,) = study.trials
-    assert trial.state == optuna.trial.TrialState.COMPLETE
-    assert sorted(trial.intermediate_values) == [0, 1]  # a validation loss every epoch
-    assert trial.value == min(trial.intermediate_values.values())
-    assert summary["best_value"] == pytest.approx(study.best_value)
+    study = optuna.create_study(
+        direction="minimize",
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
+    )
+    study.optimize(lambda trial: supervised.adapter.objective(trial, CPU, 3, options), n_trials=4)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) >= 2
+    assert study.best_value == min(min(t.intermediate_values.values()) for t in complete)
+    for trial in study.trials:  # pruned ones stopped early, finished ones reported every epoch
+        assert len(trial.intermediate_values) == (
+            3 if trial in complete else len(trial.intermediate_values)
+        )
+        assert 1 <= len(trial.intermediate_values) <= 3
 
 
 @pytest.mark.gpu

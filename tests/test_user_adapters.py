@@ -150,12 +150,32 @@ def test_a_broken_adapter_stops_only_itself(site, tmp_path):
     assert check.stdout.split() == ["tft", "my_mlp"], check.stderr
 
 
-def test_entry_point_and_adapter_path_routes_both_run_a_study(site, tmp_path):
-    """The installed entry point and --adapter-path on the example's source, side by side."""
+def test_built_in_entry_point_and_adapter_path_routes_each_run_a_study(site, tmp_path):
+    """`run tft`, the installed entry point, and --adapter-path on the example's source, at once."""
     common = ["--trials", "1", "--epochs", "2", "--gpus", "none", "--quiet"]
     installed = tmp_path / "installed.db"
     by_path = tmp_path / "by_path.db"
+    built_in = tmp_path / "built_in.db"
+    small = ["--option", "max_width=32", "--option", "max_window=24", "--option", "max_depth=1"]
     runs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "run",
+                "tft",
+                *common,
+                *small,
+                "--storage",
+                f"sqlite:///{built_in}",
+            ],
+            env=_env(),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ),
         subprocess.Popen(
             [
                 sys.executable,
@@ -194,9 +214,16 @@ def test_entry_point_and_adapter_path_routes_both_run_a_study(site, tmp_path):
             text=True,
         ),
     ]
+    outputs = []
     for run in runs:
         out, err = run.communicate(timeout=150)
         assert run.returncode == 0, err[-2000:]
+        outputs.append(out)
+    # --quiet prints only the result: the best validation loss and its parameters.
+    tft = optuna.load_study(study_name="tft", storage=f"sqlite:///{built_in}")
+    assert f"val_loss = {tft.best_value:.6g}" in outputs[0]
+    assert sorted(tft.best_trial.intermediate_values) == [0, 1]
+    assert tft.best_value == min(tft.best_trial.intermediate_values.values())
     for path, name in ((installed, "my_mlp"), (by_path, "quick")):
         study = optuna.load_study(study_name=name, storage=f"sqlite:///{path}")
         (trial,) = study.trials
