@@ -137,26 +137,26 @@ def _count(n: int, one: str, many: str) -> str:
 def render(snapshot: PoolSnapshot) -> RenderableType:
     """The live panel: a progress bar over the budget, the study's numbers, one row per GPU."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
     head = Table.grid(padding=(0, 2))
-    head.add_column(no_wrap=True)
-    head.add_column(no_wrap=True)
-    bar = ProgressBar(total=max(snapshot.budget, 1), completed=snapshot.counted, width=40)
-    head.add_row(bar, f"[bold]{snapshot.counted}/{snapshot.budget}[/] trials")
+    for _ in range(3):
+        head.add_column(no_wrap=True)
+    bar = ProgressBar(total=max(snapshot.budget, 1), completed=snapshot.counted, width=30)
+    head.add_row(
+        f"[bold]{escape(snapshot.study_name)}[/]",
+        bar,
+        f"[bold]{snapshot.counted}/{snapshot.budget}[/] trials",
+    )
     eta = snapshot.eta_s
     timing = f"{format_duration(snapshot.elapsed_s)} elapsed" + (
-        f", ~{format_duration(eta)} left" if eta is not None else ""
+        f" · ~{format_duration(eta)} left" if eta is not None else ""
     )
-    numbers = [
-        f"{snapshot.running} running",
-        f"{snapshot.waiting} waiting",
-        best_text(snapshot),
-        _count(snapshot.ooms, "OOM", "OOMs"),
-        _count(snapshot.retries, "retry", "retries"),
-        timing,
-    ]
+    # Two short lines rather than one long one: an 80-column terminal must not wrap them.
+    now = f"{snapshot.running} running · {snapshot.waiting} waiting · {escape(best_text(snapshot))}"
+    trouble = f"{_count(snapshot.ooms, 'OOM', 'OOMs')} · {_count(snapshot.retries, 'retry', 'retries')} · {timing}"
     gpus = Table(box=None, pad_edge=False, header_style="bold")
     for name in ("GPU", "running", "slots", "VRAM in use", "OOMs", "batch"):
         gpus.add_column(name, no_wrap=True)
@@ -170,8 +170,7 @@ def render(snapshot: PoolSnapshot) -> RenderableType:
             str(gpu.ooms),
             batch,
         )
-    title = f"[bold]{snapshot.study_name}[/]  " + " · ".join(numbers)
-    return Group(title, head, gpus)
+    return Group(head, now, trouble, gpus)
 
 
 # --- the three displays --------------------------------------------------------------------
@@ -242,8 +241,10 @@ class LiveProgress:
         from rich.console import Console
 
         self.verbose = verbose
+        self.stream = stream
         self.console: Console = Console(file=stream, force_terminal=force_terminal)
         self._live = None
+        self._rerouted: list = []  # (logging handler, its own stream) while the panel is up
 
     def update(self, snapshot: PoolSnapshot) -> None:
         from rich.live import Live
@@ -253,6 +254,7 @@ class LiveProgress:
                 render(snapshot), console=self.console, auto_refresh=False, transient=False
             )
             self._live.start()
+            self._route_logging()
         self._live.update(render(snapshot), refresh=True)
 
     def close(self, final: PoolSnapshot | None) -> None:
@@ -261,5 +263,24 @@ class LiveProgress:
                 self._live.update(render(final), refresh=True)
             self._live.stop()
             self._live = None
+            self._restore_logging()
         if final is not None:
             self.console.print(final_line(final), highlight=False, markup=False)
+
+    def _route_logging(self) -> None:
+        # Log records written straight to our stream would be drawn over by the next refresh;
+        # through rich's proxy they print above the panel instead.
+        import logging
+
+        from rich.file_proxy import FileProxy
+
+        proxy = FileProxy(self.console, self.stream)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is self.stream:
+                self._rerouted.append((handler, handler.setStream(proxy)))
+
+    def _restore_logging(self) -> None:
+        for handler, stream in self._rerouted:
+            handler.flush()
+            handler.setStream(stream)
+        self._rerouted = []

@@ -136,7 +136,7 @@ def test_the_panel_shows_slots_and_vram_per_gpu():
     from rich.console import Console
 
     out = io.StringIO()
-    Console(file=out, force_terminal=False, width=140).print(render(snapshot()))
+    Console(file=out, force_terminal=False, width=80).print(render(snapshot()))  # a plain terminal
     text = out.getvalue()
     for words in (
         "dqn",
@@ -156,3 +156,23 @@ def test_the_panel_shows_slots_and_vram_per_gpu():
 
 def test_a_pipe_is_not_a_terminal():
     assert isinstance(make_progress(quiet=False, verbose=False, stream=io.StringIO()), LogProgress)
+
+
+def test_log_records_print_above_the_live_panel_and_the_handler_is_restored():
+    import logging
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        progress = make_progress(quiet=False, verbose=False, stream=out, force_terminal=True)
+        progress.update(snapshot(3))
+        assert handler.stream is not out  # routed through the panel's console
+        logging.getLogger("orchestrator.pool").warning("slots 6 -> 3 (oom)")
+        progress.update(snapshot(4))
+        progress.close(snapshot(10))
+        assert handler.stream is out
+    finally:
+        root.removeHandler(handler)
+    assert "slots 6 -> 3 (oom)" in out.getvalue()
