@@ -11,7 +11,7 @@ import hashlib
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, Record, SwarmView
 from samplers._lhs import lhs_point, name_key
 from samplers._space import clip_to_bounds, from_unit, grid_bounds, to_unit
 from samplers._swarm import SwarmCoefficients, back_off, reflect, step
@@ -28,59 +29,10 @@ if TYPE_CHECKING:
     from optuna.study import Study
     from optuna.trial import FrozenTrial
 
-# System attributes: "pso" = {"p": particle, "x": {name: [position, velocity]}} from a relative
-# sample; "pso:NAME" = [particle, position, velocity] from a sample of one parameter.
-RECORD_KEY = "pso"
-PARAM_KEY_PREFIX = "pso:"
 # Parameters whose value decides a trial's memory: an out-of-memory failure pushes them down.
 MEMORY_PARAMS = ("batch_size",)
 TOPOLOGIES = ("global", "ring")
 _DEDUPE_ATTEMPTS = 32
-
-
-@dataclass
-class _Record:
-    """One trial as the swarm sees it."""
-
-    number: int
-    state: TrialState
-    score: float | None  # the value to minimise; None unless COMPLETE
-    particle: int | None
-    moves: dict[str, tuple[float, float]]
-    params: dict[str, Any]
-    distributions: dict[str, BaseDistribution]
-    oom: bool
-
-    def evaluated(self, name: str) -> float | None:
-        """The unit coordinate of the value this trial really ran with."""
-        if name not in self.params:
-            return None
-        return to_unit(self.distributions[name], self.params[name])
-
-
-def _parse(trial: FrozenTrial, sign: float) -> _Record:
-    system_attrs = trial.system_attrs
-    particle: int | None = None
-    moves: dict[str, tuple[float, float]] = {}
-    record = system_attrs.get(RECORD_KEY)
-    if isinstance(record, dict):
-        particle = int(record["p"])
-        moves = {name: (float(x), float(v)) for name, (x, v) in record["x"].items()}
-    for key, value in system_attrs.items():
-        if key.startswith(PARAM_KEY_PREFIX):
-            particle = int(value[0])
-            moves[key[len(PARAM_KEY_PREFIX) :]] = (float(value[1]), float(value[2]))
-    value = trial.value if trial.state == TrialState.COMPLETE else None
-    return _Record(
-        number=trial.number,
-        state=trial.state,
-        score=None if value is None or math.isnan(value) else sign * value,
-        particle=particle,
-        moves=moves,
-        params=trial.params,
-        distributions=trial.distributions,
-        oom=trial.state == TrialState.FAIL and trial.user_attrs.get("oom") is True,
-    )
 
 
 @dataclass(frozen=True)
@@ -98,47 +50,6 @@ class _Move:
         v = float(np.clip(self.v + delta, -max_velocity, max_velocity))
         x, bounced = reflect(np.array([self.base + v]), np.array([v]))
         return _Move(self.base, float(x[0]), float(bounced[0]))
-
-
-@dataclass
-class _SwarmView:
-    """The swarm as the storage holds it right now."""
-
-    records: list[_Record]
-    ranked: list[_Record]  # COMPLETE trials, best first
-    by_particle: dict[int, list[_Record]] = field(default_factory=dict)  # ascending number
-    relative_space: dict[str, BaseDistribution] = field(default_factory=dict)
-
-    def best_number(self, name: str) -> int | None:
-        """The number of the best complete trial that has parameter `name`."""
-        for record in self.ranked:
-            if name in record.params:
-                return record.number
-        return None
-
-
-def _build_view(trials: Sequence[FrozenTrial], sign: float) -> _SwarmView:
-    records = [_parse(trial, sign) for trial in trials]
-    ranked = sorted((r for r in records if r.score is not None), key=lambda r: (r.score, r.number))
-    view = _SwarmView(records=records, ranked=ranked)
-    for record in sorted(records, key=lambda r: r.number):
-        if record.particle is not None:
-            view.by_particle.setdefault(record.particle, []).append(record)
-    # Intersection of complete and pruned trials' spaces: what every evaluated trial declared.
-    space: dict[str, BaseDistribution] | None = None
-    for record in records:
-        if record.state not in (TrialState.COMPLETE, TrialState.PRUNED):
-            continue
-        if space is None:
-            space = dict(record.distributions)
-        else:
-            space = {
-                name: dist for name, dist in space.items() if record.distributions.get(name) == dist
-            }
-    view.relative_space = {
-        name: dist for name, dist in sorted((space or {}).items()) if not dist.single()
-    }
-    return view
 
 
 class PSOSampler(BaseSampler):
@@ -232,6 +143,7 @@ class PSOSampler(BaseSampler):
         self._seed = seed
         self._independent_sampler = independent_sampler
         self._local = threading.local()
+        self._history = History()
 
     # -- Optuna's sampler interface -------------------------------------------------------
 
@@ -312,7 +224,7 @@ class PSOSampler(BaseSampler):
     # -- the swarm --------------------------------------------------------------------------
 
     def _move(
-        self, view: _SwarmView, entropy: int, number: int, name: str, dist: BaseDistribution
+        self, view: SwarmView, entropy: int, number: int, name: str, dist: BaseDistribution
     ) -> _Move:
         """Where trial `number`'s particle goes for parameter `name`, and from where."""
         particle, generation = number % self._swarm_size, number // self._swarm_size
@@ -346,25 +258,17 @@ class PSOSampler(BaseSampler):
         )
         return _Move(x, float(new_x[0]), float(new_v[0]))
 
-    def _previous(self, view: _SwarmView, particle: int, number: int, name: str) -> _Record | None:
-        for record in reversed(view.by_particle.get(particle, [])):
+    def _previous(self, view: SwarmView, particle: int, number: int, name: str) -> Record | None:
+        for record in reversed(view.particle_records(particle)):
             if record.number < number and (name in record.moves or name in record.params):
                 return record
         return None
 
-    def _personal_best(self, view: _SwarmView, particle: int, name: str) -> float | None:
-        best = min(
-            (
-                r
-                for r in view.by_particle.get(particle, [])
-                if r.score is not None and name in r.params
-            ),
-            key=lambda r: (r.score, r.number),
-            default=None,
-        )
+    def _personal_best(self, view: SwarmView, particle: int, name: str) -> float | None:
+        best = view.personal_best(particle, name)
         return None if best is None else best.evaluated(name)
 
-    def _neighbourhood_best(self, view: _SwarmView, particle: int, name: str) -> float | None:
+    def _neighbourhood_best(self, view: SwarmView, particle: int, name: str) -> float | None:
         if self._topology == "ring":
             size = self._swarm_size
             members = {(particle - 1) % size, particle, (particle + 1) % size}
@@ -381,7 +285,7 @@ class PSOSampler(BaseSampler):
             return record.evaluated(name)
         return None
 
-    def _back_off(self, previous: _Record, name: str, x: float, v: float) -> tuple[float, float]:
+    def _back_off(self, previous: Record, name: str, x: float, v: float) -> tuple[float, float]:
         dist = previous.distributions[name]
         value = previous.params[name]
         half = max(dist.low, value / 2)
@@ -394,7 +298,7 @@ class PSOSampler(BaseSampler):
 
     def _dedupe(
         self,
-        view: _SwarmView,
+        view: SwarmView,
         entropy: int,
         number: int,
         space: Mapping[str, BaseDistribution],
@@ -407,11 +311,7 @@ class PSOSampler(BaseSampler):
         still holds for every recorded step.
         """
         names = sorted(params)
-        seen = {
-            tuple(r.params[name] for name in names)
-            for r in view.records
-            if all(name in r.params for name in names)
-        }
+        seen = view.seen(tuple(names))
         rng = np.random.default_rng([entropy, number, 0xD0D0])
         radius = 1.0 / self._swarm_size
         for _ in range(_DEDUPE_ATTEMPTS):
@@ -458,7 +358,7 @@ class PSOSampler(BaseSampler):
             self._local.enqueued = {}
         return self._local.enqueued
 
-    def _view(self, study: Study) -> _SwarmView:
+    def _view(self, study: Study) -> SwarmView:
         trials = study._get_trials(deepcopy=False, use_cache=True)
         # One view per snapshot of the trials (Optuna refreshes that snapshot at every ask).
         key = (id(study._storage), study._study_id, id(trials), len(trials))
@@ -466,7 +366,7 @@ class PSOSampler(BaseSampler):
         if cached is not None and cached[0] == key and cached[2] is trials:
             return cached[1]
         sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
-        view = _build_view(trials, sign)
+        view = self._history.view(study._storage, study._study_id, trials, sign)
         self._local.view = (key, view, trials)
         return view
 

@@ -202,3 +202,24 @@ def test_importing_the_package_does_not_import_optuna() -> None:
     code = "import sys, samplers; print('optuna' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_history_indexes_match_a_brute_force_reading() -> None:
+    from optuna.study import StudyDirection  # noqa: F401 (the study minimises)
+
+    from samplers._history import History, parse
+
+    study = optuna.create_study(sampler=PSOSampler(swarm_size=5, seed=3))
+    study.optimize(objective, n_trials=40)
+    trials = study.get_trials(deepcopy=False)
+    history = History()
+    history.view(study._storage, study._study_id, trials[:17], 1.0)  # an earlier snapshot first
+    view = history.view(study._storage, study._study_id, trials, 1.0)
+    records = [parse(t, 1.0) for t in trials]
+    for particle in range(5):
+        mine = [r for r in records if r.particle == particle]
+        assert [r.number for r in view.particle_records(particle)] == [r.number for r in mine]
+        best = min(mine, key=lambda r: (r.score, r.number))
+        assert view.personal_best(particle, "x").number == best.number
+    assert view.best_number("lr") == min(records, key=lambda r: (r.score, r.number)).number
+    assert set(view.relative_space) == {"x", "lr", "batch_size"}

@@ -1,0 +1,222 @@
+"""The swarm as the storage holds it: trials parsed into particle records, and the bests.
+
+Finished trials never change, so their parsed records are kept between samples (one cache per
+study in a sampler object); running and waiting trials are parsed afresh every time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from optuna.trial import TrialState
+
+from samplers._space import to_unit
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.storages import BaseStorage
+    from optuna.trial import FrozenTrial
+
+# System attributes: "pso" = {"p": particle, "x": {name: [position, velocity]}} from a relative
+# sample; "pso:NAME" = [particle, position, velocity] from a sample of one parameter.
+RECORD_KEY = "pso"
+PARAM_KEY_PREFIX = "pso:"
+_FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+@dataclass
+class Record:
+    """One trial as the swarm sees it."""
+
+    number: int
+    state: TrialState
+    score: float | None  # the value to minimise; None unless COMPLETE with a number
+    particle: int | None  # None: the trial moved no particle (enqueued, or another sampler's)
+    moves: dict[str, tuple[float, float]]  # name -> (position, velocity) the sampler recorded
+    params: dict[str, Any]
+    distributions: dict[str, BaseDistribution]
+    oom: bool
+
+    def evaluated(self, name: str) -> float:
+        """The unit coordinate of the value this trial really ran with."""
+        return to_unit(self.distributions[name], self.params[name])
+
+
+def parse(trial: FrozenTrial, sign: float) -> Record:
+    particle: int | None = None
+    moves: dict[str, tuple[float, float]] = {}
+    for key, value in trial.system_attrs.items():
+        if key == RECORD_KEY and isinstance(value, dict):
+            particle = int(value["p"])
+            for name, (x, v) in value["x"].items():
+                moves[name] = (float(x), float(v))
+        elif key.startswith(PARAM_KEY_PREFIX):
+            particle = int(value[0])
+            moves[key[len(PARAM_KEY_PREFIX) :]] = (float(value[1]), float(value[2]))
+    value = trial.value if trial.state == TrialState.COMPLETE else None
+    return Record(
+        number=trial.number,
+        state=trial.state,
+        score=None if value is None or math.isnan(value) else sign * value,
+        particle=particle,
+        moves=moves,
+        params=trial.params,
+        distributions=trial.distributions,
+        oom=trial.state == TrialState.FAIL and trial.user_attrs.get("oom") is True,
+    )
+
+
+def _rank_key(record: Record) -> tuple[float, int]:
+    assert record.score is not None
+    return record.score, record.number
+
+
+@dataclass
+class FinishedTrials:
+    """Parsed finished trials of one study, with the indexes the swarm reads."""
+
+    sign: float
+    storage: weakref.ref
+    study_id: int
+    by_id: dict[int, Record] = field(default_factory=dict)
+    ranked: list[Record] = field(default_factory=list)  # COMPLETE, best first
+    by_particle: dict[int, list[Record]] = field(default_factory=dict)  # ascending number
+    ranked_by_particle: dict[int, list[Record]] = field(
+        default_factory=dict
+    )  # COMPLETE, best first
+    frontier: int = 0  # trials[:frontier] of the study are all finished and parsed
+    space: dict[str, BaseDistribution] | None = None  # intersection over COMPLETE and PRUNED
+    seen: dict[tuple[str, ...], set[tuple]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, trial_id: int, record: Record) -> None:
+        self.by_id[trial_id] = record
+        if record.score is not None:
+            bisect.insort(self.ranked, record, key=_rank_key)
+        if record.particle is not None:
+            bisect.insort(
+                self.by_particle.setdefault(record.particle, []), record, key=lambda r: r.number
+            )
+            if record.score is not None:
+                bisect.insort(
+                    self.ranked_by_particle.setdefault(record.particle, []), record, key=_rank_key
+                )
+        if record.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            if self.space is None:
+                self.space = dict(record.distributions)
+            else:
+                self.space = {
+                    name: dist
+                    for name, dist in self.space.items()
+                    if record.distributions.get(name) == dist
+                }
+        for names, values in self.seen.items():
+            if all(name in record.params for name in names):
+                values.add(tuple(record.params[name] for name in names))
+
+
+class SwarmView:
+    """The finished trials (cached) and the running ones (fresh) of one snapshot."""
+
+    def __init__(self, finished: FinishedTrials, others: list[Record]) -> None:
+        self._finished = finished
+        self._others = others
+
+    @property
+    def ranked(self) -> list[Record]:
+        return self._finished.ranked
+
+    @property
+    def relative_space(self) -> dict[str, BaseDistribution]:
+        space = self._finished.space or {}
+        return {name: dist for name, dist in sorted(space.items()) if not dist.single()}
+
+    def particle_records(self, particle: int) -> list[Record]:
+        """Every trial of `particle`, in ascending number."""
+        records = self._finished.by_particle.get(particle, [])
+        extra = [r for r in self._others if r.particle == particle]
+        if not extra:
+            return records
+        return sorted([*records, *extra], key=lambda r: r.number)
+
+    def personal_best(self, particle: int, name: str) -> Record | None:
+        """The best complete trial of `particle` that has parameter `name`."""
+        for record in self._finished.ranked_by_particle.get(particle, []):
+            if name in record.params:
+                return record
+        return None
+
+    def best_number(self, name: str) -> int | None:
+        """The number of the best complete trial that has parameter `name`."""
+        for record in self._finished.ranked:
+            if name in record.params:
+                return record.number
+        return None
+
+    def seen(self, names: tuple[str, ...]) -> set[tuple]:
+        """Every value tuple of `names` that a trial in the storage has."""
+        finished = self._finished
+        with finished.lock:
+            if names not in finished.seen:
+                finished.seen[names] = {
+                    tuple(r.params[name] for name in names)
+                    for r in finished.by_id.values()
+                    if all(name in r.params for name in names)
+                }
+            values = set(finished.seen[names])
+        values.update(
+            tuple(r.params[name] for name in names)
+            for r in self._others
+            if all(name in r.params for name in names)
+        )
+        return values
+
+
+class History:
+    """Per-study caches of finished trials, for one sampler object (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._studies: dict[tuple[int, int], FinishedTrials] = {}
+        self._lock = threading.Lock()
+
+    def view(
+        self, storage: BaseStorage, study_id: int, trials: Sequence[FrozenTrial], sign: float
+    ) -> SwarmView:
+        finished = self._finished(storage, study_id, sign)
+        others = []
+        with finished.lock:
+            # Trials come in the order they were created; skip the leading run that is all
+            # finished and parsed already (a sanity check guards against another ordering).
+            start = finished.frontier
+            if start > len(trials) or (start and trials[start - 1]._trial_id not in finished.by_id):
+                start = 0
+            advancing = True
+            for trial in trials[start:]:
+                if trial._trial_id in finished.by_id:
+                    start += advancing
+                    continue
+                record = parse(trial, sign)
+                if trial.state in _FINISHED:
+                    finished.add(trial._trial_id, record)
+                    start += advancing
+                else:
+                    others.append(record)
+                    advancing = False
+            finished.frontier = start
+        return SwarmView(finished, others)
+
+    def _finished(self, storage: BaseStorage, study_id: int, sign: float) -> FinishedTrials:
+        key = (id(storage), study_id)
+        with self._lock:
+            cached = self._studies.get(key)
+            # id() can be reused by a new storage once the old one is gone: check it is the same.
+            if cached is None or cached.storage() is not storage or cached.sign != sign:
+                cached = FinishedTrials(sign=sign, storage=weakref.ref(storage), study_id=study_id)
+                self._studies[key] = cached
+            return cached
