@@ -147,7 +147,7 @@ def test_status_lists_every_study_with_budget_and_best(storage_url, capsys):
     assert code == 0
     rows = {row["name"]: row for row in json.loads(out)}
     assert set(rows) == {"first", "second"}
-    # counted = completed + the OOM that was re-queued? No: a re-queued failure is not counted.
+    # A failure whose parameters were re-queued does not use up budget: 10 counted, not 11.
     assert rows["first"]["counted"] == 10
     assert rows["first"]["budget"] == BUDGET
     assert rows["first"]["running"] == 1
