@@ -96,8 +96,9 @@ class PSOSampler(BaseSampler):
 
     Args:
         swarm_size: particles in the swarm (at least 2).
-        inertia, cognitive, social: the step's coefficients; Clerc and Kennedy's constriction
-            values by default (0.7298, 1.49618, 1.49618).
+        inertia, cognitive, social: the step's coefficients (0.6, 1.2, 1.2 by default: set for
+            runs of about ten generations, see ``samplers._swarm``; Clerc and Kennedy's
+            constriction values 0.7298, 1.49618, 1.49618 suit long runs).
         max_velocity: the velocity clamp as a fraction of each parameter's range, in (0, 1].
         search_radius: how far the particle that holds the best searches around it, as a
             fraction of each range (it has no pull of its own, so it would otherwise stop).

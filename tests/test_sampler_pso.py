@@ -205,8 +205,6 @@ def test_importing_the_package_does_not_import_optuna() -> None:
 
 
 def test_history_indexes_match_a_brute_force_reading() -> None:
-    from optuna.study import StudyDirection  # noqa: F401 (the study minimises)
-
     from samplers._history import History, parse
 
     study = optuna.create_study(sampler=PSOSampler(swarm_size=5, seed=3))
