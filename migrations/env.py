@@ -9,17 +9,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from orchestrator.records import TABLE_NAMES, VERSION_TABLE, metadata
+from orchestrator.records import VERSION_TABLE, include_object, metadata
 
 config = context.config
-
-
-def include_object(obj, name, type_, reflected, compare_to):  # noqa: ANN001
-    # Allow-list: a table that is not ours (Optuna's, a user's) is never created, altered or dropped.
-    if type_ == "table":
-        return name in TABLE_NAMES
-    table = getattr(obj, "table", None)
-    return table is None or table.name in TABLE_NAMES
 
 
 def run_migrations_offline() -> None:

@@ -150,10 +150,13 @@ def run_pool(
         metric=getattr(adapter, "metric", "objective"),
         on_update=progress.update if progress else None,
     )
-    result = pool.run()
-    final = pool.snapshot()
-    if progress:
-        progress.close(final)
+    final = None
+    try:
+        result = pool.run()
+        final = pool.snapshot()
+    finally:
+        if progress:
+            progress.close(final)  # restores the terminal even when the pool raised
     for device in devices:
         refine_from_trials(
             storage.engine,

@@ -229,6 +229,9 @@ class Pool:
         self.stop_requested_at: float | None = None
         self.trials_run = 0
         self._last_touch = 0.0
+        self._last_publish = 0.0
+        self._last_stale_check = float("-inf")
+        self._counted_at_start = self._count().counted
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -294,7 +297,7 @@ class Pool:
 
         from orchestrator.study import count_trials
 
-        if not hasattr(self, "_last_stale_check") or self.clock() - self._last_stale_check > 5:
+        if self.clock() - self._last_stale_check > 5:
             self._last_stale_check = self.clock()
             from orchestrator.budget_lock import budget_lock
 
@@ -556,13 +559,14 @@ class Pool:
             gpus=tuple(gpus),
             ooms=sum(s.ooms for s in self.supervisors),
             retries=count.retried,
+            counted_at_start=self._counted_at_start,
         )
 
     def _publish(self, force: bool = False) -> None:
         if self.on_update is None:
             return
         now = self.clock()
-        if not force and now - getattr(self, "_last_publish", 0.0) < 1.0:
+        if not force and now - self._last_publish < 1.0:
             return
         self._last_publish = now
         self.on_update(self.snapshot())

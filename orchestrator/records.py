@@ -96,6 +96,15 @@ batch_limits = sa.Table(
 TABLE_NAMES = frozenset(metadata.tables)
 
 
+def include_object(obj, name, type_, reflected, compare_to) -> bool:  # noqa: ANN001
+    """Alembic's filter, an allow-list: a table that is not ours (Optuna's, a user's) is never
+    created, altered or dropped by our migrations or their autogenerate."""
+    if type_ == "table":
+        return name in TABLE_NAMES
+    table = getattr(obj, "table", None)
+    return table is None or table.name in TABLE_NAMES
+
+
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 

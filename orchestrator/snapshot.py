@@ -32,10 +32,12 @@ class PoolSnapshot:
     gpus: tuple[GpuSnapshot, ...]
     ooms: int  # out-of-memory failures seen by this worker
     retries: int  # re-queued trials in the whole study
+    counted_at_start: int = 0  # counted when this worker started: a resumed study's earlier trials
 
     @property
     def eta_s(self) -> float | None:
         """Seconds left at the rate so far, once anything finished."""
-        if self.counted <= 0 or self.counted >= self.budget:
+        done_here = self.counted - self.counted_at_start
+        if done_here <= 0 or self.counted >= self.budget:
             return None
-        return self.elapsed_s / self.counted * (self.budget - self.counted)
+        return self.elapsed_s / done_here * (self.budget - self.counted)

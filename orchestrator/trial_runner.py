@@ -71,7 +71,11 @@ def run_trial(job: TrialJob, conn: Connection, had_company: Synchronized) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which decides
     signal.signal(signal.SIGTERM, _raise_interrupted)
     if job.device is not None and job.device.kind == "cuda":
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(job.device.index)
+        # By UUID: NVML numbers GPUs by PCI bus, CUDA by speed unless told otherwise.
+        uuid = job.device.uuid
+        os.environ["CUDA_VISIBLE_DEVICES"] = (
+            uuid if uuid.startswith("GPU-") else str(job.device.index)
+        )
     try:
         outcome = _run(job, had_company, conn)
     except BaseException as error:  # report, never leave the supervisor guessing

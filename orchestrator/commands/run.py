@@ -126,7 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, ANN202
     import optuna
 
-    from orchestrator.study import StudySpec, load_spec, save_spec
+    from orchestrator.study import StudySpec, save_spec
     from orchestrator.workloads import workload_class
 
     name = args.study or adapter.name
@@ -135,7 +135,7 @@ def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, 
     with contextlib.suppress(KeyError):
         existing = optuna.load_study(study_name=name, storage=storage)
     if existing is not None:
-        spec = load_spec(existing)
+        spec = _wait_for_spec(existing)
         if spec is None:
             raise UserError(
                 f"study {name!r} in {label} was not made by this tool: choose another --study name"
@@ -175,6 +175,21 @@ def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, 
     )
     save_spec(study, spec)
     return study, spec
+
+
+def _wait_for_spec(study, seconds: float = 10.0):  # noqa: ANN001, ANN202
+    """The study's spec; a study with no spec and no trials may be one another process is creating
+    this very moment (create_study and save_spec are two steps), so give it a few seconds."""
+    import time
+
+    from orchestrator.study import load_spec
+
+    deadline = time.monotonic() + seconds
+    while True:
+        spec = load_spec(study)
+        if spec is not None or study.trials or time.monotonic() > deadline:
+            return spec
+        time.sleep(0.5)
 
 
 def _typed(key: str, args: argparse.Namespace) -> bool:

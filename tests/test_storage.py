@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from orchestrator.errors import UserError
+from orchestrator.storage import (
+    DEFAULT_STORAGE,
+    STORAGE_ENV,
+    create_storage,
+    heartbeat_settings,
+    mask_password,
+    normalize_url,
+    parse_url,
+    resolve_storage_url,
+)
+
+
+def test_flag_wins_over_environment_over_default():
+    env = {STORAGE_ENV: "sqlite:///from-env.db"}
+    assert resolve_storage_url("sqlite:///flag.db", env) == "sqlite:///flag.db"
+    assert resolve_storage_url(None, env) == "sqlite:///from-env.db"
+    assert resolve_storage_url(None, {}) == DEFAULT_STORAGE == "sqlite:///orchestrator.db"
+    assert resolve_storage_url("", {STORAGE_ENV: ""}) == DEFAULT_STORAGE
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://alice:s3cret@db.example:5432/studies",
+        "postgresql+psycopg2://alice:s3cret@db.example/studies",
+        "not a url://alice:s3cret@host/x",
+    ],
+)
+def test_password_is_masked(url):
+    masked = mask_password(url)
+    assert "s3cret" not in masked
+    assert "***" in masked
+
+
+def test_plain_postgresql_url_uses_the_installed_driver():
+    assert normalize_url("postgresql://u:p@h:5432/d").startswith(
+        "postgresql+psycopg2://u:p@h:5432/d"
+    )
+    assert normalize_url("sqlite:///x.db") == "sqlite:///x.db"
+
+
+@pytest.mark.parametrize("url", ["nonsense", "mysql://u@h/d", "redis://localhost:6379"])
+def test_malformed_or_unsupported_url_is_a_user_error(url):
+    with pytest.raises(UserError, match="sqlite:///FILE.db"):
+        parse_url(url)
+
+
+def test_unreachable_postgres_names_host_and_port_not_password():
+    with pytest.raises(UserError) as caught:
+        create_storage("postgresql://alice:s3cret@127.0.0.1:1/studies")
+    message = str(caught.value)
+    assert "127.0.0.1:1" in message
+    assert "s3cret" not in message
+    assert "\n" not in message
+
+
+def test_sqlite_file_is_in_wal_mode_with_a_busy_timeout(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    storage = create_storage(url)
+    mode = sqlite3.connect(tmp_path / "study.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    assert storage.engine.dialect.name == "sqlite"
+    with storage.engine.connect() as conn:
+        timeout_ms = conn.exec_driver_sql("PRAGMA busy_timeout").scalar()
+    assert timeout_ms >= 30_000
+
+
+def test_postgres_engine_checks_connections_before_use(postgres_url):
+    storage = create_storage(postgres_url)
+    assert storage.engine.pool._pre_ping
+
+
+def test_heartbeat_settings_from_environment():
+    assert heartbeat_settings({}) == (10, 40)
+    assert heartbeat_settings(
+        {"ORCHESTRATOR_HEARTBEAT_INTERVAL": "1", "ORCHESTRATOR_GRACE_PERIOD": "3"}
+    ) == (1, 3)
+    with pytest.raises(UserError, match="whole number"):
+        heartbeat_settings({"ORCHESTRATOR_GRACE_PERIOD": "soon"})
