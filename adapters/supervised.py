@@ -216,7 +216,7 @@ class SupervisedForecasterAdapter(BaseAdapter):
     )
     options = {
         "data": "",  # CSV with a `close` column; empty = the seeded synthetic series
-        "steps": 2500,  # length of the synthetic series
+        "steps": 1500,  # length of the synthetic series (raise it on a GPU)
         "seed": 0,  # synthetic series and weight initialisation
         "horizon": 4,  # how many next returns to predict
         "max_width": 64,  # search-space maxima: they size the memory model
@@ -233,7 +233,7 @@ class SupervisedForecasterAdapter(BaseAdapter):
         "weight_decay": 1e-4,
     }
     # Sized so `python -m orchestrator run tft` finishes in a few minutes on a laptop CPU.
-    default_trials = 8
+    default_trials = 6
 
     def __init__(self) -> None:
         model = self.memory_model(self.options)
