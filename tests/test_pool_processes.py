@@ -1,0 +1,256 @@
+"""Real trial processes on simulated GPUs: OOM halving and re-runs, the watchdog, a killed
+worker, and two workers with different GPUs on one PostgreSQL study."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import optuna
+import pytest
+import sqlalchemy as sa
+from optuna.trial import TrialState
+
+from orchestrator import records
+from orchestrator.gpu.sim import SimLedger, SimProbe, make_sim_devices
+from orchestrator.migrate import open_storage
+from orchestrator.planner import plan_node
+from orchestrator.pool import Pool
+from orchestrator.storage import normalize_url
+from orchestrator.study import StudySpec, count_trials, save_spec
+from tests.cli_helpers import cli_env, run_cli, start_cli
+
+VRAM_ATTRS = (
+    "vram_peak_mb",
+    "vram_planned_mb",
+    "gpu",
+    "gpu_index",
+    "host",
+    "concurrency",
+    "batch_bounds",
+    "oom",
+)
+
+
+def _engine(url):
+    return sa.create_engine(normalize_url(url))
+
+
+def _study(url, name):
+    return optuna.load_study(study_name=name, storage=normalize_url(url))
+
+
+def _assert_every_trial_recorded(url, name):
+    study = _study(url, name)
+    ran = [
+        t
+        for t in study.trials
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    ]
+    rows = records.list_trial_vram(_engine(url), name)
+    numbers = {row["trial_number"] for row in rows}
+    for trial in ran:
+        missing = [attr for attr in VRAM_ATTRS if attr not in trial.user_attrs]
+        assert not missing, f"trial {trial.number} lacks {missing}"
+        assert trial.number in numbers
+    return study, rows
+
+
+def test_oom_halves_the_slots_and_every_oomed_trial_is_re_run(sqlite_url):
+    # 6000 MB, trials hold 3x their ~0.5 GB estimate: the plan's 9 slots (starting at 5) cannot fit.
+    done = run_cli(
+        "run",
+        "synthetic",
+        "--trials",
+        "12",
+        "--storage",
+        sqlite_url,
+        "--gpus",
+        "sim:6000",
+        "--sim-memory-scale",
+        "3",
+        "--option",
+        "trial_seconds=4",
+        "--epochs",
+        "2",
+        "--pruner",
+        "none",
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    study, rows = _assert_every_trial_recorded(sqlite_url, "synthetic")
+    count = count_trials(study.trials)
+    assert count.counted == 12 and count.running == 0 and count.waiting == 0
+
+    events = records.list_concurrency_events(_engine(sqlite_url), "synthetic")
+    reasons = [e.reason for e in events]
+    assert reasons[0] == "start"
+    halvings = [e for e in events if e.reason in ("oom", "degrade")]
+    assert halvings, reasons
+    assert all(e.to_slots == max(1, e.from_slots // 2) for e in halvings)
+
+    oomed = [t for t in study.trials if t.user_attrs.get("oom")]
+    assert oomed
+    assert all(t.state == TrialState.FAIL for t in oomed)
+    reruns = {
+        t.system_attrs["retry_history"][-1]: t
+        for t in study.trials
+        if t.system_attrs.get("retry_history")
+    }
+    for trial in oomed:
+        rerun = reruns.get(trial.number)
+        assert rerun is not None, f"OOM'd trial {trial.number} was not re-run"
+        assert {k: v for k, v in rerun.params.items() if k != "batch_size"} == {
+            k: v for k, v in trial.params.items() if k != "batch_size"
+        }
+    assert any(row["oom"] for row in rows)
+
+
+def test_watchdog_halves_before_spawning_when_another_process_holds_the_memory(
+    tmp_path, sqlite_url
+):
+    devices = make_sim_devices([6000], str(tmp_path))
+    ledger = SimLedger(devices[0].ledger_path, 6000)
+    ledger.allocate("another process", 5500)  # 500 MB free: under 10%
+    storage = open_storage(sqlite_url, heartbeat=True)
+    study = optuna.create_study(study_name="watch", storage=storage)
+    spec = StudySpec(
+        adapter="synthetic",
+        trials=2,
+        epochs=1,
+        direction="minimize",
+        options={"trial_seconds": 0.1, "overhead_mb": 20.0, "per_sample_mb": 0.01},
+        pruner="none",
+    )
+    save_spec(study, spec)
+    from adapters.base import MemoryModel
+
+    plan = plan_node(devices, MemoryModel(20.0, 0.01), cpu_bound=False, cpu_cores=2, concurrency=4)
+    pool = Pool(
+        storage_url=sqlite_url,
+        engine=storage.engine,
+        study=study,
+        spec=spec,
+        plans=list(plan.gpus),
+        probe=SimProbe(devices),
+        cpu_cores=2,
+    )
+    result = pool.run()
+    assert result.trials_run >= 2
+    events = records.list_concurrency_events(storage.engine, "watch")
+    watchdog = [
+        e for e in events if e.reason in ("watchdog", "degrade") and "free" in (e.detail or "")
+    ]
+    assert watchdog, [(e.reason, e.detail) for e in events]
+    assert watchdog[0].from_slots == 2 and watchdog[0].to_slots == 1
+    assert count_trials(study.trials).complete == 2
+    assert ledger.held_mb("another process") == 5500  # ours came and went; theirs stayed
+
+
+def _wait_for(predicate, timeout=120.0, every=0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("timed out")
+
+
+def test_a_killed_worker_s_trial_is_failed_by_heartbeat_and_re_run_by_a_survivor(postgres_url):
+    common = ("--storage", postgres_url, "--gpus", "sim:24576")
+    doomed = start_cli(
+        "run",
+        "synthetic",
+        "--study",
+        "kill",
+        "--trials",
+        "4",
+        "--concurrency",
+        "1",
+        "--option",
+        "trial_seconds=6",
+        "--epochs",
+        "3",
+        "--pruner",
+        "none",
+        *common,
+    )
+
+    def running_trial():
+        try:
+            trials = _study(postgres_url, "kill").get_trials(states=(TrialState.RUNNING,))
+        except KeyError:
+            return None
+        # Mid-training: every parameter drawn, the objective running.
+        return next((t for t in trials if len(t.params) == 5), None)
+
+    victim = _wait_for(running_trial)
+    os.killpg(doomed.pid, signal.SIGKILL)  # the worker and its trial process, mid-trial
+    doomed.wait()
+
+    survivor = run_cli(
+        "worker", "--study", "kill", "--concurrency", "2", *common, timeout=400, env=cli_env()
+    )
+    # The survivor waits out the grace period, fails the lost trial, and re-runs its parameters.
+    assert survivor.returncode == 0, survivor.stderr
+    study = _study(postgres_url, "kill")
+    count = count_trials(study.trials)
+    assert count.counted == 4 and count.running == 0
+    lost = study.trials[victim.number]
+    assert lost.state == TrialState.FAIL
+    rerun = [t for t in study.trials if t.system_attrs.get("retry_history") == [victim.number]]
+    assert len(rerun) == 1 and rerun[0].state == TrialState.COMPLETE
+    assert rerun[0].params == lost.params
+
+
+def test_two_workers_with_different_gpus_share_one_postgres_study_exactly(postgres_url):
+    # 5 MB per sample: a 24 GB GPU's bound stays low, an 80 GB GPU's goes higher.
+    options = ("--option", "trial_seconds=2", "--option", "per_sample_mb=5")
+    common = ("--storage", postgres_url, "--concurrency", "2")
+    first = start_cli(
+        "run",
+        "synthetic",
+        "--study",
+        "pair",
+        "--trials",
+        "10",
+        "--epochs",
+        "2",
+        "--pruner",
+        "none",
+        "--gpus",
+        "sim:24576",
+        *options,
+        *common,
+    )
+    _wait_for(lambda: _has_study(postgres_url, "pair"))
+    second = run_cli("worker", "--study", "pair", "--gpus", "sim:81920", *common, timeout=400)
+    out, err = first.communicate(timeout=400)
+    assert first.returncode == 0, err
+    assert second.returncode == 0, second.stderr
+
+    study, _ = _assert_every_trial_recorded(postgres_url, "pair")
+    count = count_trials(study.trials)
+    assert count.counted == 10 and count.complete == 10  # exact: no overshoot from races
+    by_gpu = {}
+    for trial in study.trials:
+        by_gpu.setdefault(trial.user_attrs["gpu"], []).append(trial)
+        low, high = trial.user_attrs["batch_bounds"]
+        assert low <= trial.params["batch_size"] <= high
+    assert set(by_gpu) == {"Simulated GPU 24 GB", "Simulated GPU 80 GB"}
+    bounds = {gpu: tuple(trials[0].user_attrs["batch_bounds"]) for gpu, trials in by_gpu.items()}
+    assert bounds["Simulated GPU 24 GB"][1] < bounds["Simulated GPU 80 GB"][1]
+
+
+def _has_study(url, name):
+    try:
+        return bool(_study(url, name).user_attrs.get("orchestrator"))
+    except KeyError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def _quiet_optuna():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
