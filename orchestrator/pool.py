@@ -5,7 +5,8 @@ processes or sleeping: `SlotPolicy.start`, `after_trial`, `before_spawn` return 
 when the slots change, a `SlotChange` saying why. The five layers of seed 002:
 
 1. conservative estimate: the plan sizes slots at the minimum batch with 20% of VRAM kept free;
-2. ramp-up: start at ceil(max/2), go to max once the first wave finished without an OOM;
+2. ramp-up: start at ceil(max/2), go to max once the first wave finished without an OOM
+   (and after a halving, two clean waves earn one slot back: additive increase);
 3. per-trial catch: an OOM fails only that trial, which is re-queued; slots halve;
 4. watchdog: before filling a slot, free VRAM under 10% of total halves the slots;
 5. degradation: never below one slot; a trial that runs out of memory alone lowers the GPU's
@@ -66,6 +67,7 @@ class SlotPolicy:
     started: int = 0
     first_wave_done: int = 0
     ramped: bool = False  # ramp-up is over: done, or given up after an OOM
+    clean: int = 0  # trials finished without an OOM since the slots last went down
 
     @classmethod
     def start(cls, max_slots: int) -> SlotPolicy:
@@ -90,7 +92,7 @@ def _halved(policy: SlotPolicy, reason: str, detail: str) -> tuple[SlotPolicy, S
     if new == 1:
         detail = f"{detail}; one trial at a time from now on"
         reason = "degrade"
-    return replace(policy, slots=new, ramped=True), SlotChange(policy.slots, new, reason, detail)
+    return replace(policy, slots=new, ramped=True, clean=0), SlotChange(policy.slots, new, reason, detail)
 
 
 def after_trial(
@@ -107,7 +109,9 @@ def after_trial(
         if slots_at_start > policy.slots:
             return replace(policy, ramped=True), None
         return _halved(policy, "oom", detail or "a trial ran out of memory")
-    if policy.ramped or not policy.in_first_wave(started_index):
+    if policy.ramped:
+        return _recovered(policy)
+    if not policy.in_first_wave(started_index):
         return policy, None
     done = policy.first_wave_done + 1
     policy = replace(policy, first_wave_done=done)
@@ -117,6 +121,20 @@ def after_trial(
         policy.slots, policy.max_slots, "rampup", "first wave finished without an OOM"
     )
     return replace(policy, slots=policy.max_slots, ramped=True), change
+
+
+RECOVERY_WAVES = 2
+
+
+def _recovered(policy: SlotPolicy) -> tuple[SlotPolicy, SlotChange | None]:
+    """Additive increase after a multiplicative decrease: two full waves without an OOM earn one
+    slot back, up to the plan. A halving on one unlucky trial then costs minutes, not the study."""
+    clean = policy.clean + 1
+    if policy.slots >= policy.max_slots or clean < RECOVERY_WAVES * policy.slots:
+        return replace(policy, clean=clean), None
+    grown = policy.slots + 1
+    detail = f"{clean} trials in a row without an OOM"
+    return replace(policy, slots=grown, clean=0), SlotChange(policy.slots, grown, "rampup", detail)
 
 
 def before_spawn(

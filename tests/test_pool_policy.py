@@ -46,10 +46,26 @@ def test_an_oom_halves_and_cancels_the_ramp_up():
         policy = policy.trial_started()
     policy, change = _finish(policy, 0, oom=True)
     assert (change.from_slots, change.to_slots, change.reason) == (5, 2, "oom")
-    for index in range(1, 5):
+    for index in range(1, 4):
         policy, change = _finish(policy, index)
-        assert change is None  # no ramp-up after an OOM
+        assert change is None  # the first wave's jump to the plan is off after an OOM
     assert policy.slots == 2
+
+
+def test_after_a_halving_two_clean_waves_earn_one_slot_back_up_to_the_plan():
+    policy = SlotPolicy.start(8)  # 4 slots
+    policy, change = _finish(policy, 0, oom=True)
+    assert policy.slots == 2
+    changes = []
+    for index in range(1, 60):
+        policy, change = _finish(policy, index)
+        if change:
+            changes.append((change.from_slots, change.to_slots, change.reason))
+    # 2 slots need 4 clean trials, 3 need 6, and so on: additive increase, never past the plan.
+    assert changes[:3] == [(2, 3, "rampup"), (3, 4, "rampup"), (4, 5, "rampup")]
+    assert policy.slots == 8
+    policy, change = _finish(policy, 60, oom=True)
+    assert (change.from_slots, change.to_slots) == (8, 4)
 
 
 def test_several_ooms_of_one_crowded_moment_halve_once():
