@@ -48,6 +48,13 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="start no trial after this long; running ones finish",
     )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on Ctrl-C or SIGTERM, running trials get this long to finish before they are stopped and re-queued (default 30)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -56,6 +63,8 @@ def check_pool_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--concurrency {args.concurrency} must be at least 1")
     if args.sim_memory_scale <= 0:
         raise UserError(f"--sim-memory-scale {args.sim_memory_scale} must be more than 0")
+    if args.grace < 0:
+        raise UserError(f"--grace {args.grace} must be 0 or more seconds")
     if args.timeout is not None and args.timeout <= 0:
         raise UserError(f"--timeout {args.timeout} must be more than 0 seconds")
 
@@ -147,6 +156,7 @@ def run_pool(
         cpu_cores=cores,
         sim_memory_scale=args.sim_memory_scale,
         timeout_s=args.timeout,
+        grace_s=args.grace,
         metric=getattr(adapter, "metric", "objective"),
         on_update=progress.update if progress else None,
     )

@@ -254,3 +254,43 @@ def _has_study(url, name):
 @pytest.fixture(autouse=True)
 def _quiet_optuna():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_sigterm_lets_the_grace_period_pass_then_stops_and_re_queues(sqlite_url):
+    worker = start_cli(
+        "run",
+        "synthetic",
+        "--study",
+        "stop",
+        "--trials",
+        "3",
+        "--concurrency",
+        "1",
+        "--gpus",
+        "sim:24576",
+        "--grace",
+        "1",
+        "--option",
+        "trial_seconds=60",
+        "--storage",
+        sqlite_url,
+    )
+
+    def training():
+        try:
+            trials = _study(sqlite_url, "stop").get_trials(states=(TrialState.RUNNING,))
+        except KeyError:
+            return None
+        return next((t for t in trials if len(t.params) == 5), None)
+
+    victim = _wait_for(training)
+    worker.send_signal(signal.SIGTERM)  # the supervisor only, as `kill PID` or Kubernetes would
+    worker.communicate(timeout=60)
+    assert worker.returncode == 130
+    study = _study(sqlite_url, "stop")
+    stopped = study.trials[victim.number]
+    assert stopped.state == TrialState.FAIL
+    assert "stopped by signal" in stopped.user_attrs["error"]
+    queued = study.get_trials(states=(TrialState.WAITING,))
+    assert len(queued) == 1 and queued[0].system_attrs["retry_history"] == [victim.number]
+    assert not study.get_trials(states=(TrialState.RUNNING,))
