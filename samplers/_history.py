@@ -38,7 +38,7 @@ class Record:
     state: TrialState
     score: float | None  # the value to minimise; None unless COMPLETE with a number
     particle: int | None  # None: the trial moved no particle (enqueued, or another sampler's)
-    moves: dict[str, tuple[float, float]]  # name -> (position, velocity) the sampler recorded
+    moves: dict[str, Any]  # name -> [position, velocity] the sampler recorded (never mutated)
     params: dict[str, Any]
     distributions: dict[str, BaseDistribution]
     oom: bool
@@ -49,16 +49,19 @@ class Record:
 
 
 def parse(trial: FrozenTrial, sign: float) -> Record:
-    particle: int | None = None
-    moves: dict[str, tuple[float, float]] = {}
-    for key, value in trial.system_attrs.items():
-        if key == RECORD_KEY and isinstance(value, dict):
-            particle = int(value["p"])
-            for name, (x, v) in value["x"].items():
-                moves[name] = (float(x), float(v))
-        elif key.startswith(PARAM_KEY_PREFIX):
+    system_attrs = trial.system_attrs
+    record = system_attrs.get(RECORD_KEY)
+    particle = int(record["p"]) if isinstance(record, dict) else None
+    # The stored dict is used as it is (never mutated): a cold start parses every trial.
+    moves: dict[str, Any] = record["x"] if isinstance(record, dict) else {}
+    merged: dict[str, Any] | None = None
+    for key, value in system_attrs.items():
+        if key.startswith(PARAM_KEY_PREFIX):
+            merged = dict(moves) if merged is None else merged
+            merged[key[len(PARAM_KEY_PREFIX) :]] = value[1:]
             particle = int(value[0])
-            moves[key[len(PARAM_KEY_PREFIX) :]] = (float(value[1]), float(value[2]))
+    if merged is not None:
+        moves = merged
     value = trial.value if trial.state == TrialState.COMPLETE else None
     return Record(
         number=trial.number,
@@ -91,6 +94,7 @@ class FinishedTrials:
         default_factory=dict
     )  # COMPLETE, best first
     frontier: int = 0  # trials[:frontier] of the study are all finished and parsed
+    frontier_id: int | None = None  # the trial id at trials[frontier - 1]
     space: dict[str, BaseDistribution] | None = None  # intersection over COMPLETE and PRUNED
     seen: dict[tuple[str, ...], set[tuple]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -107,6 +111,34 @@ class FinishedTrials:
                 bisect.insort(
                     self.ranked_by_particle.setdefault(record.particle, []), record, key=_rank_key
                 )
+        self._add_to_space_and_seen(record)
+
+    def add_many(self, items: list[tuple[int, Record]]) -> None:
+        """Add many records at once: one sort instead of an insertion each (a cold start)."""
+        if len(items) < 64:
+            for trial_id, record in items:
+                self.add(trial_id, record)
+            return
+        records = [record for _, record in items]
+        for trial_id, record in items:
+            self.by_id[trial_id] = record
+            self._add_to_space_and_seen(record)
+        scored = [r for r in records if r.score is not None]
+        self.ranked = sorted([*self.ranked, *scored], key=_rank_key)
+        for particle in {r.particle for r in records if r.particle is not None}:
+            mine = [r for r in records if r.particle == particle]
+            self.by_particle[particle] = sorted(
+                [*self.by_particle.get(particle, []), *mine], key=lambda r: r.number
+            )
+            self.ranked_by_particle[particle] = sorted(
+                [
+                    *self.ranked_by_particle.get(particle, []),
+                    *(r for r in mine if r.score is not None),
+                ],
+                key=_rank_key,
+            )
+
+    def _add_to_space_and_seen(self, record: Record) -> None:
         if record.state in (TrialState.COMPLETE, TrialState.PRUNED):
             if self.space is None:
                 self.space = dict(record.distributions)
@@ -192,23 +224,28 @@ class History:
         others = []
         with finished.lock:
             # Trials come in the order they were created; skip the leading run that is all
-            # finished and parsed already (a sanity check guards against another ordering).
+            # finished and parsed already. A list with another trial at the frontier (a subset,
+            # such as a Hyperband bracket) is read in full.
             start = finished.frontier
-            if start > len(trials) or (start and trials[start - 1]._trial_id not in finished.by_id):
+            if start > len(trials) or (
+                start and trials[start - 1]._trial_id != finished.frontier_id
+            ):
                 start = 0
             advancing = True
+            new: list[tuple[int, Record]] = []
             for trial in trials[start:]:
-                if trial._trial_id in finished.by_id:
-                    start += advancing
-                    continue
-                record = parse(trial, sign)
-                if trial.state in _FINISHED:
-                    finished.add(trial._trial_id, record)
-                    start += advancing
-                else:
-                    others.append(record)
-                    advancing = False
-            finished.frontier = start
+                if trial._trial_id not in finished.by_id:
+                    record = parse(trial, sign)
+                    if trial.state not in _FINISHED:
+                        others.append(record)
+                        advancing = False
+                        continue
+                    new.append((trial._trial_id, record))
+                if advancing:
+                    start += 1
+            finished.add_many(new)
+            if start:
+                finished.frontier, finished.frontier_id = start, trials[start - 1]._trial_id
         return SwarmView(finished, others)
 
     def _finished(self, storage: BaseStorage, study_id: int, sign: float) -> FinishedTrials:
