@@ -250,6 +250,10 @@ class PPOAdapter(BaseAdapter):
     }
     default_trials = 12
 
+    def metric_for(self, options: Mapping[str, Any]) -> str:
+        """What the value is for these options: a Sharpe ratio on trading, a return elsewhere."""
+        return "sharpe" if str(options.get("env", "trading")) == "trading" else "return"
+
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Check the environment and load the prices now: a bad CSV fails before any training."""
         _rl.load_task(options)

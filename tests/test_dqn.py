@@ -130,6 +130,8 @@ def test_search_space_declares_seed_002_parameters():
     # On a Gymnasium env the trading-only parameters are not searched.
     gym_params = dqn.adapter.suggest(study.ask(), {**dqn.adapter.options, "env": "CartPole-v1"})
     assert "max_position_absolute" not in gym_params
+    assert dqn.adapter.metric_for(dqn.adapter.options) == "sharpe"
+    assert dqn.adapter.metric_for({"env": "CartPole-v1"}) == "return"
 
 
 def test_malformed_csv_fails_before_training(tmp_path):

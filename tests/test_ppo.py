@@ -132,6 +132,8 @@ def test_search_space():
     # On a Gymnasium env the trading-only parameters are not searched.
     gym_params = ppo.adapter.suggest(study.ask(), {**ppo.adapter.options, "env": "CartPole-v1"})
     assert "max_position_absolute" not in gym_params
+    assert ppo.adapter.metric_for(ppo.adapter.options) == "sharpe"
+    assert ppo.adapter.metric_for({"env": "CartPole-v1"}) == "return"
 
 
 def test_malformed_csv_fails_before_training(tmp_path):
