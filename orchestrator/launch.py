@@ -93,6 +93,14 @@ class Outcome:
         }
 
 
+def metric_name(adapter: Any, options: dict[str, Any]) -> str:
+    """What the objective's value is, in the user's words (it may depend on the options)."""
+    metric_for = getattr(adapter, "metric_for", None)
+    if callable(metric_for):
+        return str(metric_for(options))
+    return str(getattr(adapter, "metric", "value"))
+
+
 def resolve_adapter(spec: StudySpec) -> Any:
     import adapters
 
@@ -157,7 +165,7 @@ def run_pool(
         sim_memory_scale=args.sim_memory_scale,
         timeout_s=args.timeout,
         grace_s=args.grace,
-        metric=getattr(adapter, "metric", "objective"),
+        metric=metric_name(adapter, spec.options),
         on_update=progress.update if progress else None,
     )
     final = None

@@ -176,8 +176,7 @@ def test_the_dockerfile_installs_the_way_the_readme_does() -> None:
         for line in dockerfile.splitlines()
         if line.strip().startswith("RUN ")
     ]
-    readme_commands = {line.strip().lstrip("$ ").strip() for line in text.splitlines()}
-    assert "pip install -e ." in readme_commands, "the README's install step is `pip install -e .`"
+    assert "pip install -e ." in text, "the README's install step is `pip install -e .`"
     assert "pip install -e ." in run_lines
     # The image's torch is the README's version (its CUDA build, from the default index).
     readme_torch = re.search(r"pip install torch==([\w.+]+)", text)

@@ -119,7 +119,7 @@ def run_command(args: argparse.Namespace) -> int:
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     study, spec = _create_or_resume(storage, args, adapter, options, describe_location(url))
     outcome = run_pool(url=url, storage=storage, study=study, spec=spec, args=args)
-    print_outcome(outcome, metric=getattr(adapter, "metric", "value"), as_json=args.json)
+    print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
     return 130 if outcome.interrupted else 0
 
 

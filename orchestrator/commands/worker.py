@@ -52,5 +52,5 @@ def worker_command(args: argparse.Namespace) -> int:
         )
     adapter = resolve_adapter(spec)
     outcome = run_pool(url=url, storage=storage, study=study, spec=spec, args=args)
-    print_outcome(outcome, metric=getattr(adapter, "metric", "value"), as_json=args.json)
+    print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
     return 130 if outcome.interrupted else 0
