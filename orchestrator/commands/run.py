@@ -78,7 +78,13 @@ def register(subparsers) -> None:  # noqa: ANN001
 def run_command(args: argparse.Namespace) -> int:
     import adapters
     from adapters.base import parse_options
-    from orchestrator.launch import check_pool_arguments, configure, print_outcome, run_pool
+    from orchestrator.launch import (
+        check_pool_arguments,
+        configure,
+        metric_name,
+        print_outcome,
+        run_pool,
+    )
     from orchestrator.migrate import open_storage
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import describe_location, parse_url, resolve_storage_url

@@ -29,6 +29,7 @@ def worker_command(args: argparse.Namespace) -> int:
     from orchestrator.launch import (
         check_pool_arguments,
         configure,
+        metric_name,
         print_outcome,
         resolve_adapter,
         run_pool,
