@@ -24,9 +24,10 @@ The observation at time t is the last `window` log returns (up to price[t]) divi
 `return_scale` and clipped to [-5, 5], followed by p_old / max_position.
 
 Episodes last `episode_steps` steps or until the series ends (both are truncations, never
-terminations: the market does not end). An episode that ends is reset at once, at a random start
-(or at the first one, `start + window`, with `random_starts=False`) with a flat position; `final_obs` holds the
-observation the step really led to, for bootstrapping.
+terminations: the market does not end). An episode that ends restarts at once with a flat
+position, at a random start (or at the first possible one, `start + window`, with
+`random_starts=False`); `final_obs` holds the observation the step really led to, for
+bootstrapping.
 """
 
 from __future__ import annotations
