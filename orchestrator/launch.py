@@ -128,10 +128,11 @@ def run_pool(
     declared = memory_model_of(adapter, spec.options)
     measured = measured_models(url, adapter.name, declared, [d.name for d in devices])
     cores = usable_cpu_cores()
+    cpu_bound = workload_class(adapter.workload_class).cpu_bound
     plan = plan_node(
         devices,
         declared,
-        cpu_bound=workload_class(adapter.workload_class).cpu_bound,
+        cpu_bound=cpu_bound,
         cpu_cores=cores,
         swarm_size=spec.swarm_size,
         concurrency=args.concurrency,
@@ -162,6 +163,7 @@ def run_pool(
         plans=list(plan.gpus),
         probe=probe,
         cpu_cores=cores,
+        cpu_bound=cpu_bound,
         sim_memory_scale=args.sim_memory_scale,
         timeout_s=args.timeout,
         grace_s=args.grace,

@@ -149,8 +149,12 @@ def before_spawn(
     return _halved(policy, "watchdog", detail)
 
 
-def threads_per_trial(cpu_cores: int, total_slots: int) -> int:
-    """Share the host's cores among the trials that run at once (RL is CPU-bound: no oversubscription)."""
+def threads_per_trial(cpu_cores: int, total_slots: int, *, cpu_bound: bool = False) -> int:
+    """Torch threads for one trial. CPU-bound work (RL: small networks, environment steps) runs
+    fastest on one thread each, the planner already keeping trials within the cores; other work
+    shares the host's cores among the trials that run at once."""
+    if cpu_bound:
+        return 1
     return max(1, cpu_cores // max(1, total_slots))
 
 
@@ -219,6 +223,7 @@ class Pool:
         plans: list[GpuPlan],
         probe: Probe,
         cpu_cores: int,
+        cpu_bound: bool = False,
         sim_memory_scale: float = 1.0,
         timeout_s: float | None = None,
         grace_s: float = 30.0,
@@ -231,6 +236,7 @@ class Pool:
         self.spec = spec
         self.probe = probe
         self.cpu_cores = cpu_cores
+        self.cpu_bound = cpu_bound
         self.sim_memory_scale = sim_memory_scale
         self.timeout_s = timeout_s
         self.grace_s = grace_s
@@ -373,7 +379,7 @@ class Pool:
             device=supervisor.plan.device,
             batch_bounds=self._batch_bounds(supervisor),
             concurrency=supervisor.policy.slots,
-            threads=threads_per_trial(self.cpu_cores, total_slots),
+            threads=threads_per_trial(self.cpu_cores, total_slots, cpu_bound=self.cpu_bound),
             host=self.host,
             sim_memory_scale=self.sim_memory_scale,
             seed_offset=self.trials_run

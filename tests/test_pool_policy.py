@@ -105,6 +105,7 @@ def test_threads_share_the_cores():
     assert threads_per_trial(16, 4) == 4
     assert threads_per_trial(2, 8) == 1
     assert threads_per_trial(8, 0) == 8
+    assert threads_per_trial(16, 2, cpu_bound=True) == 1
 
 
 @given(
