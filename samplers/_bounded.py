@@ -51,7 +51,10 @@ class BoundedSampler(BaseSampler):
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
         params = self._sampler.sample_relative(study, trial, search_space)
-        return {name: self._map(name, search_space[name], value) for name, value in params.items()}
+        return {
+            name: self._map(name, search_space[name], value) if name in search_space else value
+            for name, value in params.items()
+        }
 
     def sample_independent(
         self,
