@@ -22,7 +22,7 @@ from optuna.trial import TrialState
 
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, Record, SwarmView
 from samplers._lhs import lhs_point, name_key
-from samplers._space import clip_to_bounds, from_unit, grid_bounds, to_unit
+from samplers._space import clip_to_bounds, from_unit, to_unit
 from samplers._swarm import SwarmCoefficients, back_off, reflect, step
 
 if TYPE_CHECKING:
@@ -170,6 +170,8 @@ class PSOSampler(BaseSampler):
         view = self._view(study)
         entropy = self._entropy(study)
         names = sorted(name for name, dist in search_space.items() if not dist.single())
+        if not names:
+            return {}
         moves = {
             name: self._move(view, entropy, trial.number, name, search_space[name])
             for name in names
@@ -399,4 +401,4 @@ def _check_bounds(
     return checked
 
 
-__all__ = ["PSOSampler", "grid_bounds"]
+__all__ = ["PSOSampler"]
