@@ -140,10 +140,11 @@ def run_pool(
     )
     for gpu in plan.gpus:
         where = gpu.device.label if gpu.device else "no GPU (CPU only)"
+        at_once = "1 trial at a time" if gpu.slots == 1 else f"up to {gpu.slots} trials at once"
         logger.info(
-            "%s: up to %d trials at once (limited by %s), batch sizes %d..%d, memory model %s",
+            "%s: %s (limited by %s), batch sizes %d..%d, memory model %s",
             where,
-            gpu.slots,
+            at_once,
             gpu.limited_by,
             *gpu.batch_bounds,
             gpu.memory_model_source,

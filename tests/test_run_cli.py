@@ -51,12 +51,23 @@ def test_run_then_resume_to_a_larger_budget(storage_url):
     assert len(states) == 8  # the same study, resumed: no second study, no extra trials
 
 
-@pytest.fixture
-def stored_study(tmp_path):
-    url = f"sqlite:///{tmp_path / 'kept.db'}"
+@pytest.fixture(scope="module")
+def stored_template(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("template")
+    url = f"sqlite:///{folder / 'kept.db'}"
     done = run_cli("run", "synthetic", "--trials", "2", "--storage", url, *FAST)
     assert done.returncode == 0, done.stderr
-    return url, tmp_path / "kept.db"
+    return folder / "kept.db"
+
+
+@pytest.fixture
+def stored_study(stored_template, tmp_path):
+    """A study with two finished trials, in a database file of this test's own."""
+    import shutil
+
+    path = tmp_path / "kept.db"
+    shutil.copy(stored_template, path)
+    return f"sqlite:///{path}", path
 
 
 def _digest(path: pathlib.Path) -> str:
