@@ -79,6 +79,9 @@ class Outcome:
     best_params: dict[str, Any]
     ooms: int
     interrupted: bool
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +91,9 @@ class Outcome:
             "best_value": self.best_value,
             "best_trial": self.best_trial,
             "best_params": self.best_params,
+            "complete": self.complete,
+            "pruned": self.pruned,
+            "failed": self.failed,
             "ooms": self.ooms,
             "interrupted": self.interrupted,
         }
@@ -121,6 +127,7 @@ def run_pool(
     from orchestrator.memory import measured_models, refine_from_trials
     from orchestrator.planner import plan_node, usable_cpu_cores
     from orchestrator.pool import Pool
+    from orchestrator.study import count_trials
     from orchestrator.workloads import workload_class
 
     adapter = resolve_adapter(spec)
@@ -186,6 +193,7 @@ def run_pool(
             study_names=[study.study_name],
         )
     best = _best(study)
+    count = count_trials(study.get_trials(deepcopy=False))
     return Outcome(
         study_name=study.study_name,
         budget=spec.trials,
@@ -195,6 +203,9 @@ def run_pool(
         best_params=dict(best.params) if best else {},
         ooms=result.ooms,
         interrupted=result.interrupted,
+        complete=count.complete,
+        pruned=count.pruned,
+        failed=count.failed,
     )
 
 
@@ -223,7 +234,9 @@ def print_outcome(outcome: Outcome, *, metric: str, as_json: bool) -> None:
         return
     state = "interrupted" if outcome.interrupted else "done"
     print(
-        f"study {outcome.study_name!r}: {outcome.counted}/{outcome.budget} trials {state}, {outcome.ooms} out-of-memory"
+        f"study {outcome.study_name!r}: {outcome.counted}/{outcome.budget} trials {state} "
+        f"({outcome.complete} complete, {outcome.pruned} pruned, {outcome.failed} failed), "
+        f"{outcome.ooms} out-of-memory"
     )
     if outcome.best_trial is None:
         print("no trial has completed yet")
