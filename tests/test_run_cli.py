@@ -147,3 +147,27 @@ def test_a_study_of_another_adapter_is_refused(stored_study, capsys):
     )
     assert "choose another --study name" in capsys.readouterr().err
     assert _digest(path) == before
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "cmaes"])
+def test_optuna_s_own_samplers_can_drive_a_run(sqlite_url, sampler):
+    done = run_cli(
+        "run",
+        "synthetic",
+        "--trials",
+        "3",
+        "--sampler",
+        sampler,
+        "--seed",
+        "1",
+        "--storage",
+        sqlite_url,
+        *FAST,
+    )
+    assert done.returncode == 0, done.stderr
+    study = optuna.load_study(study_name="synthetic", storage=sqlite_url)
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    assert study.user_attrs["orchestrator"]["sampler"] == sampler
+    for trial in study.trials:  # the plan's bounds hold for Optuna's samplers too
+        low, high = trial.user_attrs["batch_bounds"]
+        assert low <= trial.params["batch_size"] <= high
