@@ -502,15 +502,11 @@ class Pool:
             gpu_name=supervisor.gpu_name,
             pid=os.getpid(),
         )
-        self._record(
-            supervisor,
-            SlotChange(
-                0,
-                supervisor.policy.slots,
-                "start",
-                f"plan allows {supervisor.plan.slots} (limited by {supervisor.plan.limited_by}); starting at half",
-            ),
-        )
+        plan = supervisor.plan
+        detail = f"plan allows {plan.slots} (limited by {plan.limited_by})"
+        if supervisor.policy.slots < plan.slots:
+            detail += "; starting at half"
+        self._record(supervisor, SlotChange(0, supervisor.policy.slots, "start", detail))
 
     def _heartbeat_workers(self, count: Any) -> None:
         now = self.clock()
