@@ -6,7 +6,7 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from orchestrator.records import VERSION_TABLE
-from orchestrator.storage import create_storage, unreachable
+from orchestrator.storage import create_storage, missing_driver, unreachable
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -54,7 +54,17 @@ def upgrade_orchestrator_schema(storage: RDBStorage) -> None:
 
 def open_storage(url: str, **kwargs) -> RDBStorage:  # noqa: ANN003
     """Open the storage with both schemas at head: what every command that writes starts with."""
-    storage = create_storage(url, **kwargs)
-    if current_revision(storage) != head_revision():
-        upgrade_orchestrator_schema(storage)
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.locks import schema_lock
+
+    try:
+        with schema_lock(url):
+            storage = create_storage(url, **kwargs)
+            if current_revision(storage) != head_revision():
+                upgrade_orchestrator_schema(storage)
+    except SQLAlchemyError as error:  # the lock's own connection failed: the server is not there
+        raise unreachable(url, error) from None
+    except ImportError as error:
+        raise missing_driver(url, error) from None
     return storage

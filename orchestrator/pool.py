@@ -323,7 +323,7 @@ class Pool:
 
         if self.clock() - self._last_stale_check > 5:
             self._last_stale_check = self.clock()
-            from orchestrator.budget_lock import budget_lock
+            from orchestrator.locks import budget_lock
 
             with budget_lock(self.storage_url, self.study.study_name):
                 optuna.storages.fail_stale_trials(self.study)

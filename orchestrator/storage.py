@@ -123,12 +123,23 @@ def _enable_sqlite_wal(url: str) -> None:
 
 
 def unreachable(url: str, error: BaseException) -> UserError:
-    """A UserError for a storage that could not be opened: where it is, never the password."""
+    """A UserError for a storage that could not be opened or used: where it is, never the password."""
+    from sqlalchemy.exc import OperationalError
+
     reason = str(getattr(error, "orig", None) or error).strip().splitlines()
-    detail = reason[0] if reason else type(error).__name__
+    detail = mask_password(reason[0]) if reason else type(error).__name__
+    if isinstance(error, OperationalError | sqlite3.OperationalError | OSError):
+        return UserError(
+            f"cannot reach the storage ({describe_location(url)}): {detail}; "
+            "check that the database is running and the URL in --storage or ORCHESTRATOR_STORAGE"
+        )
+    return UserError(f"the storage ({describe_location(url)}) refused the operation: {detail}")
+
+
+def missing_driver(url: str, error: ImportError) -> UserError:
     return UserError(
-        f"cannot reach the storage ({describe_location(url)}): {detail}; "
-        "check that the database is running and the URL in --storage or ORCHESTRATOR_STORAGE"
+        f"no database driver for {mask_password(url)!r} ({error}): use postgresql:// "
+        "(psycopg2, installed with this package) or sqlite:///FILE.db"
     )
 
 
@@ -187,7 +198,4 @@ def create_storage(
     except (SQLAlchemyError, sqlite3.Error, OSError) as error:
         raise unreachable(url, error) from None
     except ImportError as error:
-        raise UserError(
-            f"no database driver for {mask_password(url)!r} ({error}): use postgresql:// "
-            "(psycopg2, installed with this package) or sqlite:///FILE.db"
-        ) from None
+        raise missing_driver(url, error) from None

@@ -96,7 +96,7 @@ def _run(job: TrialJob, had_company: Synchronized, conn: Connection) -> TrialOut
     import torch
 
     import adapters
-    from orchestrator.budget_lock import budget_lock
+    from orchestrator.locks import budget_lock
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import create_storage
     from orchestrator.study import count_trials, load_spec, pruner_for

@@ -294,3 +294,31 @@ def test_sigterm_lets_the_grace_period_pass_then_stops_and_re_queues(sqlite_url)
     queued = study.get_trials(states=(TrialState.WAITING,))
     assert len(queued) == 1 and queued[0].system_attrs["retry_history"] == [victim.number]
     assert not study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_workers_that_start_together_on_an_empty_database_share_one_exact_budget(postgres_url):
+    # As Kubernetes pods do: every one runs `run`, none waits for another to create anything.
+    workers = [
+        start_cli(
+            "run",
+            "synthetic",
+            "--study",
+            "crowd",
+            "--trials",
+            "8",
+            "--concurrency",
+            "1",
+            "--gpus",
+            "sim:24576",
+            "--option",
+            "trial_seconds=1",
+            "--storage",
+            postgres_url,
+        )
+        for _ in range(3)
+    ]
+    for worker in workers:
+        _, err = worker.communicate(timeout=300)
+        assert worker.returncode == 0, err
+    count = count_trials(_study(postgres_url, "crowd").trials)
+    assert count.counted == 8 and count.running == 0 and count.waiting == 0
