@@ -39,21 +39,30 @@ def _edges(dist: BaseDistribution) -> tuple[float, float, bool]:
     raise ValueError(f"The distribution {dist!r} is not supported by the particle swarm.")
 
 
+def _grid_point(dist: BaseDistribution, k: int) -> int | float:
+    """The k-th value of a stepped `dist`'s grid, as a value `dist` accepts.
+
+    Summing steps in floats can land just past the grid (0.1 + 6 x 0.1 = 0.7000000000000001,
+    outside [0.1, 0.7]): the result is re-rounded to the step's decimals and kept in the range.
+    """
+    from optuna.distributions import IntDistribution
+
+    assert dist.step is not None
+    if isinstance(dist, IntDistribution):
+        return int(min(max(dist.low + k * dist.step, dist.low), dist.high))
+    decimals = max(0, -math.floor(math.log10(dist.step)) + 6)
+    return float(min(max(round(dist.low + k * dist.step, decimals), dist.low), dist.high))
+
+
 def _snap(dist: BaseDistribution, value: float, low: float, high: float) -> int | float:
     """Nearest value of `dist`'s grid inside [low, high] (which lie on the grid)."""
     from optuna.distributions import FloatDistribution, IntDistribution
 
-    if isinstance(dist, IntDistribution):
-        step = dist.step
-        snapped = dist.low + round((value - dist.low) / step) * step
-        return int(min(max(snapped, low), high))
-    assert isinstance(dist, FloatDistribution)
-    if dist.step is not None:
-        snapped = dist.low + round((value - dist.low) / dist.step) * dist.step
-        # Re-round to the step's decimals so that 0.1 * 3 stays 0.3 and checks of the grid hold.
-        decimals = max(0, -math.floor(math.log10(dist.step)) + 6)
-        snapped = round(snapped, decimals)
-        return float(min(max(snapped, low), high))
+    if isinstance(dist, IntDistribution) or (
+        isinstance(dist, FloatDistribution) and dist.step is not None
+    ):
+        snapped = _grid_point(dist, round((value - dist.low) / dist.step))
+        return type(snapped)(min(max(snapped, low), high))
     return float(min(max(value, low), high))
 
 
@@ -95,15 +104,18 @@ def grid_bounds(dist: BaseDistribution, bounds: tuple[float, float]) -> tuple[An
     if isinstance(dist, CategoricalDistribution):
         raise ValueError("Bounds apply to numeric parameters only, not to categorical ones.")
     lo, hi = max(bounds[0], dist.low), min(bounds[1], dist.high)
-    step = dist.step if isinstance(dist, IntDistribution) else dist.step
-    if step is not None:
-        lo = dist.low + math.ceil((lo - dist.low) / step - 1e-9) * step
-        hi = dist.low + math.floor((hi - dist.low) / step + 1e-9) * step
+    empty = lo > hi
+    if dist.step is not None:
+        # Grid points, re-rounded and kept inside [low, high] (see _grid_point).
+        k_lo = math.ceil((lo - dist.low) / dist.step - 1e-9)
+        k_hi = math.floor((hi - dist.low) / dist.step + 1e-9)
+        empty = k_lo > k_hi
+        lo, hi = _grid_point(dist, k_lo), _grid_point(dist, k_hi)
     if isinstance(dist, IntDistribution):
         lo, hi = int(lo), int(hi)
     elif isinstance(dist, FloatDistribution):
         lo, hi = float(lo), float(hi)
-    if lo > hi:
+    if empty:
         raise ValueError(
             f"The bounds {tuple(bounds)} leave no value of {dist}: give bounds that overlap "
             f"[{dist.low}, {dist.high}]."

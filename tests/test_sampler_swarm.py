@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -121,6 +121,43 @@ def test_clip_to_bounds_stays_inside_and_on_the_grid(dist, u, a, b) -> None:
     assert lo - 1e-9 <= value <= hi + 1e-9
     assert grid_lo <= value <= grid_hi
     assert dist._contains(dist.to_internal_repr(value))
+
+
+@st.composite
+def stepped_distributions(draw):
+    """A stepped float or int distribution with a few to a few hundred grid points."""
+    n = draw(st.integers(0, 300))
+    if draw(st.booleans()):
+        step = draw(st.integers(1, 7))
+        low = draw(st.integers(-100, 100))
+        return IntDistribution(low, low + n * step, step=step)
+    step = draw(st.sampled_from([0.1, 0.01, 0.05, 0.2, 0.25, 0.3, 1e-3, 0.7, 1.1]))
+    low = round(draw(st.integers(-50, 50)) * step, 10)
+    return FloatDistribution(low, round(low + n * step, 10), step=step)
+
+
+@settings(max_examples=400, deadline=None)
+@example(dist=FloatDistribution(0.1, 0.7, step=0.1), value=0.7, a=0.65, b=1.0)
+@given(
+    dist=stepped_distributions(),
+    value=st.floats(-500, 500),
+    a=st.floats(-500, 500),
+    b=st.floats(-500, 500),
+)
+def test_clip_to_bounds_never_leaves_a_stepped_range(dist, value, a, b) -> None:
+    # Summing steps in floats lands just past the grid (0.1 + 6 x 0.1 = 0.7000000000000001):
+    # the bounds and the value must still be values Optuna accepts.
+    lo, hi = min(a, b), max(a, b)
+    try:
+        grid_lo, grid_hi = grid_bounds(dist, (lo, hi))
+    except ValueError:
+        return
+    for bound in (grid_lo, grid_hi):
+        assert dist._contains(dist.to_internal_repr(bound)), bound
+    clipped = clip_to_bounds(dist, value, (lo, hi))
+    assert dist.low <= clipped <= dist.high
+    assert dist._contains(dist.to_internal_repr(clipped)), clipped
+    assert grid_lo <= clipped <= grid_hi
 
 
 def test_grid_bounds_refuse_bounds_outside_the_range() -> None:
