@@ -57,7 +57,8 @@ class Deployment:
     workers: int
     image: str = DEFAULT_IMAGE
     storage_secret: str = DEFAULT_STORAGE_SECRET
-    epochs: int | None = None  # None: the workload class's default
+    # None: workers leave a stored study's epochs alone; a new one gets its class's default.
+    epochs: int | None = None
     trials: int | None = None  # None: the budget already stored with the study
 
     def __post_init__(self) -> None:
@@ -76,8 +77,21 @@ class Deployment:
             )
 
     @property
-    def epochs_or_default(self) -> int:
-        return self.epochs if self.epochs is not None else self.workload.default_epochs
+    def epochs_in_words(self) -> str:
+        """What epochs the workers train for, as the summary and the Job's annotation say it."""
+        if self.epochs is not None:
+            return f"{self.epochs} epochs per trial"
+        return (
+            f"the study's stored epochs per trial ({self.builtin_default_epochs} for a new study)"
+        )
+
+    @property
+    def builtin_default_epochs(self) -> int:
+        """The default a worker's `run` applies: the image's built-in table, not a local file."""
+        from orchestrator.workloads import WORKLOAD_CLASSES
+
+        builtin = WORKLOAD_CLASSES.get(self.workload.name)
+        return builtin.default_epochs if builtin else self.workload.default_epochs
 
     @property
     def base_name(self) -> str:
@@ -135,8 +149,12 @@ def worker_args(d: Deployment) -> list[str]:
     Every pod runs `run ADAPTER --study NAME`, which creates the study with its settings or joins
     it as it is stored, so no pod depends on another having started first. A pod that loses the
     race to create the study fails once and its index is retried (backoffLimitPerIndex), joining.
+    `run` applies an explicit --epochs to a stored study, so it is passed only when the user gave
+    one: otherwise a study made with `--epochs 2` would be changed to the class default.
     """
-    args = ["run", d.adapter, "--study", d.study, "--epochs", str(d.epochs_or_default)]
+    args = ["run", d.adapter, "--study", d.study]
+    if d.epochs is not None:
+        args += ["--epochs", str(d.epochs)]
     if d.trials is not None:
         args += ["--trials", str(d.trials)]
     # The pod holds exactly one GPU (the device plugin shows it alone), so auto finds that one.
@@ -185,7 +203,7 @@ def worker_job(d: Deployment) -> dict[str, Any]:
             "annotations": {
                 "orchestrator/study": d.study,
                 "orchestrator/gpu-kind": wc.gpu_kind,
-                "orchestrator/epochs": str(d.epochs_or_default),
+                "orchestrator/epochs": d.epochs_in_words,
                 "orchestrator/plan": wc.plan_command(d.adapter),
             },
         },

@@ -28,6 +28,7 @@ from orchestrator.deploy import (
 )
 from orchestrator.errors import UserError
 from orchestrator.storage import STORAGE_ENV
+from orchestrator.study import StudySpec
 from orchestrator.workloads import WORKLOADS_ENV, workload_class
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,8 +129,10 @@ def test_every_adapter_lands_on_its_class_pool_with_seed_000s_numbers() -> None:
             name
         )
         assert container["resources"]["limits"] == {**expected["limits"], GPU_RESOURCE: "1"}, name
-        args = container["args"]
-        assert args[args.index("--epochs") + 1] == str(expected["epochs"]), name
+        # No --epochs: `run` gives a new study the class default itself.
+        assert "--epochs" not in container["args"], name
+        assert deployment.builtin_default_epochs == expected["epochs"], name
+        assert f"({expected['epochs']} for a new study)" in deployment.epochs_in_words, name
         assert job["metadata"]["labels"]["orchestrator/workload-class"] == adapter.workload_class
     assert found["dqn"].workload_class == "rl"
     assert found["tft"].workload_class == "supervised"
@@ -208,6 +211,17 @@ def test_the_worker_and_the_other_commands_parse_with_the_real_cli() -> None:
         4,
         "auto",
     )
+
+
+def test_workers_keep_the_epochs_stored_with_a_study_unless_told_otherwise() -> None:
+    # A study created by `run dqn --epochs 2`; pods of `manifests dqn` then join it.
+    stored = StudySpec(adapter="dqn", trials=20, epochs=2, direction="maximize")
+    parser = build_parser()
+    joined = parser.parse_args(worker_args(deployment_for("dqn")))
+    assert stored.updated(epochs=joined.epochs, trials=joined.trials).epochs == 2
+    # `manifests --epochs 5` is the user's choice for the study: the workers apply it.
+    told = parser.parse_args(worker_args(deployment_for("dqn", epochs=5)))
+    assert stored.updated(epochs=told.epochs).epochs == 5
 
 
 def test_the_dashboard_is_a_deployment_behind_a_cluster_ip_service() -> None:
@@ -297,12 +311,15 @@ def test_manifests_command_prints_yaml_and_honours_a_workloads_file(
         )
         == 0
     )
-    objects = list(yaml.safe_load_all(capsys.readouterr().out))
+    printed = capsys.readouterr()
+    objects = list(yaml.safe_load_all(printed.out))
     (job,) = [obj for obj in objects if obj["metadata"]["name"] == "tft-workers"]
     pod = job["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"k8s.scaleway.com/pool-name": "l40s"}
     assert pod["containers"][0]["resources"]["limits"]["memory"] == "44Gi"
-    assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--epochs") + 1] == "12"
+    # The file does not travel to the pods: no --epochs, and a note saying how to use its 12.
+    assert "--epochs" not in pod["containers"][0]["args"]
+    assert "pass --epochs 12 to use it" in printed.err
     # The same file through the environment.
     monkeypatch.setenv(WORKLOADS_ENV, str(overrides))
     assert main(["manifests", "tft", "--study", "tft", "--workers", "1"]) == 0

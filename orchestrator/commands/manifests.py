@@ -72,11 +72,19 @@ def manifests_command(args: argparse.Namespace) -> int:
         f"{args.adapter} is {wc.name}: {args.workers} worker(s) on "
         f"{wc.node_selector_key}={wc.node_selector_value} ({wc.gpu_kind or 'GPU'}), "
         f"cpu {wc.cpu_request}/{wc.cpu_limit}, memory {wc.memory_request}/{wc.memory_limit}, "
-        f"1 GPU, {deployment.epochs_or_default} epochs per trial"
+        f"1 GPU, {deployment.epochs_in_words}"
     )
+    notes = []
+    if args.epochs is None and wc.default_epochs != deployment.builtin_default_epochs:
+        # Workers read the image's built-in table; the local workloads file does not travel.
+        notes.append(
+            f"note: workers do not see the workloads file's default_epochs = {wc.default_epochs}: "
+            f"pass --epochs {wc.default_epochs} to use it"
+        )
     if args.out is None:
         sys.stdout.write(to_yaml([obj for objects in files.values() for obj in objects]))
-        print(f"# {summary}", file=sys.stderr)
+        for line in (summary, *notes):
+            print(f"# {line}", file=sys.stderr)
         return 0
 
     out = Path(args.out)
@@ -89,6 +97,8 @@ def manifests_command(args: argparse.Namespace) -> int:
             f"cannot write to {str(out)!r} ({error.strerror}): choose another --out"
         ) from None
     print(summary)
+    for line in notes:
+        print(line)
     print(f"wrote {', '.join(str(out / name) for name in files)}")
     print(f"slots per GPU: {wc.plan_command(args.adapter)}")
     print("next:")
