@@ -57,11 +57,6 @@ class WorkloadClass:
     def node_selector(self) -> dict[str, str]:
         return {self.node_selector_key: self.node_selector_value}
 
-    @property
-    def cpu_limit_cores(self) -> float:
-        """The CPU limit in cores: what a worker pod of this class may use at most."""
-        return parse_quantity(self.cpu_limit)
-
     def plan_command(self, adapter: str) -> str:
         """The command that shows how many trials fit on one GPU of this class's pool."""
         return f"python -m orchestrator plan {adapter} --gpus sim:{self.gpu_memory_mb}"
@@ -97,7 +92,6 @@ WORKLOAD_CLASSES: dict[str, WorkloadClass] = {
         memory_limit="40Gi",
     ),
 }
-DEFAULT_WORKLOAD_CLASSES = WORKLOAD_CLASSES
 
 _FIELD_TYPES: dict[str, type] = {
     "cpu_bound": bool,

@@ -45,7 +45,7 @@ def test_defaults_are_seed_000s_numbers() -> None:
         "16Gi",
         "40Gi",
     )
-    assert rl.cpu_limit_cores == pytest.approx(3.8)
+    assert parse_quantity(rl.cpu_limit) == pytest.approx(3.8)
     assert rl.plan_command("dqn") == "python -m orchestrator plan dqn --gpus sim:24576"
 
 
