@@ -25,6 +25,7 @@ from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
     import numpy as np
+    import optuna
     import torch
 
     Policy = Callable[[torch.Tensor], torch.Tensor]
@@ -98,6 +99,24 @@ class Task:
         if self.is_trading:
             return held_out_sharpe(self, policy, device, max_position=max_position)
         return mean_eval_return(self.env_id, policy, device, seed=self.seed + EVAL_SEED_OFFSET)
+
+
+def metric_for(options: Mapping[str, Any]) -> str:
+    """What a trial's value is for these options: a Sharpe ratio on trading, a return elsewhere."""
+    return "sharpe" if str(options.get("env", "trading")) == "trading" else "return"
+
+
+def suggest_trading(trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The trading environment's own parameters (seed 002), searched only on `--env trading`."""
+    if str(options.get("env", "trading")) != "trading":
+        return {}
+    return {
+        "hold_penalty_weight": trial.suggest_float("hold_penalty_weight", 0.0, 3.0),
+        "max_position_absolute": trial.suggest_int("max_position_absolute", 1, 10),
+        "transaction_cost_multiplier": trial.suggest_float(
+            "transaction_cost_multiplier", 0.25, 2.0
+        ),
+    }
 
 
 def load_task(options: Mapping[str, Any]) -> Task:

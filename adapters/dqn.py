@@ -67,7 +67,7 @@ class DQNConfig:
     # Fixed.
     epsilon_end: float = 0.05
     num_envs: int = 8  # environments stepped together
-    learning_starts: int = 1_000  # environment steps before the first gradient step
+    learning_starts: int = 1_000  # environment steps before the first gradient step (at most)
     replay_ratio: float = 16.0  # replayed samples per environment step
     max_grad_norm: float = 10.0
 
@@ -219,6 +219,9 @@ def learn(
     replay = PrioritizedReplay(capacity, env.obs_dim, config.per_alpha, device)
     window = NStepWindow(config.n_step, config.gamma)
     updates_per_step = config.replay_ratio * config.num_envs / config.batch_size
+    # Learning starts within the first quarter of the first epoch at the latest, so a short
+    # `steps_per_epoch` never scores the untrained network.
+    learning_starts = min(config.learning_starts, steps_per_epoch // 4)
     run = Run(value=float("nan"))
 
     def greedy(obs: torch.Tensor) -> torch.Tensor:
@@ -245,7 +248,7 @@ def learn(
             obs = step.obs
             run.env_steps += config.num_envs
 
-            if run.env_steps < config.learning_starts or replay.size < config.batch_size:
+            if run.env_steps < learning_starts or replay.size < config.batch_size:
                 continue
             update_credit += updates_per_step
             while update_credit >= 1.0:
@@ -292,9 +295,6 @@ def learn(
     return run
 
 
-TRADING_PARAMS = ("hold_penalty_weight", "max_position_absolute", "transaction_cost_multiplier")
-
-
 class DQNAdapter(BaseAdapter):
     name = "dqn"
     workload_class = "rl"
@@ -312,12 +312,10 @@ class DQNAdapter(BaseAdapter):
     default_trials = 12
 
     def metric_for(self, options: Mapping[str, Any]) -> str:
-        """What the value is for these options: a Sharpe ratio on trading, a return elsewhere."""
-        return "sharpe" if str(options.get("env", "trading")) == "trading" else "return"
+        return _rl.metric_for(options)
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        """Check the environment and load the prices now: a bad CSV fails before any training."""
-        _rl.load_task(options)
+        _rl.load_task(options)  # a bad environment or CSV fails before any training
 
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -334,13 +332,7 @@ class DQNAdapter(BaseAdapter):
             "exploration_fraction": trial.suggest_float("exploration_fraction", 0.05, 0.5),
             "hidden_size": trial.suggest_categorical("hidden_size", [64, 128, 256]),
         }
-        if str(options.get("env", "trading")) == "trading":
-            params["hold_penalty_weight"] = trial.suggest_float("hold_penalty_weight", 0.0, 3.0)
-            params["max_position_absolute"] = trial.suggest_int("max_position_absolute", 1, 10)
-            params["transaction_cost_multiplier"] = trial.suggest_float(
-                "transaction_cost_multiplier", 0.25, 2.0
-            )
-        return params
+        return {**params, **_rl.suggest_trading(trial, options)}
 
     def train(
         self,

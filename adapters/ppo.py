@@ -251,12 +251,10 @@ class PPOAdapter(BaseAdapter):
     default_trials = 12
 
     def metric_for(self, options: Mapping[str, Any]) -> str:
-        """What the value is for these options: a Sharpe ratio on trading, a return elsewhere."""
-        return "sharpe" if str(options.get("env", "trading")) == "trading" else "return"
+        return _rl.metric_for(options)
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        """Check the environment and load the prices now: a bad CSV fails before any training."""
-        _rl.load_task(options)
+        _rl.load_task(options)  # a bad environment or CSV fails before any training
 
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -272,13 +270,7 @@ class PPOAdapter(BaseAdapter):
             "rollout_steps": trial.suggest_int("rollout_steps", 32, 512, log=True),
             "hidden_size": trial.suggest_categorical("hidden_size", [32, 64, 128, 256]),
         }
-        if str(options.get("env", "trading")) == "trading":
-            params["hold_penalty_weight"] = trial.suggest_float("hold_penalty_weight", 0.0, 3.0)
-            params["max_position_absolute"] = trial.suggest_int("max_position_absolute", 1, 10)
-            params["transaction_cost_multiplier"] = trial.suggest_float(
-                "transaction_cost_multiplier", 0.25, 2.0
-            )
-        return params
+        return {**params, **_rl.suggest_trading(trial, options)}
 
     def train(
         self,

@@ -73,6 +73,16 @@ def test_same_seed_same_run_and_report_once_per_epoch():
     assert other.history != runs[0].history
 
 
+def test_a_short_epoch_still_trains_before_it_is_scored():
+    # 400 steps per epoch is below the default learning_starts (1,000): the first score must
+    # still come from a trained network, not from the random initial one.
+    task = _rl.load_task({"env": "trading", "seed": 5})
+    config = dqn.DQNConfig()
+    assert config.learning_starts > 400
+    run = dqn.learn(config, task, epochs=1, steps_per_epoch=400, device=CPU)
+    assert run.gradient_steps > 0  # one epoch: every gradient step came before its score
+
+
 def test_pruning_from_report_ends_the_run():
     task = _rl.load_task({"env": "trading"})
 
