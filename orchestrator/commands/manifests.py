@@ -36,7 +36,11 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="Secret whose key `url` holds the storage URL (default: %(default)s)",
     )
     parser.add_argument(
-        "--epochs", type=int, metavar="N", help="epochs per trial (default: the workload class's)"
+        "--epochs",
+        type=int,
+        metavar="N",
+        help="epochs per trial, applied to the study even if it exists "
+        "(default: a stored study keeps its own, a new one gets the workload class's)",
     )
     parser.add_argument(
         "--trials", type=int, metavar="N", help="the study's trial budget, shared by all workers"
