@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from orchestrator.records import ConcurrencyEvent
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
+# A study with more than one objective has no single best trial; its `direction` reads this.
+MULTI_OBJECTIVE = "multi-objective"
 
 
 # --- what the views hold -------------------------------------------------------------------
@@ -35,13 +37,14 @@ class StudyRow:
 
     name: str
     adapter: str | None
-    direction: str
+    direction: str  # "minimize", "maximize" or MULTI_OBJECTIVE
     counted: int
     budget: int | None
     running: int
     waiting: int
     best_value: float | None
     best_trial: int | None
+    directions: list[str] = field(default_factory=list)  # one per objective
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,7 @@ class StudyDetail:
     vram: list[VramRow] = field(default_factory=list)
     vram_by_gpu: list[GpuVram] = field(default_factory=list)
     memory_lines: list[MemoryLine] = field(default_factory=list)
+    directions: list[str] = field(default_factory=list)  # one per objective
 
 
 # --- pure shaping ------------------------------------------------------------------------------
@@ -151,19 +155,43 @@ def states_of(trials: Iterable[FrozenTrial]) -> dict[str, int]:
     return {state: counts.get(state, 0) for state in STATES}
 
 
+def direction_of(directions: Sequence[str]) -> str:
+    """'minimize' or 'maximize' for one objective, MULTI_OBJECTIVE for more."""
+    if len(directions) > 1:
+        return MULTI_OBJECTIVE
+    return directions[0] if directions else "minimize"
+
+
+def describe_direction(direction: str, directions: Sequence[str]) -> str:
+    """'minimize', or 'multi-objective (minimize, maximize)'."""
+    if direction == MULTI_OBJECTIVE:
+        return f"{MULTI_OBJECTIVE} ({', '.join(directions)})"
+    return direction
+
+
 def best_of(trials: Iterable[FrozenTrial], direction: str) -> BestTrial | None:
-    """The completed trial with the best value (the lowest number wins a tie)."""
+    """The completed trial with the best value (the lowest number wins a tie).
+
+    None for a multi-objective study: its trials carry several values and no single one is best.
+    """
     from optuna.trial import TrialState
 
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-    done = [t for t in done if not math.isnan(t.value)]
+    if direction == MULTI_OBJECTIVE:
+        return None
+    # `values`, not `value`: reading `value` of a multi-objective trial raises.
+    done = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.values is not None and len(t.values) == 1
+    ]
+    done = [t for t in done if not math.isnan(t.values[0])]
     if not done:
         return None
     sign = 1.0 if direction == "minimize" else -1.0
-    best = min(done, key=lambda t: (sign * t.value, t.number))
+    best = min(done, key=lambda t: (sign * t.values[0], t.number))
     return BestTrial(
         number=best.number,
-        value=float(best.value),
+        value=float(best.values[0]),
         params=dict(best.params),
         user_attrs=dict(best.user_attrs),
     )
@@ -309,13 +337,17 @@ def slot_series(
 
 
 def study_row(
-    name: str, user_attrs: dict[str, Any], direction: str, trials: Sequence[FrozenTrial]
+    name: str,
+    user_attrs: dict[str, Any],
+    directions: Sequence[str],
+    trials: Sequence[FrozenTrial],
 ) -> StudyRow:
     from orchestrator.study import SPEC_ATTR, StudySpec, count_trials
 
     spec_attr = user_attrs.get(SPEC_ATTR)
     spec = StudySpec.from_attr(spec_attr) if isinstance(spec_attr, dict) else None
     count = count_trials(trials)
+    direction = direction_of(directions)
     best = best_of(trials, direction)
     return StudyRow(
         name=name,
@@ -327,6 +359,7 @@ def study_row(
         waiting=count.waiting,
         best_value=best.value if best else None,
         best_trial=best.number if best else None,
+        directions=list(directions),
     )
 
 
@@ -350,6 +383,26 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def mb_text(value: float | None) -> str:
+    """MB as a person reads them in a table: '1,638', or '-' when unknown."""
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """'1 epoch', '15 epochs'; `many` for words that do not just take an s."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def require_single_objective(detail: StudyDetail, command: str) -> None:
+    """A UserError, in one line, for a command that needs one best value."""
+    if detail.direction == MULTI_OBJECTIVE:
+        raise UserError(
+            f"study {detail.name!r} is {describe_direction(detail.direction, detail.directions)}: "
+            f"`{command}` supports single-objective studies only; `python -m orchestrator status "
+            f"--study {detail.name}` shows its trials, `python -m orchestrator dashboard` its Pareto front"
+        )
 
 
 def _int(value: Any) -> int | None:
@@ -405,8 +458,8 @@ def list_studies(storage: BaseStorage) -> list[StudyRow]:
     with _guarded(storage):
         for study in sorted(storage.get_all_studies(), key=lambda s: s.study_name):
             trials = storage.get_all_trials(study._study_id, deepcopy=False)
-            direction = study.directions[0].name.lower() if study.directions else "minimize"
-            rows.append(study_row(study.study_name, dict(study.user_attrs), direction, trials))
+            directions = [d.name.lower() for d in study.directions]
+            rows.append(study_row(study.study_name, dict(study.user_attrs), directions, trials))
     return rows
 
 
@@ -478,7 +531,9 @@ def study_detail(storage: RDBStorage, name: str, storage_label: str) -> StudyDet
         study = load_existing_study(storage, name, storage_label)
         spec = load_spec(study)
         trials = study.get_trials(deepcopy=False)
-        direction = study.direction.name.lower()
+        # `study.direction` raises on a multi-objective study: read `directions`.
+        directions = [d.name.lower() for d in study.directions]
+        direction = direction_of(directions)
         recorded = (
             list_trial_vram(storage.engine, name) if _has_table(storage, trial_vram.name) else []
         )
@@ -509,6 +564,7 @@ def study_detail(storage: RDBStorage, name: str, storage_label: str) -> StudyDet
         vram=rows,
         vram_by_gpu=vram_by_gpu(rows),
         memory_lines=lines,
+        directions=directions,
     )
 
 

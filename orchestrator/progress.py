@@ -90,8 +90,12 @@ def best_text(snapshot: PoolSnapshot) -> str:
 
 
 def gpu_line(gpu: GpuSnapshot) -> str:
-    """'sim:0 Simulated GPU 24 GB: 3 running, 3/4 slots, 9.1/24.0 GB, 1 OOM'."""
-    slots = f"{gpu.slots}/{gpu.max_slots} slots"
+    """'sim:0 Simulated GPU 24 GB: 3 running, 3 slots (plan allows 4), 9.1/24.0 GB, 1 OOM'.
+
+    Slots are how many trials may run at once now; the plan's maximum is said in words, so no
+    'X/Y slots' is left to be read as running/slots in one place and slots/max in another.
+    """
+    slots = f"{_count(gpu.slots, 'slot', 'slots')} (plan allows {gpu.max_slots})"
     parts = [f"{gpu.running} running", slots, format_mb(gpu.vram_used_mb, gpu.vram_total_mb)]
     if gpu.ooms:
         parts.append(_count(gpu.ooms, "OOM", "OOMs"))
@@ -103,7 +107,7 @@ def gpu_line(gpu: GpuSnapshot) -> str:
 def summary_line(snapshot: PoolSnapshot) -> str:
     """One log line: counted/budget, running, best, slots and VRAM per GPU, OOMs, retries, time."""
     parts = [
-        f"{snapshot.counted}/{snapshot.budget} trials",
+        f"{snapshot.counted}/{snapshot.budget} {_trials(snapshot.budget)}",
         f"{snapshot.running} running",
     ]
     if snapshot.waiting:
@@ -111,8 +115,9 @@ def summary_line(snapshot: PoolSnapshot) -> str:
     parts.append(best_text(snapshot))
     for gpu in snapshot.gpus:
         used = format_mb(gpu.vram_used_mb, gpu.vram_total_mb)
-        vram = "" if used == "-" else f" {used}"
-        parts.append(f"{gpu.label.split(' ', 1)[0]} {gpu.running}/{gpu.slots} slots{vram}")
+        vram = "" if used == "-" else f", {used}"
+        slots = _count(gpu.slots, "slot", "slots")
+        parts.append(f"{gpu.label.split(' ', 1)[0]} {gpu.running} running, {slots}{vram}")
     parts.append(_count(snapshot.ooms, "OOM", "OOMs"))
     parts.append(_count(snapshot.retries, "retry", "retries"))
     parts.append(f"{format_duration(snapshot.elapsed_s)} elapsed")
@@ -124,7 +129,8 @@ def summary_line(snapshot: PoolSnapshot) -> str:
 
 def final_line(snapshot: PoolSnapshot) -> str:
     return (
-        f"[{snapshot.study_name}] done: {snapshot.counted}/{snapshot.budget} trials in "
+        f"[{snapshot.study_name}] done: {snapshot.counted}/{snapshot.budget} "
+        f"{_trials(snapshot.budget)} in "
         f"{format_duration(snapshot.elapsed_s)}, {best_text(snapshot)}, "
         f"{_count(snapshot.ooms, 'OOM', 'OOMs')}, {_count(snapshot.retries, 'retry', 'retries')}"
     )
@@ -132,6 +138,11 @@ def final_line(snapshot: PoolSnapshot) -> str:
 
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
+
+
+def _trials(budget: int) -> str:
+    """The word after 'counted/budget': '0/1 trial', '3/10 trials'."""
+    return "trial" if budget == 1 else "trials"
 
 
 def render(snapshot: PoolSnapshot) -> RenderableType:
@@ -148,7 +159,7 @@ def render(snapshot: PoolSnapshot) -> RenderableType:
     head.add_row(
         f"[bold]{escape(snapshot.study_name)}[/]",
         bar,
-        f"[bold]{snapshot.counted}/{snapshot.budget}[/] trials",
+        f"[bold]{snapshot.counted}/{snapshot.budget}[/] {_trials(snapshot.budget)}",
     )
     eta = snapshot.eta_s
     timing = f"{format_duration(snapshot.elapsed_s)} elapsed" + (
@@ -158,7 +169,8 @@ def render(snapshot: PoolSnapshot) -> RenderableType:
     now = f"{snapshot.running} running · {snapshot.waiting} waiting · {escape(best_text(snapshot))}"
     trouble = f"{_count(snapshot.ooms, 'OOM', 'OOMs')} · {_count(snapshot.retries, 'retry', 'retries')} · {timing}"
     gpus = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("GPU", "running", "slots", "VRAM in use", "OOMs", "batch"):
+    # "slots/max": trials allowed at once now, of what the plan allows (running has its column).
+    for name in ("GPU", "running", "slots/max", "VRAM in use", "OOMs", "batch"):
         gpus.add_column(name, no_wrap=True)
     for gpu in snapshot.gpus:
         batch = f"{gpu.batch_bounds[0]}-{gpu.batch_bounds[1]}" if gpu.batch_bounds else "-"

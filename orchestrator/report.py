@@ -93,8 +93,9 @@ def plotly_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
             Chart("history", "Optimisation history", vis.plot_optimization_history(study))
         )
         if done < MIN_TRIALS_FOR_IMPORTANCE:
-            note = f"skipped: {done} completed trials, importances need at least {MIN_TRIALS_FOR_IMPORTANCE}"
-            charts.append(Chart("importances", "Parameter importances", None, note))
+            charts.append(
+                Chart("importances", "Parameter importances", None, importance_note(done))
+            )
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -106,6 +107,15 @@ def plotly_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
     charts.append(vram_chart(detail))
     charts.append(slots_chart(detail))
     return charts
+
+
+def importance_note(done: int) -> str:
+    from orchestrator.inspect import plural
+
+    return (
+        f"skipped: {plural(done, 'completed trial')}, "
+        f"importances need at least {MIN_TRIALS_FOR_IMPORTANCE}"
+    )
 
 
 def vram_chart(detail: StudyDetail) -> Chart:
@@ -122,16 +132,20 @@ def vram_chart(detail: StudyDetail) -> Chart:
         mine = [r for r in rows if r.gpu == gpu]
         fine = [r for r in mine if not r.oom]
         ooms = [r for r in mine if r.oom]
-        for group, symbol, suffix in ((fine, "circle", ""), (ooms, "x", " OOM (at planned MB)")):
+        for group, symbol, what in ((fine, "circle", "peak"), (ooms, "x", "OOM (at planned MB)")):
             if group:
                 figure.add_trace(
                     go.Scatter(
                         x=[r.batch_size for r in group],
                         y=[point_mb(r) for r in group],
                         mode="markers",
-                        marker={"color": colour, "symbol": symbol, "size": 10 if suffix else 8},
-                        name=f"{gpu} peak{suffix}",
-                        text=[f"trial #{r.trial}, {r.concurrency} slots" for r in group],
+                        marker={
+                            "color": colour,
+                            "symbol": symbol,
+                            "size": 10 if group is ooms else 8,
+                        },
+                        name=f"{gpu} {what}",
+                        text=[_hover(r) for r in group],
                     )
                 )
         xs = _line_span(mine)
@@ -158,19 +172,17 @@ def vram_chart(detail: StudyDetail) -> Chart:
 
 
 def vram_points(detail: StudyDetail) -> list:
-    """Trials to plot: those with a measured peak, and OOMs (which have none worth showing)."""
-    return [
-        r
-        for r in detail.vram
-        if r.batch_size is not None and (r.peak_mb if not r.oom else point_mb(r)) is not None
-    ]
+    """Trials to plot: those with a batch size and a place on the VRAM axis (see point_mb)."""
+    return [r for r in detail.vram if r.batch_size is not None and point_mb(r) is not None]
 
 
 def point_mb(row) -> float | None:  # noqa: ANN001
-    """Where a trial sits on the VRAM axis: its peak; an OOM'd one at its planned MB (its peak is moot)."""
-    if row.oom:
-        return row.peak_mb or row.planned_mb
-    return row.peak_mb
+    """Where a trial sits on the VRAM axis: its measured peak; an OOM'd one at its planned MB.
+
+    An OOM'd trial's recorded peak is only how far it got before the allocation that failed;
+    what it asked for is the planned MB, which is what the legend and the docs promise.
+    """
+    return row.planned_mb if row.oom else row.peak_mb
 
 
 def slots_chart(detail: StudyDetail) -> Chart:
@@ -203,6 +215,13 @@ def slots_chart(detail: StudyDetail) -> Chart:
         )
     figure.update_layout(title=title, xaxis_title="time (UTC)", yaxis_title="trials at once")
     return Chart("slots", title, figure)
+
+
+def _hover(row) -> str:  # noqa: ANN001
+    from orchestrator.inspect import plural
+
+    at_once = "" if row.concurrency is None else f", {plural(row.concurrency, 'trial')} at once"
+    return f"trial #{row.trial}{at_once}"
 
 
 def _line_span(rows: list) -> list[float]:
@@ -350,6 +369,8 @@ def _slots_axes(detail: StudyDetail) -> Any:
 
 def render_page(detail: StudyDetail, charts: list[Chart], pngs: list[Path]) -> str:
     """The HTML page: a summary, the best parameters, then each chart (plotly.js inline once)."""
+    from orchestrator.inspect import mb_text
+
     esc = html.escape
     png_names = {p.stem: p.name for p in pngs}
     budget = "?" if detail.budget is None else str(detail.budget)
@@ -379,8 +400,8 @@ def render_page(detail: StudyDetail, charts: list[Chart], pngs: list[Path]) -> s
         parts.append("<p class='note'>No completed trial yet.</p>")
     if detail.vram_by_gpu:
         rows = "".join(
-            f"<tr><td>{esc(g.gpu)}</td><td>{g.trials}</td><td>{_mb(g.planned_mean_mb)}</td>"
-            f"<td>{_mb(g.peak_mean_mb)}</td><td>{_mb(g.peak_max_mb)}</td><td>{g.ooms}</td></tr>"
+            f"<tr><td>{esc(g.gpu)}</td><td>{g.trials}</td><td>{mb_text(g.planned_mean_mb)}</td>"
+            f"<td>{mb_text(g.peak_mean_mb)}</td><td>{mb_text(g.peak_max_mb)}</td><td>{g.ooms}</td></tr>"
             for g in detail.vram_by_gpu
         )
         parts.append(
@@ -406,7 +427,3 @@ def render_page(detail: StudyDetail, charts: list[Chart], pngs: list[Path]) -> s
 
 def _show(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def _mb(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"

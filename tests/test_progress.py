@@ -66,8 +66,8 @@ def test_summary_line_says_everything_a_person_watches_for():
         "5 running",
         "1 waiting",
         "best return 0.25 (#7)",
-        "cuda:0 2/2 slots 9.5/22.5 GB",
-        "sim:1 3/4 slots",
+        "cuda:0 2 running, 2 slots, 9.5/22.5 GB",
+        "sim:1 3 running, 4 slots",
         "1 OOM",
         "2 retries",
         "1m00s elapsed",
@@ -107,7 +107,10 @@ def test_verbose_log_adds_a_line_per_gpu():
     progress.update(snapshot())
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
-    assert "cuda:0 NVIDIA L4: 2 running, 2/4 slots, 9.5/22.5 GB, 1 OOM, batch 64-1536" in lines[1]
+    assert (
+        "cuda:0 NVIDIA L4: 2 running, 2 slots (plan allows 4), 9.5/22.5 GB, 1 OOM, batch 64-1536"
+        in lines[1]
+    )
 
 
 def test_quiet_prints_nothing():
@@ -176,3 +179,32 @@ def test_log_records_print_above_the_live_panel_and_the_handler_is_restored():
     finally:
         root.removeHandler(handler)
     assert "slots 6 -> 3 (oom)" in out.getvalue()
+
+
+def test_no_x_slash_y_slots_that_could_be_read_two_ways():
+    """Log lines, the verbose line and the panel each say what their slot numbers are."""
+    import re
+
+    from rich.console import Console
+
+    from orchestrator.progress import gpu_line
+
+    snap = snapshot()
+    texts = [summary_line(snap), *(gpu_line(gpu) for gpu in snap.gpus)]
+    for text in texts:
+        assert not re.search(r"\d+/\d+ slots", text), text
+    out = io.StringIO()
+    Console(file=out, force_terminal=False, width=80).print(render(snap))
+    header = next(line for line in out.getvalue().splitlines() if line.startswith("GPU"))
+    assert "slots/max" in header.split()
+
+
+def test_a_budget_of_one_trial_is_singular():
+    from dataclasses import replace
+
+    from orchestrator.progress import final_line
+
+    one = replace(snapshot(0), budget=1)
+    assert "0/1 trial ·" in summary_line(one)
+    assert "done: 1/1 trial in" in final_line(replace(one, counted=1))
+    assert "3/10 trials" in summary_line(snapshot())

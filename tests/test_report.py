@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -136,3 +137,53 @@ def test_a_real_run_then_status_best_and_report(tmp_path):
     assert report.returncode == 0, report.stderr
     assert_offline_page(tmp_path / "report" / "index.html")
     assert_png(tmp_path / "report" / "vram.png")
+
+
+def _row(trial: int, *, oom: bool, planned: float | None, peak: float | None, batch: int = 512):
+    from orchestrator.inspect import VramRow
+
+    return VramRow(trial, "FAIL" if oom else "COMPLETE", "L4", 0, "h", batch, planned, peak, 2, oom)
+
+
+def test_an_oom_is_plotted_at_planned_mb_as_the_legend_says():
+    from test_status import _detail
+
+    from orchestrator.report import point_mb, vram_chart, vram_points
+
+    fine = _row(0, oom=False, planned=1000.0, peak=1800.0)
+    oom_with_peak = _row(1, oom=True, planned=3000.0, peak=5400.0, batch=2048)
+    oom_without_peak = _row(2, oom=True, planned=2500.0, peak=None, batch=1024)
+    no_numbers = _row(3, oom=True, planned=None, peak=None)
+    no_batch = _row(4, oom=False, planned=900.0, peak=950.0, batch=None)
+    assert point_mb(fine) == 1800.0
+    assert point_mb(oom_with_peak) == 3000.0  # what it asked for, not what it reached
+    assert point_mb(oom_without_peak) == 2500.0
+    rows = [fine, oom_with_peak, oom_without_peak, no_numbers, no_batch]
+    assert [r.trial for r in vram_points(_detail(vram=rows))] == [0, 1, 2]
+
+    chart = vram_chart(_detail(vram=rows))
+    oom_trace = next(t for t in chart.figure.data if "OOM (at planned MB)" in t.name)
+    assert list(oom_trace.y) == [3000.0, 2500.0]
+
+
+def test_one_completed_trial_is_singular_in_the_importance_note():
+    from orchestrator.report import importance_note
+
+    assert importance_note(1) == "skipped: 1 completed trial, importances need at least 8"
+    assert importance_note(3).startswith("skipped: 3 completed trials,")
+
+
+def test_the_vram_chart_hover_says_trials_at_once_in_words():
+    from test_status import _detail
+
+    from orchestrator.report import vram_chart
+
+    rows = [_row(0, oom=False, planned=1000.0, peak=1800.0)]
+    rows.append(dataclasses.replace(rows[0], trial=1, concurrency=1))
+    rows.append(dataclasses.replace(rows[0], trial=2, concurrency=None))
+    (trace,) = [t for t in vram_chart(_detail(vram=rows)).figure.data if t.mode == "markers"]
+    assert list(trace.text) == [
+        "trial #0, 2 trials at once",
+        "trial #1, 1 trial at once",
+        "trial #2",
+    ]

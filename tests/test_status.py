@@ -367,3 +367,120 @@ def test_to_jsonable_handles_dates_nan_and_dataclasses():
     assert to_jsonable(row)["best_value"] is None
     assert to_jsonable({"t": dt.datetime(2025, 1, 2, 3, 4, 5)}) == {"t": "2025-01-02T03:04:05"}
     json.dumps(to_jsonable([row]))
+
+
+# --- a multi-objective study in the same storage (someone else's, on a shared PostgreSQL) -------
+
+
+def build_multi_objective_study(url: str, name: str = "pareto") -> None:
+    """A study with two objectives and no spec of ours, as another tool would leave it."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+
+    from orchestrator.migrate import open_storage
+
+    study = optuna.create_study(
+        study_name=name, storage=open_storage(url), directions=["minimize", "maximize"]
+    )
+    for i in range(3):
+        study.add_trial(
+            create_trial(
+                params={"x": float(i)},
+                distributions={"x": FloatDistribution(-5, 5)},
+                values=[float(i), float(-i)],
+            )
+        )
+
+
+def test_a_multi_objective_study_is_listed_and_shown_not_a_traceback(storage_url, capsys):
+    build_study(storage_url, "single", completed=2)
+    build_multi_objective_study(storage_url)
+
+    code, out, err = run_cli(capsys, "status", "--storage", storage_url, "--json")
+    assert code == 0, err
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert rows["pareto"]["direction"] == "multi-objective"
+    assert rows["pareto"]["directions"] == ["minimize", "maximize"]
+    assert rows["pareto"]["counted"] == 3 and rows["pareto"]["best_value"] is None
+    assert rows["single"]["direction"] == "minimize" and rows["single"]["best_trial"] is not None
+
+    code, out, err = run_cli(capsys, "status", "--storage", storage_url)
+    assert code == 0, err
+    assert "multi-objective" in out and "single" in out
+
+    code, out, err = run_cli(capsys, "status", "--storage", storage_url, "--study", "pareto")
+    assert code == 0, err
+    assert "multi-objective (minimize, maximize)" in out
+    assert "no single best trial" in out
+    assert "COMPLETE 3" in out
+
+
+@pytest.mark.parametrize("command", ["best", "report"])
+def test_best_and_report_of_a_multi_objective_study_say_so_in_one_line(
+    sqlite_url, tmp_path, capsys, command
+):
+    build_multi_objective_study(sqlite_url)
+    argv = [command, "--study", "pareto", "--storage", sqlite_url]
+    if command == "report":
+        argv += ["--out", str(tmp_path / "r")]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "multi-objective" in err and f"`{command}`" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_best_of_a_multi_objective_trial_list_is_none():
+    from optuna.trial import create_trial
+
+    from orchestrator.inspect import best_of
+
+    trials = [create_trial(values=[1.0, 2.0]), create_trial(values=[0.5, 3.0])]
+    assert best_of(trials, "multi-objective") is None
+    assert best_of(trials, "minimize") is None  # two values are not one value, whatever we are told
+
+
+def _detail(**changes):
+    from orchestrator.inspect import StudyDetail
+
+    base = {
+        "name": "s",
+        "adapter": "synthetic",
+        "direction": "minimize",
+        "budget": 1,
+        "epochs": 1,
+        "sampler": None,
+        "states": {"COMPLETE": 1},
+        "counted": 1,
+        "retried": 0,
+        "best": None,
+    }
+    return StudyDetail(**{**base, **changes})
+
+
+def _text(renderable) -> str:
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=120, force_terminal=False).print(renderable)
+    return out.getvalue()
+
+
+def test_one_epoch_and_one_trial_are_singular():
+    from orchestrator.commands.status import render_detail
+
+    text = _text(render_detail(_detail()))
+    assert "1 epoch)" in text and "1 epochs" not in text
+    text = _text(render_detail(_detail(epochs=15, budget=24)))
+    assert "15 epochs" in text
+
+
+def test_mb_is_one_function_shared_by_status_and_report():
+    from orchestrator import report
+    from orchestrator.commands import status
+    from orchestrator.inspect import mb_text
+
+    assert mb_text(None) == "-" and mb_text(1638.4) == "1,638"
+    assert not hasattr(status, "_mb") and not hasattr(report, "_mb")

@@ -38,11 +38,12 @@ def format_params(params: dict[str, Any], fmt: str) -> str:
 
 
 def best_command(args: argparse.Namespace) -> int:
-    from orchestrator.inspect import open_for_reading, study_detail
+    from orchestrator.inspect import open_for_reading, require_single_objective, study_detail
     from orchestrator.storage import describe_location, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
     detail = study_detail(open_for_reading(url), args.study, describe_location(url))
+    require_single_objective(detail, "best")
     if detail.best is None:
         raise UserError(
             f"study {args.study!r} has no completed trial yet: wait for one "

@@ -24,7 +24,12 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from orchestrator.inspect import load_study_trials, open_for_reading, study_detail
+    from orchestrator.inspect import (
+        load_study_trials,
+        open_for_reading,
+        require_single_objective,
+        study_detail,
+    )
     from orchestrator.report import write_report
     from orchestrator.storage import describe_location, resolve_storage_url
 
@@ -32,6 +37,8 @@ def report_command(args: argparse.Namespace) -> int:
     storage = open_for_reading(url)
     label = describe_location(url)
     detail = study_detail(storage, args.study, label)
+    # Optuna's history, importance and parallel-coordinate charts need one objective.
+    require_single_objective(detail, "report")
     study = load_study_trials(storage, args.study, label)
     files = write_report(study, detail, Path(args.out))
     print(f"report of {args.study!r}: {files.page}")

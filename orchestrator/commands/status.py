@@ -70,10 +70,6 @@ def _value(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def _mb(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
 def _time(moment) -> str:  # noqa: ANN001
     return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
 
@@ -90,6 +86,8 @@ def _table(title: str, *columns: str) -> RenderableType:
 
 
 def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
+    from orchestrator.inspect import MULTI_OBJECTIVE
+
     if not rows:
         return f"No studies in {location} yet: start one with `python -m orchestrator run ADAPTER`."
     table = _table(
@@ -97,12 +95,17 @@ def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
     )
     for row in rows:
         budget = "?" if row.budget is None else str(row.budget)
+        best = (
+            MULTI_OBJECTIVE  # no single best value to show
+            if row.direction == MULTI_OBJECTIVE
+            else f"{_value(row.best_value)} ({row.direction[:3]})"
+        )
         table.add_row(
             row.name,
             row.adapter or "-",
             f"{row.counted}/{budget}",
             str(row.running),
-            f"{_value(row.best_value)} ({row.direction[:3]})",
+            best,
             "-" if row.best_trial is None else f"#{row.best_trial}",
         )
     return table
@@ -110,14 +113,19 @@ def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
 
 def render_detail(detail: StudyDetail, *, limit: int = DEFAULT_LIMIT) -> RenderableType:
     from rich.console import Group
+    from rich.markup import escape
+
+    from orchestrator.inspect import MULTI_OBJECTIVE, describe_direction, mb_text, plural
 
     parts: list[RenderableType] = []
-    about = [f"adapter {detail.adapter or '?'}", detail.direction]
+    about = [
+        f"adapter {detail.adapter or '?'}",
+        describe_direction(detail.direction, detail.directions),
+    ]
     if detail.sampler:
         about.append(f"sampler {detail.sampler}")
     if detail.epochs:
-        about.append(f"{detail.epochs} epochs")
-    from rich.markup import escape
+        about.append(plural(detail.epochs, "epoch"))
 
     parts.append(f"[bold]Study {escape(detail.name)}[/] ({escape(', '.join(about))})")
     budget = "?" if detail.budget is None else str(detail.budget)
@@ -125,7 +133,12 @@ def render_detail(detail: StudyDetail, *, limit: int = DEFAULT_LIMIT) -> Rendera
     retried = f" ({detail.retried} failed and re-run)" if detail.retried else ""
     parts.append(f"Trials: {detail.counted}/{budget} counted · {states}{retried}")
 
-    if detail.best is None:
+    if detail.direction == MULTI_OBJECTIVE:
+        parts.append(
+            "Best: none, a multi-objective study has no single best trial "
+            "(`python -m orchestrator dashboard` shows its Pareto front)"
+        )
+    elif detail.best is None:
         parts.append("Best: no completed trial yet")
     else:
         best = detail.best
@@ -226,8 +239,8 @@ def render_detail(detail: StudyDetail, *, limit: int = DEFAULT_LIMIT) -> Rendera
                 r.state,
                 r.gpu,
                 str(r.batch_size or "-"),
-                _mb(r.planned_mb),
-                _mb(r.peak_mb),
+                mb_text(r.planned_mb),
+                mb_text(r.peak_mb),
                 "-" if ratio is None else f"{ratio:.2f}",
                 str(r.concurrency or "-"),
                 "yes" if r.oom else "",
@@ -248,9 +261,9 @@ def render_detail(detail: StudyDetail, *, limit: int = DEFAULT_LIMIT) -> Rendera
             by_gpu.add_row(
                 g.gpu,
                 str(g.trials),
-                _mb(g.planned_mean_mb),
-                _mb(g.peak_mean_mb),
-                _mb(g.peak_max_mb),
+                mb_text(g.planned_mean_mb),
+                mb_text(g.peak_mean_mb),
+                mb_text(g.peak_max_mb),
                 "-" if worst is None else f"{worst:.2f}",
                 str(g.ooms),
             )
