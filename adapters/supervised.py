@@ -247,8 +247,37 @@ class SupervisedForecasterAdapter(BaseAdapter):
         )
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        """Bad sizes fail before the study is created, not in every trial."""
-        _sizes(options)
+        """Bad sizes, a bad price file or too short a series fail before the study is created,
+        not in every trial: the prices are loaded as the trials load them, and the largest
+        window of the search space must leave windows to train on and a held-out part."""
+        from orchestrator.errors import UserError
+
+        sizes = _sizes(options)
+        data = str(options.get("data", ""))
+        prices = load_close_prices(data, sizes["steps"], int(options.get("seed", 0)))
+        window, horizon, length = largest_window(sizes["max_window"]), sizes["horizon"], len(prices)
+        if _windows_fit(length - 1, window, horizon):
+            return
+        source = f"price file {data}" if data else f"the synthetic series (steps={length})"
+        windows = range(MIN_WINDOW, window + 1, WINDOW_STEP)
+        fits = [w for w in windows if _windows_fit(length - 1, w, horizon)]
+        fix = f"--option max_window={fits[-1]} or " if fits else ""
+        longer = "a longer --data file" if data else "--option steps=4000"
+        raise UserError(
+            f"{source} has {length} prices: too short for window {window} + horizon {horizon} "
+            f"with a held-out fifth; give {fix}{longer}"
+        )
+
+    def calibration_params(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters of the largest model the search space allows, batch_size aside: what
+        `plan --calibrate` measures, so that the measured memory bounds every trial."""
+        sizes = _sizes(options)
+        return {
+            **self.default_params,
+            "width": sizes["max_width"],  # a multiple of WIDTH_STEP from MIN_WIDTH: reachable
+            "window": largest_window(sizes["max_window"]),
+            "depth": sizes["max_depth"],
+        }
 
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
         sizes = _sizes(options)
@@ -317,15 +346,14 @@ class SupervisedForecasterAdapter(BaseAdapter):
             rows = series[starts.unsqueeze(1) + offsets]
             return rows[:, :window], rows[:, window:]
 
-        order = torch.Generator(device="cpu").manual_seed(seed)
+        stream = _ShuffledStream(len(train_starts), seed)
         train_starts = torch.as_tensor(train_starts, device=device)
         val_starts = torch.as_tensor(val_starts, device=device)
         best = math.inf
         for epoch in range(max(1, epochs)):
             model.train()
-            permutation = torch.randperm(len(train_starts), generator=order).to(device)
-            for begin in range(0, len(permutation), batch_size):
-                inputs, targets = batch(train_starts[permutation[begin : begin + batch_size]])
+            for _ in range(steps_per_epoch(len(train_starts), batch_size)):
+                inputs, targets = batch(train_starts[stream.take(batch_size).to(device)])
                 with autocast():
                     loss = torch.nn.functional.mse_loss(model(inputs).float(), targets)
                 optimizer.zero_grad(set_to_none=True)
@@ -340,6 +368,42 @@ class SupervisedForecasterAdapter(BaseAdapter):
             best = min(best, value)
             report(epoch, value)
         return best
+
+
+def steps_per_epoch(windows: int, batch_size: int) -> int:
+    """Gradient steps in one epoch: the fewest full batches that see every training window.
+
+    Every step uses exactly `batch_size` windows, as the planner assumed when it sized the
+    trial's memory, so a batch larger than the series repeats windows within the step. An epoch
+    is then about one pass over the data (one step when the batch holds them all): comparable
+    work for every batch size, and the pruner compares trials at comparable points.
+    """
+    return max(1, math.ceil(windows / batch_size))
+
+
+class _ShuffledStream:
+    """Window indices from one shuffle after another, wrapping around: batches take the next
+    `n`, crossing from one shuffle into the next (and epochs with it), so no batch is short
+    and every window is used equally often."""
+
+    def __init__(self, windows: int, seed: int) -> None:
+        import torch
+
+        self.windows = windows
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.pending = torch.empty(0, dtype=torch.long)
+
+    def take(self, n: int) -> torch.Tensor:
+        import torch
+
+        if len(self.pending) < n:
+            shuffles = -(-(n - len(self.pending)) // self.windows)
+            fresh = [
+                torch.randperm(self.windows, generator=self.generator) for _ in range(shuffles)
+            ]
+            self.pending = torch.cat([self.pending, *fresh])
+        taken, self.pending = self.pending[:n], self.pending[n:]
+        return taken
 
 
 def _evaluate(model, starts, batch, batch_size, autocast) -> float:  # noqa: ANN001
@@ -367,6 +431,22 @@ def standardised_returns(prices: np.ndarray) -> np.ndarray:
     train = returns[:train_end]
     scale = float(train.std()) or 1.0
     return ((returns - float(train.mean())) / scale).astype(np.float32)
+
+
+def largest_window(max_window: int) -> int:
+    """The largest window `suggest` can draw: windows step by WINDOW_STEP from MIN_WINDOW."""
+    return MIN_WINDOW + (max_window - MIN_WINDOW) // WINDOW_STEP * WINDOW_STEP
+
+
+def _windows_fit(length: int, window: int, horizon: int) -> bool:
+    """Whether `length` returns give a training window and a held-out one (see split_windows)."""
+    from orchestrator.errors import UserError
+
+    try:
+        split_windows(length, window, horizon)
+    except UserError:
+        return False
+    return True
 
 
 def split_windows(length: int, window: int, horizon: int) -> tuple[list[int], list[int]]:

@@ -140,25 +140,42 @@ def test_same_seed_same_result_and_seed_changes_it():
     assert run(options) != run({**options, "seed": 1})
 
 
-def test_batch_size_2048_reaches_the_training_loop_unclamped(monkeypatch):
+def training_batch_sizes(monkeypatch, params, options) -> list[int]:
+    """The first dimension of the model's input at every training step (evaluation excluded)."""
     seen: list[int] = []
     build = supervised.build_forecaster
 
     def recording_build(*args, **kwargs):
         model = build(*args, **kwargs)
-        model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].shape[0]))
+        model.register_forward_pre_hook(
+            lambda module, inputs: seen.append(inputs[0].shape[0]) if module.training else None
+        )
         return model
 
     monkeypatch.setattr(supervised, "build_forecaster", recording_build)
-    options = parse_options(supervised.adapter, ["steps=3000"])
     supervised.adapter.train(
-        {**TINY, "batch_size": 2048},
-        epochs=1,
-        device=CPU,
-        options=options,
-        report=lambda e, v: None,
+        params, epochs=2, device=CPU, options=options, report=lambda e, v: None
     )
-    assert seen[0] == 2048  # the first training batch is as large as proposed
+    return seen
+
+
+def test_batch_size_2048_reaches_the_training_loop_unclamped(monkeypatch):
+    # The default series has about 1,180 training windows: fewer than the batch proposed.
+    options = parse_options(supervised.adapter, {})
+    returns = len(supervised.load_close_prices("", options["steps"], 0)) - 1
+    windows = len(supervised.split_windows(returns, TINY["window"], options["horizon"])[0])
+    assert windows < 2048
+    seen = training_batch_sizes(monkeypatch, {**TINY, "batch_size": 2048}, options)
+    assert seen == [2048, 2048]  # one full step per epoch, every step as large as proposed
+
+
+def test_every_step_uses_exactly_batch_size_samples(monkeypatch):
+    options = parse_options(supervised.adapter, {})
+    returns = len(supervised.load_close_prices("", options["steps"], 0)) - 1
+    windows = len(supervised.split_windows(returns, TINY["window"], options["horizon"])[0])
+    assert windows % 64  # the old last batch of each epoch was smaller
+    seen = training_batch_sizes(monkeypatch, TINY, options)
+    assert seen == [64] * (2 * math.ceil(windows / 64))
 
 
 def test_objective_is_pruned_after_a_poor_first_epoch():
@@ -219,6 +236,60 @@ def test_bad_size_options_are_user_errors():
         supervised.adapter.memory_model({"max_width": 50})
     with pytest.raises(UserError, match="steps"):
         supervised.adapter.memory_model({"steps": 10})
+
+
+def write_prices(path: Path, count: int) -> Path:
+    from adapters.envs.prices import synthetic_prices
+
+    rows = "\n".join(f"2024-01-01,{price:.6f}" for price in synthetic_prices(count, seed=3))
+    path.write_text("date,close\n" + rows + "\n")
+    return path
+
+
+def test_check_options_loads_the_prices_and_checks_the_largest_window(tmp_path):
+    check = supervised.adapter.check_options
+    check(parse_options(supervised.adapter, {}))  # the defaults are fine
+    with pytest.raises(UserError, match=r"absent\.csv does not exist"):
+        check(parse_options(supervised.adapter, {"data": str(tmp_path / "absent.csv")}))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("date,open\n2024-01-01,1.0\n")
+    with pytest.raises(UserError, match=r"bad\.csv has no `close` column"):
+        check(parse_options(supervised.adapter, {"data": str(bad)}))
+
+    # load_prices accepts 200 rows, but windows of 40 and more leave nothing held out.
+    short = write_prices(tmp_path / "short.csv", 200)
+    check(parse_options(supervised.adapter, {"data": str(short), "max_window": "32"}))
+    with pytest.raises(UserError, match=r"short\.csv.*200 prices.*max_window=32"):
+        check(parse_options(supervised.adapter, {"data": str(short)}))
+    with pytest.raises(UserError, match="steps=120.*too short"):
+        check(parse_options(supervised.adapter, {"steps": "120"}))
+
+
+@pytest.mark.parametrize("data", ["bad.csv", "absent.csv"])
+def test_run_with_bad_data_exits_2_in_one_line_and_stores_nothing(tmp_path, capsys, data):
+    from orchestrator.cli import main
+
+    (tmp_path / "bad.csv").write_text("date,open\n2024-01-01,1.0\n")
+    database = tmp_path / "study.db"
+    code = main(
+        ["run", "tft", "--data", str(tmp_path / data), "--storage", f"sqlite:///{database}"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and data in err and err.startswith("error: price file")
+    assert not database.exists()
+
+
+def test_calibration_params_are_the_largest_model_of_the_search_space():
+    options = parse_options(supervised.adapter, ["max_width=128", "max_window=100", "max_depth=3"])
+    params = supervised.adapter.calibration_params(options)
+    # The largest values the sampler can reach: windows step by 8 from 16, so 96, not 100.
+    assert (params["width"], params["window"], params["depth"]) == (128, 96, 3)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = [supervised.adapter.suggest(study.ask(), options) for _ in range(60)]
+    assert max(p["window"] for p in drawn) == 96
+    assert params["dropout"] > 0  # dropout masks are part of what training keeps
+    assert set(params) == set(supervised.adapter.default_params)
 
 
 def test_registered_as_tft_and_meets_the_protocol():
