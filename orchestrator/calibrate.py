@@ -1,7 +1,8 @@
 """Measure an adapter's memory model on a real GPU: two short trainings, a line through their peaks.
 
-Each measurement runs one epoch of the adapter's default parameters, with only `batch_size`
-changed, in a fresh spawned process, and reads `torch.cuda.max_memory_reserved()` there: the same
+Each measurement runs one epoch of the largest model the adapter's search space allows (its
+`calibration_params(options)`, where it has that method; else its `default_params`), with only
+`batch_size` changed, in a fresh spawned process, and reads `torch.cuda.max_memory_reserved()` there: the same
 number a trial process records as `vram_peak_mb`, so calibration and trials measure one thing.
 (The CUDA context of each process is outside that number; the planner's 20% margin covers it.)
 """
@@ -11,11 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, MemoryModel
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, MemoryModel, option_defaults
 from orchestrator.errors import UserError
 from orchestrator.memory import fit_memory_model
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +57,43 @@ class Calibration:
     model: MemoryModel
 
 
-def calibration_params(adapter: Any, batch_size: int) -> dict[str, Any]:
-    """The adapter's default parameters with `batch_size` replaced; the adapter must have one."""
-    params = dict(getattr(adapter, "default_params", {}) or {})
-    if "batch_size" not in params:
-        raise UserError(
-            f"adapter {adapter.name!r} has no batch_size in its default_params: "
-            "calibration varies the batch size, so add one (or plan with the declared memory model)"
-        )
+def calibration_params(
+    adapter: Any, batch_size: int, options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a calibration trains with `batch_size`: the largest model the search space allows.
+
+    Trials go up to the search space's largest sizes, so a measurement of anything smaller
+    underestimates them. An adapter says what its largest model is with an optional method
+    `calibration_params(options) -> dict` ("the parameters of the largest model the search space
+    allows, batch_size aside"); without one, its `default_params` are measured, and must have a
+    batch_size to show that the adapter takes one. `options` default to the adapter's own.
+    """
+    method = getattr(adapter, "calibration_params", None)
+    if callable(method):
+        chosen = option_defaults(adapter) if options is None else options
+        params = dict(method(chosen))
+    else:
+        params = dict(getattr(adapter, "default_params", {}) or {})
+        if "batch_size" not in params:
+            raise UserError(
+                f"adapter {adapter.name!r} has no batch_size in its default_params: calibration "
+                "varies the batch size, so add one (or plan with the declared memory model)"
+            )
     params["batch_size"] = int(batch_size)
     return params
+
+
+def calibration_epoch(
+    adapter: Any, options: Mapping[str, Any], batch_size: int, device: torch.device
+) -> None:
+    """One epoch of the calibration model at `batch_size` on `device`, its value ignored."""
+    adapter.train(
+        calibration_params(adapter, batch_size, options),
+        epochs=1,
+        device=device,
+        options=dict(options),
+        report=lambda epoch, value: None,
+    )
 
 
 def measure_peak(
@@ -76,13 +107,7 @@ def measure_peak(
     device = torch.device("cuda", device_index)
     torch.cuda.set_device(device)
     torch.cuda.reset_peak_memory_stats(device)
-    adapter.train(
-        calibration_params(adapter, batch_size),
-        epochs=1,
-        device=device,
-        options=dict(options),
-        report=lambda epoch, value: None,
-    )
+    calibration_epoch(adapter, options, batch_size, device)
     torch.cuda.synchronize(device)
     return Measurement(
         batch_size=batch_size,

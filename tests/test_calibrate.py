@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.base import BaseAdapter, MemoryModel
-from orchestrator.calibrate import AdapterRef, Measurement, calibrate, calibration_params
+from orchestrator.calibrate import (
+    AdapterRef,
+    Measurement,
+    calibrate,
+    calibration_epoch,
+    calibration_params,
+)
 from orchestrator.errors import UserError
 from orchestrator.memory import (
     choose_memory_model,
@@ -187,6 +193,56 @@ def test_calibration_needs_a_batch_size_to_vary() -> None:
         "learning_rate": 1e-3,
         "batch_size": 2048,
     }
+
+
+class LargestModelAdapter(BaseAdapter):
+    """Says which parameters its largest model has, and records what it is trained with."""
+
+    name = "largest"
+    options = {"max_hidden": 512}
+    default_params = {"learning_rate": 1e-3, "hidden": 32}  # no batch_size: not needed here
+
+    def __init__(self) -> None:
+        self.trained: list[dict[str, Any]] = []
+
+    def calibration_params(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.default_params, "hidden": int(options["max_hidden"])}
+
+    def train(self, params, *, epochs, device, options, report) -> float:  # noqa: ANN001
+        self.trained.append({**params, "epochs": epochs, "device": str(device)})
+        return 0.0
+
+
+def test_calibration_measures_the_largest_model_when_the_adapter_says_which() -> None:
+    adapter = LargestModelAdapter()
+    assert calibration_params(adapter, 4096, {"max_hidden": 1024}) == {
+        "learning_rate": 1e-3,
+        "hidden": 1024,
+        "batch_size": 4096,
+    }
+    # Without options (the early check in `plan`), the adapter's default options are used.
+    assert calibration_params(adapter, 64)["hidden"] == 512
+    # What a calibration process trains: those parameters, one epoch, on the device given.
+    import torch
+
+    calibration_epoch(adapter, {"max_hidden": 2048}, 256, torch.device("cpu"))
+    assert adapter.trained == [
+        {"learning_rate": 1e-3, "hidden": 2048, "batch_size": 256, "epochs": 1, "device": "cpu"}
+    ]
+
+
+def test_tft_is_calibrated_at_the_maxima_of_its_search_space() -> None:
+    from adapters import supervised
+    from adapters.base import parse_options
+
+    options = parse_options(supervised.adapter, ["max_width=256", "max_window=128", "max_depth=4"])
+    params = calibration_params(supervised.adapter, 1024, options)
+    assert (params["width"], params["window"], params["depth"]) == (256, 128, 4)
+    assert params["batch_size"] == 1024
+    defaults = supervised.adapter.default_params
+    assert params["width"] * params["window"] * params["depth"] > 10 * (
+        defaults["width"] * defaults["window"] * defaults["depth"]
+    )
 
 
 def test_calibration_halves_a_batch_that_runs_out_of_memory() -> None:
