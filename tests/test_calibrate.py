@@ -324,3 +324,16 @@ def test_calibration_on_a_real_gpu(tmp_path, capsys) -> None:
     assert code == 0
     assert f"calibrated gpu-memory on {name}" in out
     assert "measured (calibration, 2 samples)" in out
+
+
+def test_the_documented_example_can_be_calibrated(monkeypatch) -> None:
+    from pathlib import Path
+
+    import adapters
+
+    monkeypatch.syspath_prepend(
+        str(Path(__file__).resolve().parents[1] / "examples" / "my_model_adapter")
+    )
+    example = adapters.load_path("my_model_adapter:adapter")
+    params = calibration_params(example, 4096, {"samples": 4096})
+    assert params == {"learning_rate": 1e-3, "hidden": 256, "batch_size": 4096}

@@ -24,6 +24,9 @@ class MyMLPAdapter(BaseAdapter):
             "hidden": trial.suggest_int("hidden", 8, 256, log=True),
         }
 
+    def calibration_params(self, options):  # the largest model: what plan --calibrate measures
+        return {"learning_rate": 1e-3, "hidden": 256}
+
     def train(self, params, *, epochs, device, options, report):
         generator = torch.Generator().manual_seed(0)
         x = torch.rand(options["samples"], 1, generator=generator) * 4 - 2
