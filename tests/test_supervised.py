@@ -280,6 +280,7 @@ def test_run_with_bad_data_exits_2_in_one_line_and_stores_nothing(tmp_path, caps
     assert not database.exists()
 
 
+@pytest.mark.filterwarnings("ignore:The distribution is specified by")
 def test_calibration_params_are_the_largest_model_of_the_search_space():
     options = parse_options(supervised.adapter, ["max_width=128", "max_window=100", "max_depth=3"])
     params = supervised.adapter.calibration_params(options)
