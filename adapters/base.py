@@ -75,7 +75,7 @@ class BaseAdapter:
     description: str = ""
     # Option name -> default value; `--option KEY=VALUE` is parsed to the default's type.
     options: Mapping[str, Any] = {}
-    # A good starting point: enqueued as trial 0 of a new study when the user asks for it.
+    # A good starting point, all parameters but batch_size (calibration trains with these).
     default_params: Mapping[str, Any] = {}
 
     def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:
@@ -103,16 +103,24 @@ class BaseAdapter:
         options: Mapping[str, Any],
     ) -> float:
         """One trial: draw parameters, train, report every epoch (pruning works), return the value."""
-
-        def report(epoch: int, value: float) -> None:
-            import optuna
-
-            trial.report(value, epoch)
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"pruned at epoch {epoch}")
-
         params = self.suggest(trial, options)
-        return self.train(params, epochs=epochs, device=device, options=options, report=report)
+        return self.train(
+            params, epochs=epochs, device=device, options=options, report=reporter(trial)
+        )
+
+
+def reporter(trial: optuna.Trial) -> Report:
+    """The `report` an adapter calls once per epoch: records the value, and raises
+    `optuna.TrialPruned` when the study's pruner says the trial is not worth finishing."""
+
+    def report(epoch: int, value: float) -> None:
+        import optuna
+
+        trial.report(value, epoch)
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at epoch {epoch}")
+
+    return report
 
 
 def memory_model_of(adapter: Any, options: Mapping[str, Any]) -> MemoryModel:

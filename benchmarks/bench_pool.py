@@ -50,13 +50,19 @@ class Trial:
     seconds: float
 
 
-def make_trials(n: int, model: MemoryModel, bounds: tuple[int, int], spread: float, rng: random.Random) -> list[Trial]:
+def make_trials(
+    n: int, model: MemoryModel, bounds: tuple[int, int], spread: float, rng: random.Random
+) -> list[Trial]:
     trials = []
     low, high = bounds
     for _ in range(n):
         batch = int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
         estimate = model.planned_mb(batch)
-        trials.append(Trial(batch, estimate, estimate * math.exp(rng.gauss(0.0, spread)), rng.uniform(60, 180)))
+        trials.append(
+            Trial(
+                batch, estimate, estimate * math.exp(rng.gauss(0.0, spread)), rng.uniform(60, 180)
+            )
+        )
     return trials
 
 
@@ -72,7 +78,9 @@ class Result:
         return self.completed / self.hours if self.hours else 0.0
 
 
-def simulate(trials: list[Trial], strategy: str, *, max_slots: int, cpu_count: int, swarm: int) -> Result:
+def simulate(
+    trials: list[Trial], strategy: str, *, max_slots: int, cpu_count: int, swarm: int
+) -> Result:
     """Event loop: (finish time, sequence, trial index, oom?) in a heap, a virtual clock."""
     queue = [(i, 0) for i in range(len(trials))]  # (trial index, retries so far)
     queue.reverse()
@@ -85,7 +93,13 @@ def simulate(trials: list[Trial], strategy: str, *, max_slots: int, cpu_count: i
     started_index = 0
 
     def limit() -> int:
-        return {"sequential": 1, "fixed": cpu_count, "pool": policy.slots, "oracle": swarm, "oracle80": swarm}[strategy]
+        return {
+            "sequential": 1,
+            "fixed": cpu_count,
+            "pool": policy.slots,
+            "oracle": swarm,
+            "oracle80": swarm,
+        }[strategy]
 
     while queue or running:
         while queue and len(running) < limit():
@@ -105,7 +119,10 @@ def simulate(trials: list[Trial], strategy: str, *, max_slots: int, cpu_count: i
                 used += trial.true_mb
             finish = now + (OOM_AFTER_S if oom else trial.seconds)
             sequence += 1
-            heapq.heappush(running, (finish, sequence, index, oom, trial.true_mb, retries, started_index, policy.slots))
+            heapq.heappush(
+                running,
+                (finish, sequence, index, oom, trial.true_mb, retries, started_index, policy.slots),
+            )
             if strategy == "pool":
                 policy = policy.trial_started()
             started_index += 1
@@ -121,17 +138,23 @@ def simulate(trials: list[Trial], strategy: str, *, max_slots: int, cpu_count: i
             used -= true_mb
             result.completed += 1
         if strategy == "pool":
-            policy, _ = after_trial(policy, oom=oom, started_index=started, slots_at_start=slots_at_start)
+            policy, _ = after_trial(
+                policy, oom=oom, started_index=started, slots_at_start=slots_at_start
+            )
     result.hours = now / 3600
     return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--spreads", type=float, nargs="+", default=[0.1, 0.25, 0.5])
-    parser.add_argument("--cpu-count", type=int, default=16, help="the fixed strategy's slots (a GPU node's cores)")
+    parser.add_argument(
+        "--cpu-count", type=int, default=16, help="the fixed strategy's slots (a GPU node's cores)"
+    )
     parser.add_argument("--overhead-mb", type=float, default=1500.0)
     parser.add_argument("--per-sample-mb", type=float, default=1.0)
     parser.add_argument("--swarm", type=int, default=20)
@@ -139,16 +162,26 @@ def main() -> None:
     args = parser.parse_args()
 
     model = MemoryModel(args.overhead_mb, args.per_sample_mb)
-    plan = HardwareBudget(GPU_MB).plan_hyperopt(model.model_overhead_mb, model.per_sample_mb, 64, 4096, args.swarm)
+    plan = HardwareBudget(GPU_MB).plan_hyperopt(
+        model.model_overhead_mb, model.per_sample_mb, 64, 4096, args.swarm
+    )
     strategies = ("sequential", "fixed", "pool", "oracle80", "oracle")
     rows = []
     for spread in args.spreads:
         per = {name: [] for name in strategies}
         for seed in range(args.seeds):
-            trials = make_trials(args.trials, model, plan.batch_size_bounds, spread, random.Random(seed))
+            trials = make_trials(
+                args.trials, model, plan.batch_size_bounds, spread, random.Random(seed)
+            )
             for name in strategies:
                 per[name].append(
-                    simulate(trials, name, max_slots=plan.max_concurrent_trials, cpu_count=args.cpu_count, swarm=args.swarm)
+                    simulate(
+                        trials,
+                        name,
+                        max_slots=plan.max_concurrent_trials,
+                        cpu_count=args.cpu_count,
+                        swarm=args.swarm,
+                    )
                 )
         oracle = statistics.median(r.per_hour for r in per["oracle"])
         for name in strategies:
@@ -156,7 +189,9 @@ def main() -> None:
             rate = statistics.median(r.per_hour for r in results)
             rows.append(
                 {
-                    "vs_oracle80": round(rate / statistics.median(r.per_hour for r in per["oracle80"]), 3),
+                    "vs_oracle80": round(
+                        rate / statistics.median(r.per_hour for r in per["oracle80"]), 3
+                    ),
                     "spread": spread,
                     "strategy": name,
                     "trials_per_hour": round(rate, 1),
@@ -167,15 +202,23 @@ def main() -> None:
                 }
             )
     header = f"{'spread':>6} {'strategy':<10} {'trials/h':>9} {'vs oracle':>9} {'vs 80%':>7} {'OOMs':>6} {'lost':>5} {'lost max':>8}"
-    print(f"GPU {GPU_MB} MB; model {model.model_overhead_mb:.0f} MB + {model.per_sample_mb} MB/sample; "
-          f"plan {plan.max_concurrent_trials} slots, batch {plan.batch_size_bounds}; "
-          f"{args.trials} trials, median of {args.seeds} seeds")
+    print(
+        f"GPU {GPU_MB} MB; model {model.model_overhead_mb:.0f} MB + {model.per_sample_mb} MB/sample; "
+        f"plan {plan.max_concurrent_trials} slots, batch {plan.batch_size_bounds}; "
+        f"{args.trials} trials, median of {args.seeds} seeds"
+    )
     print(header)
     for row in rows:
-        print(f"{row['spread']:>6} {row['strategy']:<10} {row['trials_per_hour']:>9} {row['vs_oracle']:>9.0%} {row['vs_oracle80']:>7.0%} "
-              f"{row['ooms']:>6} {row['lost']:>5} {row['lost_max']:>8}")
+        print(
+            f"{row['spread']:>6} {row['strategy']:<10} {row['trials_per_hour']:>9} {row['vs_oracle']:>9.0%} {row['vs_oracle80']:>7.0%} "
+            f"{row['ooms']:>6} {row['lost']:>5} {row['lost_max']:>8}"
+        )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "plan_slots": plan.max_concurrent_trials, "rows": rows}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {"args": vars(args), "plan_slots": plan.max_concurrent_trials, "rows": rows}, indent=2
+        )
+    )
     print(f"wrote {args.out}")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +55,17 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         help="on Ctrl-C or SIGTERM, running trials get this long to finish before they are stopped and re-queued (default 30)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def check_storage_for_workers(url: str) -> None:
+    """Trial processes open the storage themselves: an in-memory database cannot be shared."""
+    from orchestrator.storage import is_sqlite, sqlite_path
+
+    if is_sqlite(url) and sqlite_path(url) is None:
+        raise UserError(
+            "an in-memory SQLite storage cannot be shared with trial processes: "
+            "use a file, e.g. --storage sqlite:///study.db"
+        )
 
 
 def check_pool_arguments(args: argparse.Namespace) -> None:
@@ -113,39 +123,73 @@ def resolve_adapter(spec: StudySpec) -> Any:
     return adapters.load_path(spec.adapter) if spec.adapter_path else adapters.get(spec.adapter)
 
 
+@dataclass(frozen=True)
+class HostPlan:
+    """This host's devices and their plans for one adapter, checked to fit before any study work."""
+
+    probe: Any
+    devices: list[Any]
+    plan: Any  # orchestrator.planner.NodePlan
+    cpu_bound: bool
+
+
+def plan_host(
+    *,
+    url: str,
+    adapter: Any,
+    options: dict[str, Any],
+    swarm_size: int,
+    args: argparse.Namespace,
+    sim_dir: str | None = None,
+) -> HostPlan:
+    """Find this host's GPUs and plan them for the adapter; a model that fits nowhere is a UserError."""
+    from adapters.base import memory_model_of
+    from orchestrator.gpu import select_devices
+    from orchestrator.memory import measured_models
+    from orchestrator.planner import plan_node, usable_cpu_cores
+    from orchestrator.workloads import workload_class
+
+    probe, devices = select_devices(args.gpus, sim_dir=sim_dir)
+    declared = memory_model_of(adapter, options)
+    measured = measured_models(url, adapter.name, declared, [d.name for d in devices])
+    cpu_bound = workload_class(adapter.workload_class).cpu_bound
+    plan = plan_node(
+        devices,
+        declared,
+        cpu_bound=cpu_bound,
+        cpu_cores=usable_cpu_cores(),
+        swarm_size=swarm_size,
+        concurrency=args.concurrency,
+        gpu_memory_models=measured,
+    )
+    for gpu in plan.gpus:
+        where = gpu.device.label if gpu.device else "no GPU (CPU only)"
+        if not gpu.fits:
+            raise UserError(
+                f"{where}: one trial needs about {gpu.per_trial_mb:.0f} MB but only "
+                f"{gpu.usable_mb:.0f} MB are usable; use a bigger GPU or a smaller model"
+            )
+    return HostPlan(probe, devices, plan, cpu_bound)
+
+
 def run_pool(
     *,
     url: str,
     storage: Any,
     study: optuna.Study,
     spec: StudySpec,
+    host: HostPlan,
     args: argparse.Namespace,
 ) -> Outcome:
-    """Plan this host's GPUs for the study's adapter and run trials until the budget is used."""
-    from adapters.base import memory_model_of
-    from orchestrator.gpu import select_devices
-    from orchestrator.memory import measured_models, refine_from_trials
-    from orchestrator.planner import plan_node, usable_cpu_cores
-    from orchestrator.pool import Pool
+    """Run the study's trials on this host's planned GPUs until its budget is used."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.memory import refine_from_trials
+    from orchestrator.pool import Pool, TrialsCannotStart
     from orchestrator.study import count_trials
-    from orchestrator.workloads import workload_class
 
     adapter = resolve_adapter(spec)
-    probe, devices = select_devices(args.gpus)
-    declared = memory_model_of(adapter, spec.options)
-    measured = measured_models(url, adapter.name, declared, [d.name for d in devices])
-    cores = usable_cpu_cores()
-    cpu_bound = workload_class(adapter.workload_class).cpu_bound
-    plan = plan_node(
-        devices,
-        declared,
-        cpu_bound=cpu_bound,
-        cpu_cores=cores,
-        swarm_size=spec.swarm_size,
-        concurrency=args.concurrency,
-        gpu_memory_models=measured,
-    )
-    for gpu in plan.gpus:
+    for gpu in host.plan.gpus:
         where = gpu.device.label if gpu.device else "no GPU (CPU only)"
         at_once = "1 trial at a time" if gpu.slots == 1 else f"up to {gpu.slots} trials at once"
         logger.info(
@@ -156,11 +200,6 @@ def run_pool(
             *gpu.batch_bounds,
             gpu.memory_model_source,
         )
-        if not gpu.fits:
-            raise UserError(
-                f"{where}: one trial needs about {gpu.per_trial_mb:.0f} MB but only "
-                f"{gpu.usable_mb:.0f} MB are usable; use a bigger GPU or a smaller model"
-            )
 
     progress = _progress(args)
     pool = Pool(
@@ -168,10 +207,10 @@ def run_pool(
         engine=storage.engine,
         study=study,
         spec=spec,
-        plans=list(plan.gpus),
-        probe=probe,
-        cpu_cores=cores,
-        cpu_bound=cpu_bound,
+        plans=list(host.plan.gpus),
+        probe=host.probe,
+        cpu_cores=host.plan.cpu_cores,
+        cpu_bound=host.cpu_bound,
         sim_memory_scale=args.sim_memory_scale,
         timeout_s=args.timeout,
         grace_s=args.grace,
@@ -182,26 +221,34 @@ def run_pool(
     try:
         result = pool.run()
         final = pool.snapshot()
+    except TrialsCannotStart as error:
+        raise UserError(str(error)) from None
     finally:
         if progress:
             progress.close(final)  # restores the terminal even when the pool raised
-    for device in devices:
-        refine_from_trials(
-            storage.engine,
-            adapter=adapter.name,
-            gpu_name=device.name,
-            study_names=[study.study_name],
-        )
+    # What trials on real GPUs used refines the memory model that later plans start from; a
+    # simulated device only holds what the model said (times a scale), which measures nothing.
+    for gpu_name in sorted({d.name for d in host.devices if d.kind == "cuda"}):
+        try:
+            refine_from_trials(
+                storage.engine,
+                adapter=adapter.name,
+                gpu_name=gpu_name,
+                study_names=[study.study_name],
+            )
+        except SQLAlchemyError as error:
+            logger.warning("could not store the memory model measured on %s: %s", gpu_name, error)
     best = _best(study)
-    count = count_trials(study.get_trials(deepcopy=False))
+    trials = study.get_trials(deepcopy=False)
+    count = count_trials(trials)
     return Outcome(
         study_name=study.study_name,
         budget=spec.trials,
-        counted=final.counted,
+        counted=count.counted,
         best_value=best.value if best else None,
         best_trial=best.number if best else None,
         best_params=dict(best.params) if best else {},
-        ooms=result.ooms,
+        ooms=sum(1 for t in trials if t.user_attrs.get("oom")),
         interrupted=result.interrupted,
         complete=count.complete,
         pruned=count.pruned,
@@ -254,7 +301,3 @@ def configure(args: argparse.Namespace) -> None:
         verbose=getattr(args, "verbose", False),
         quiet=getattr(args, "quiet", False) or getattr(args, "json", False),
     )
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)

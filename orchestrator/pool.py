@@ -92,7 +92,9 @@ def _halved(policy: SlotPolicy, reason: str, detail: str) -> tuple[SlotPolicy, S
     if new == 1:
         detail = f"{detail}; one trial at a time from now on"
         reason = "degrade"
-    return replace(policy, slots=new, ramped=True, clean=0), SlotChange(policy.slots, new, reason, detail)
+    return replace(policy, slots=new, ramped=True, clean=0), SlotChange(
+        policy.slots, new, reason, detail
+    )
 
 
 def after_trial(
@@ -207,7 +209,17 @@ class Supervisor:
 class PoolResult:
     trials_run: int
     ooms: int
-    interrupted: bool
+    interrupted: bool  # stopped by a signal (Ctrl-C, SIGTERM), not by the budget or --timeout
+
+
+# Trial processes that die before they get a trial say something is wrong with the set-up (a
+# storage the children cannot open, an adapter that cannot load): after this many in a row the
+# worker stops with their error instead of starting more for ever.
+MAX_FAILED_STARTS = 5
+
+
+class TrialsCannotStart(Exception):
+    """Several trial processes in a row failed before asking for a trial."""
 
 
 class Pool:
@@ -250,7 +262,9 @@ class Pool:
         ]
         self.context = mp.get_context("spawn")
         self.started_at = clock()
-        self.stop_requested_at: float | None = None
+        self.stop_requested_at: float | None = None  # a signal: running trials get the grace period
+        self.timed_out = False  # --timeout: no new trials, running ones finish in their own time
+        self.failed_starts = 0
         self.trials_run = 0
         self._last_touch = 0.0
         self._last_publish = 0.0
@@ -271,9 +285,9 @@ class Pool:
                 count = self._count()
                 if self._should_stop(count):
                     break
-                if self.stop_requested_at is None and count.may_ask(self.spec.trials):
+                if not self._stopping and count.may_ask(self.spec.trials):
                     self._fill_slots(count)
-                self._heartbeat_workers(count)
+                self._heartbeat_workers()
                 self._wait(0.5)
             return PoolResult(
                 self.trials_run,
@@ -288,33 +302,49 @@ class Pool:
                 if supervisor.worker_id is not None:
                     records.touch_worker(self.engine, supervisor.worker_id, stopped=True)
 
+    @property
+    def _stopping(self) -> bool:
+        return self.stop_requested_at is not None or self.timed_out
+
     def _request_stop(self, signum: int, frame: Any) -> None:
         if self.stop_requested_at is None:
             self.stop_requested_at = self.clock()
             logger.warning(
-                "stopping: no new trials; running ones have %.0f s to finish, then are stopped and re-queued "
-                "(again to stop now)",
+                "stopping: no new trials; running ones have %.0f s to finish, then are stopped "
+                "and re-queued (again to stop now)",
                 self.grace_s,
             )
+            self._stop_not_asked()
         else:
             self.grace_s = 0.0  # a second signal: stop now
 
     def _should_stop(self, count: Any) -> bool:
         running_here = sum(len(s.running) for s in self.supervisors)
         if self.stop_requested_at is not None:
-            if running_here == 0:
-                return True
-            if self.clock() - self.stop_requested_at >= self.grace_s:
+            if running_here and self.clock() - self.stop_requested_at >= self.grace_s:
                 self._stop_all()
                 return True
-            return False
-        if self.timeout_s is not None and self.clock() - self.started_at >= self.timeout_s:
-            logger.info("--timeout reached: letting running trials finish")
-            self.stop_requested_at = self.clock()
+            return running_here == 0
+        timeout_reached = (
+            self.timeout_s is not None and self.clock() - self.started_at >= self.timeout_s
+        )
+        if timeout_reached and not self.timed_out:
+            logger.info("--timeout reached: no new trials; running ones finish")
+            self.timed_out = True
+            self._stop_not_asked()
+        if self.timed_out:
             return running_here == 0
         # While trials of ours run, or trials elsewhere hold the rest of the budget, keep going:
         # one of theirs may die and be re-queued (we find it stale and pick it up).
         return running_here == 0 and count.finished(self.spec.trials)
+
+    def _stop_not_asked(self) -> None:
+        """Trial processes still starting up have no trial yet: stop them before they ask."""
+        for supervisor in self.supervisors:
+            for trial in supervisor.running:
+                trial.read_messages()
+                if trial.trial_number is None and trial.process.is_alive():
+                    trial.process.terminate()
 
     def _count(self) -> Any:
         import optuna
@@ -416,6 +446,16 @@ class Pool:
                 if outcome.state == "NONE":
                     self.trials_run -= 1
                     continue
+                self._count_failed_start(outcome)
+                if outcome.interrupted or outcome.trial_number is None:
+                    # Stopped by us, or gone before it had a trial: nothing about memory.
+                    if outcome.interrupted:
+                        logger.info(
+                            "%s: trial %s stopped and re-queued",
+                            supervisor.label,
+                            outcome.trial_number,
+                        )
+                    continue
                 if outcome.oom:
                     supervisor.ooms += 1
                     logger.warning(
@@ -444,6 +484,18 @@ class Pool:
                 )
                 self._record(supervisor, change)
                 self._publish(force=True)
+
+    def _count_failed_start(self, outcome: TrialOutcome) -> None:
+        if outcome.trial_number is not None or self._stopping:
+            self.failed_starts = 0
+            return
+        self.failed_starts += 1
+        logger.warning("a trial process failed before it had a trial: %s", outcome.error)
+        if self.failed_starts >= MAX_FAILED_STARTS:
+            raise TrialsCannotStart(
+                f"{self.failed_starts} trial processes in a row failed before starting a trial; "
+                f"the last said: {outcome.error}"
+            )
 
     def _outcome(self, trial: RunningTrial) -> TrialOutcome:
         from orchestrator.trial_runner import TrialOutcome
@@ -508,7 +560,7 @@ class Pool:
             detail += "; starting at half"
         self._record(supervisor, SlotChange(0, supervisor.policy.slots, "start", detail))
 
-    def _heartbeat_workers(self, count: Any) -> None:
+    def _heartbeat_workers(self) -> None:
         now = self.clock()
         if now - self._last_touch < 10:
             return
@@ -530,7 +582,7 @@ class Pool:
                 if trial.process.is_alive():
                     trial.process.kill()
                     trial.process.join()
-            self._collect_finished()
+        self._collect_finished()
 
     # -- progress -------------------------------------------------------------------------
 

@@ -228,6 +228,15 @@ class MeasuredMemoryModel:
     measured_at: dt.datetime
 
 
+def _insert(engine: Engine, table: sa.Table):  # noqa: ANN202
+    """INSERT with ON CONFLICT, in the dialect at hand (both PostgreSQL and SQLite have it)."""
+    if engine.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table)
+
+
 def save_memory_model(
     engine: Engine,
     *,
@@ -238,24 +247,20 @@ def save_memory_model(
     source: str,
     samples: int,
 ) -> None:
-    """Store (or replace) the measured memory model of an adapter on one kind of GPU."""
+    """Store (or replace) the measured memory model of an adapter on one kind of GPU.
+
+    One statement, so that workers finishing at once on several nodes cannot collide."""
+    values = {
+        "model_overhead_mb": model_overhead_mb,
+        "per_sample_mb": per_sample_mb,
+        "source": source,
+        "samples": samples,
+        "measured_at": now(),
+    }
+    statement = _insert(engine, memory_models).values(adapter=adapter, gpu_name=gpu_name, **values)
+    statement = statement.on_conflict_do_update(index_elements=["adapter", "gpu_name"], set_=values)
     with engine.begin() as conn:
-        conn.execute(
-            memory_models.delete().where(
-                (memory_models.c.adapter == adapter) & (memory_models.c.gpu_name == gpu_name)
-            )
-        )
-        conn.execute(
-            memory_models.insert().values(
-                adapter=adapter,
-                gpu_name=gpu_name,
-                model_overhead_mb=model_overhead_mb,
-                per_sample_mb=per_sample_mb,
-                source=source,
-                samples=samples,
-                measured_at=now(),
-            )
-        )
+        conn.execute(statement)
 
 
 def load_memory_model(engine: Engine, *, adapter: str, gpu_name: str) -> MeasuredMemoryModel | None:
@@ -278,25 +283,33 @@ def load_memory_model(engine: Engine, *, adapter: str, gpu_name: str) -> Measure
 def lower_batch_limit(
     engine: Engine, *, study_name: str, gpu_name: str, max_batch_size: int, trial_number: int | None
 ) -> None:
-    """Record that batches above max_batch_size do not fit this GPU; a limit only ever goes down."""
-    current = load_batch_limit(engine, study_name=study_name, gpu_name=gpu_name)
-    if current is not None and current <= max_batch_size:
-        return
+    """Record that batches above max_batch_size do not fit this GPU; a limit only ever goes down.
+
+    One statement (insert, or keep the lower of the two), so concurrent trials cannot lose one."""
+    statement = _insert(engine, batch_limits).values(
+        study_name=study_name,
+        gpu_name=gpu_name,
+        max_batch_size=max_batch_size,
+        trial_number=trial_number,
+        recorded_at=now(),
+    )
+    lower = statement.excluded.max_batch_size < batch_limits.c.max_batch_size
+    statement = statement.on_conflict_do_update(
+        index_elements=["study_name", "gpu_name"],
+        set_={
+            "max_batch_size": sa.case(
+                (lower, statement.excluded.max_batch_size), else_=batch_limits.c.max_batch_size
+            ),
+            "trial_number": sa.case(
+                (lower, statement.excluded.trial_number), else_=batch_limits.c.trial_number
+            ),
+            "recorded_at": sa.case(
+                (lower, statement.excluded.recorded_at), else_=batch_limits.c.recorded_at
+            ),
+        },
+    )
     with engine.begin() as conn:
-        conn.execute(
-            batch_limits.delete().where(
-                (batch_limits.c.study_name == study_name) & (batch_limits.c.gpu_name == gpu_name)
-            )
-        )
-        conn.execute(
-            batch_limits.insert().values(
-                study_name=study_name,
-                gpu_name=gpu_name,
-                max_batch_size=max_batch_size,
-                trial_number=trial_number,
-                recorded_at=now(),
-            )
-        )
+        conn.execute(statement)
 
 
 def load_batch_limit(engine: Engine, *, study_name: str, gpu_name: str) -> int | None:

@@ -70,7 +70,10 @@ def mask_password(url: str) -> str:
     try:
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        if "@" in (parsed.host or ""):  # part of the password went into the host: hide both
+            return parsed.set(host="***").render_as_string(hide_password=True)
+        return parsed.render_as_string(hide_password=True)
     except Exception:
         # Not parseable: hide anything between '://user:' and '@' by hand.
         scheme, sep, rest = url.partition("://")
@@ -86,6 +89,9 @@ def describe_location(url: str) -> str:
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         return f"SQLite file {parsed.database or ':memory:'}"
+    if "@" in (parsed.host or ""):
+        # An '@' in the password ends it early: what looks like the host holds the rest of it.
+        return "PostgreSQL at an unreadable host (write an '@' in the password as %40)"
     return f"PostgreSQL at {parsed.host or 'localhost'}:{parsed.port or 5432}"
 
 

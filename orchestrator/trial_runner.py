@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.sharedctypes import Synchronized
 
+    import optuna
+
     from orchestrator.gpu.base import Device
 
 logger = logging.getLogger(__name__)
@@ -50,10 +52,39 @@ class TrialOutcome:
     vram_peak_mb: float | None = None
     error: str | None = None
     requeued: bool = False
+    interrupted: bool = False  # stopped by the supervisor: says nothing about memory
 
 
-class Interrupted(Exception):
-    """The supervisor asked this trial to stop (SIGTERM after its grace period)."""
+class Interrupted(BaseException):
+    """The supervisor asked this trial to stop (SIGTERM after its grace period).
+
+    A BaseException, so that an adapter's `except Exception` cannot swallow it."""
+
+
+class _Stop:
+    """SIGTERM raises Interrupted only while the objective runs (`armed`); at any other moment it
+    is remembered, so asking, telling and writing records are never cut in half."""
+
+    armed = False
+    requested = False
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _Stop.requested = True
+    if _Stop.armed:
+        _Stop.armed = False
+        raise Interrupted(f"stopped by signal {signum}")
+
+
+def _arm() -> None:
+    _Stop.armed = True
+    if _Stop.requested:  # the signal came while the trial was being set up
+        _Stop.armed = False
+        raise Interrupted(f"stopped by signal {signal.SIGTERM.value}")
+
+
+def _disarm() -> None:
+    _Stop.armed = False
 
 
 def oom_errors() -> tuple[type[BaseException], ...]:
@@ -69,7 +100,7 @@ def oom_errors() -> tuple[type[BaseException], ...]:
 def run_trial(job: TrialJob, conn: Connection, had_company: Synchronized) -> None:
     """Process entry point: never raises; always sends one TrialOutcome."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which decides
-    signal.signal(signal.SIGTERM, _raise_interrupted)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if job.device is not None and job.device.kind == "cuda":
         # By UUID: NVML numbers GPUs by PCI bus, CUDA by speed unless told otherwise.
         uuid = job.device.uuid
@@ -87,20 +118,15 @@ def run_trial(job: TrialJob, conn: Connection, had_company: Synchronized) -> Non
         conn.close()
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(f"stopped by signal {signum}")
-
-
 def _run(job: TrialJob, had_company: Synchronized, conn: Connection) -> TrialOutcome:
     import optuna
     import torch
 
-    import adapters
+    from orchestrator.launch import resolve_adapter
     from orchestrator.locks import budget_lock
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import create_storage
     from orchestrator.study import count_trials, load_spec, pruner_for
-    from samplers import make_sampler
 
     torch.set_num_threads(max(1, job.threads))
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -113,22 +139,27 @@ def _run(job: TrialJob, had_company: Synchronized, conn: Connection) -> TrialOut
         return TrialOutcome(
             None, "FAIL", error=f"study {job.study_name!r} has no orchestrator spec"
         )
-    adapter = adapters.load_path(spec.adapter) if spec.adapter_path else adapters.get(spec.adapter)
-    study.sampler = make_sampler(
-        spec.sampler,
-        seed=spec.seed,
-        swarm_size=spec.swarm_size,
-        bounds={"batch_size": job.batch_bounds},
-        independent_seed_offset=job.seed_offset,
-    )
+    adapter = resolve_adapter(spec)
+    study.sampler = _sampler(spec, job, trial_number=0)
     study.pruner = pruner_for(spec)
 
     with budget_lock(job.storage_url, job.study_name):
+        if _Stop.requested:
+            return TrialOutcome(None, "NONE")
         optuna.storages.fail_stale_trials(study)
         if not count_trials(study.get_trials(deepcopy=False)).may_ask(spec.trials):
             return TrialOutcome(None, "NONE")
         trial = study.ask()
+        # A RUNNING trial with no heartbeat row is never found stale: record one before the lock
+        # goes, so that from here on a lost process always leaves a trial someone can fail.
+        storage.record_heartbeat(trial._trial_id)
     conn.send(("asked", trial.number))
+
+    if spec.sampler != "pso":
+        # Optuna's samplers draw from one RNG per object: seed it by trial number, so that
+        # processes, resumed runs and nodes never repeat each other (PSO does this itself).
+        study.sampler = _sampler(spec, job, trial_number=trial.number)
+    _fit_fixed_batch_size(trial, job.batch_bounds)
 
     from optuna.storages._heartbeat import get_heartbeat_thread
 
@@ -140,12 +171,38 @@ def _run(job: TrialJob, had_company: Synchronized, conn: Connection) -> TrialOut
         heartbeat.join()
 
 
+def _sampler(spec, job: TrialJob, *, trial_number: int):  # noqa: ANN001, ANN202
+    from samplers import make_sampler
+
+    return make_sampler(
+        spec.sampler,
+        seed=spec.seed,
+        swarm_size=spec.swarm_size,
+        bounds={"batch_size": job.batch_bounds},
+        independent_seed_offset=trial_number,
+    )
+
+
+def _fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
+    """A re-run carries its batch size fixed from the GPU it first ran on; on a smaller GPU it
+    must still fit this one's plan, so it is brought inside this GPU's bounds (and says so)."""
+    fixed = trial._fixed_params  # what Optuna hands out instead of sampling; read at ask()
+    batch = fixed.get("batch_size")
+    if batch is None:
+        return
+    low, high = bounds
+    fitted = min(max(int(batch), low), high)
+    if fitted != batch:
+        fixed["batch_size"] = fitted
+        trial.set_user_attr("batch_size_fitted_from", int(batch))
+
+
 def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOutcome:  # noqa: ANN001
     import optuna
     import torch
     from optuna.trial import TrialState
 
-    from adapters.base import memory_model_of
+    from adapters.base import memory_model_of, reporter
     from orchestrator import records
     from orchestrator.gpu.sim import SimLedger, process_holder
     from orchestrator.retry import requeue
@@ -163,15 +220,11 @@ def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOu
     trial.set_user_attr("concurrency", job.concurrency)
     trial.set_user_attr("batch_bounds", list(job.batch_bounds))
 
-    def report(epoch: int, value: float) -> None:
-        trial.report(value, epoch)
-        if trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at epoch {epoch}")
-
     batch_size: int | None = None
     planned: float | None = None
-    state, value, error, oom = TrialState.FAIL, None, None, False
+    state, value, error, oom, interrupted = TrialState.FAIL, None, None, False, False
     try:
+        _arm()
         params = adapter.suggest(trial, spec.options)
         batch_size = params.get("batch_size")
         if batch_size is not None:
@@ -185,19 +238,26 @@ def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOu
             )
         value = float(
             adapter.train(
-                params, epochs=spec.epochs, device=torch_device, options=spec.options, report=report
+                params,
+                epochs=spec.epochs,
+                device=torch_device,
+                options=spec.options,
+                report=reporter(trial),
             )
         )
+        _disarm()
         state = TrialState.COMPLETE
     except optuna.TrialPruned:
         state = TrialState.PRUNED
     except oom_errors() as caught:
         oom, error = True, f"out of memory: {str(caught).splitlines()[0] if str(caught) else ''}"
     except Interrupted as caught:
-        error = str(caught)
+        error, interrupted = str(caught), True
     except Exception as caught:
         error = f"{type(caught).__name__}: {caught}"
         logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
+    finally:
+        _disarm()  # from here on a SIGTERM waits: the outcome is written whole
     peak = _peak_mb(torch_device, ledger)
     if ledger is not None:
         ledger.release(process_holder())
@@ -207,7 +267,7 @@ def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOu
     alone = oom and not had_company.value
     requeued = False
     frozen = study._storage.get_trial(trial._trial_id)
-    if state == TrialState.FAIL and (oom or error and error.startswith("stopped by signal")):
+    if state == TrialState.FAIL and (oom or interrupted):
         retry_params, reason = None, "interrupted" if not oom else "oom"
         if alone and batch_size is not None:
             # Out of memory with the GPU to itself: this batch size does not fit this GPU.
@@ -259,6 +319,7 @@ def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOu
         vram_peak_mb=peak,
         error=error,
         requeued=requeued,
+        interrupted=interrupted,
     )
 
 

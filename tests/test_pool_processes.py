@@ -322,3 +322,55 @@ def test_workers_that_start_together_on_an_empty_database_share_one_exact_budget
         assert worker.returncode == 0, err
     count = count_trials(_study(postgres_url, "crowd").trials)
     assert count.counted == 8 and count.running == 0 and count.waiting == 0
+
+
+def test_timeout_starts_nothing_new_and_lets_running_trials_finish(sqlite_url):
+    done = run_cli(
+        "run",
+        "synthetic",
+        "--trials",
+        "6",
+        "--concurrency",
+        "1",
+        "--gpus",
+        "sim:24576",
+        "--timeout",
+        "2",
+        "--grace",
+        "0",
+        "--option",
+        "trial_seconds=6",
+        "--epochs",
+        "2",
+        "--pruner",
+        "none",
+        "--storage",
+        sqlite_url,
+    )
+    assert done.returncode == 0, done.stderr  # a timeout is an ordinary end, not an interruption
+    states = [t.state for t in _study(sqlite_url, "synthetic").trials]
+    assert states == [TrialState.COMPLETE]  # the one running trial finished, none began after
+
+
+def test_a_worker_stops_when_trial_processes_cannot_start(sqlite_url):
+    from orchestrator.pool import TrialsCannotStart
+
+    storage = open_storage(sqlite_url, heartbeat=True)
+    study = optuna.create_study(study_name="broken", storage=storage)
+    spec = StudySpec(adapter="no_such_adapter", trials=3, epochs=1, direction="minimize")
+    save_spec(study, spec)
+    from adapters.base import MemoryModel
+
+    plan = plan_node([], MemoryModel(1.0, 0.0), cpu_bound=False, cpu_cores=2)
+    pool = Pool(
+        storage_url=sqlite_url,
+        engine=storage.engine,
+        study=study,
+        spec=spec,
+        plans=list(plan.gpus),
+        probe=SimProbe([]),
+        cpu_cores=2,
+    )
+    with pytest.raises(TrialsCannotStart, match="unknown adapter 'no_such_adapter'"):
+        pool.run()
+    assert study.trials == []

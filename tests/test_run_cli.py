@@ -88,6 +88,9 @@ def _digest(path: pathlib.Path) -> str:
         (["run", "synthetic", "--trials", "many"], "invalid int value"),
         (["worker", "--study", "nosuchstudy"], "no study 'nosuchstudy'"),
         (["run", "synthetic", "--env", "CartPole-v1"], "takes no --env"),
+        (["run", "synthetic", "--trials", "1"], "already counts 2 trials"),
+        (["run", "synthetic", "--swarm-size", "1"], "at least 2 particles"),
+        (["run", "synthetic", "--study", "tiny", "--gpus", "sim:100"], "only 80 MB are usable"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_and_nothing_changes(stored_study, capsys, args, expected):
@@ -114,6 +117,7 @@ class _no_exit:
 @pytest.mark.parametrize(
     ("storage", "expected"),
     [
+        ("sqlite://", "in-memory SQLite"),
         ("nonsense", "is malformed"),
         ("mysql://u@h/d", "names 'mysql'"),
         ("postgresql://alice:s3cret@127.0.0.1:1/studies", "PostgreSQL at 127.0.0.1:1"),
@@ -171,3 +175,21 @@ def test_optuna_s_own_samplers_can_drive_a_run(sqlite_url, sampler):
     for trial in study.trials:  # the plan's bounds hold for Optuna's samplers too
         low, high = trial.user_attrs["batch_bounds"]
         assert low <= trial.params["batch_size"] <= high
+
+
+def test_a_worker_never_creates_a_database_to_look_for_a_study(tmp_path, capsys):
+    path = tmp_path / "nowhere" / "x.db"
+    assert main(["worker", "--study", "s", "--storage", f"sqlite:///{path}"]) == 2
+    assert "no study database" in capsys.readouterr().err
+    assert not path.parent.exists()
+
+
+def test_optuna_s_samplers_do_not_repeat_themselves_when_a_study_resumes(sqlite_url):
+    args = ("--sampler", "random", "--seed", "1", "--storage", sqlite_url, *FAST)
+    assert run_cli("run", "synthetic", "--trials", "2", *args).returncode == 0
+    assert run_cli("run", "synthetic", "--trials", "4", *args).returncode == 0
+    params = [
+        tuple(t.params.items())
+        for t in optuna.load_study(study_name="synthetic", storage=sqlite_url).trials
+    ]
+    assert len(params) == 4 and len(set(params)) == 4

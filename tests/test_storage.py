@@ -31,12 +31,20 @@ def test_flag_wins_over_environment_over_default():
         "postgresql://alice:s3cret@db.example:5432/studies",
         "postgresql+psycopg2://alice:s3cret@db.example/studies",
         "not a url://alice:s3cret@host/x",
+        "postgresql://alice:s3cr@t@127.0.0.1:5433/x",  # an unencoded '@' in the password
     ],
 )
 def test_password_is_masked(url):
     masked = mask_password(url)
-    assert "s3cret" not in masked
+    assert "s3cret" not in masked and "s3cr" not in masked and "t@127" not in masked
     assert "***" in masked
+
+
+def test_an_unencoded_at_sign_in_a_password_is_never_shown_as_the_host():
+    from orchestrator.storage import describe_location
+
+    where = describe_location("postgresql://alice:s3cr@t@127.0.0.1:5433/x")
+    assert "t@127" not in where and "%40" in where
 
 
 def test_plain_postgresql_url_uses_the_installed_driver():

@@ -231,7 +231,10 @@ def _calibrate(
             f"--calibrate needs a real CUDA GPU but {what} (--gpus {args.gpus}); "
             "plan without --calibrate to use the declared memory model"
         )
-    calibration_params(adapter, 1)  # fails early, in this process, if it cannot vary batch_size
+    check_options = getattr(adapter, "check_options", None)
+    if callable(check_options):
+        check_options(options)  # bad data fails here, not inside the calibration process
+    calibration_params(adapter, 1, options)  # fails early, here, if it cannot vary batch_size
     first_by_name: dict[str, Device] = {}
     for device in real:
         first_by_name.setdefault(device.name, device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import tempfile
 
 from orchestrator.cli import add_output_arguments, add_storage_argument, command_parser
 from orchestrator.errors import UserError
@@ -80,8 +81,10 @@ def run_command(args: argparse.Namespace) -> int:
     from adapters.base import parse_options
     from orchestrator.launch import (
         check_pool_arguments,
+        check_storage_for_workers,
         configure,
         metric_name,
+        plan_host,
         print_outcome,
         run_pool,
     )
@@ -118,21 +121,31 @@ def run_command(args: argparse.Namespace) -> int:
     check_options = getattr(adapter, "check_options", None)
     if callable(check_options):
         check_options(options)
-    from orchestrator.gpu import select_devices
-
-    select_devices(args.gpus)  # a bad --gpus fails here, before the study is touched
+    check_storage_for_workers(url)
 
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
-    study, spec = _create_or_resume(storage, args, adapter, options, describe_location(url))
-    outcome = run_pool(url=url, storage=storage, study=study, spec=spec, args=args)
+    existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
+    with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
+        # Plan before storing anything: a model that fits no GPU here changes nothing.
+        host = plan_host(
+            url=url,
+            adapter=adapter,
+            options=spec.options,
+            swarm_size=spec.swarm_size,
+            args=args,
+            sim_dir=sim_dir,
+        )
+        study = _store(storage, existing, spec, args.study or adapter.name)
+        outcome = run_pool(url=url, storage=storage, study=study, spec=spec, host=host, args=args)
     print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
     return 130 if outcome.interrupted else 0
 
 
-def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, ANN202
+def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN202
+    """The study to resume (or None) and the spec this run will store: read only, checked."""
     import optuna
 
-    from orchestrator.study import StudySpec, save_spec
+    from orchestrator.study import StudySpec, count_trials
     from orchestrator.workloads import workload_class
 
     name = args.study or adapter.name
@@ -140,7 +153,21 @@ def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, 
     existing = None
     with contextlib.suppress(KeyError):
         existing = optuna.load_study(study_name=name, storage=storage)
-    if existing is not None:
+    if existing is None:
+        spec = StudySpec(
+            adapter=adapter_ref,
+            adapter_path=bool(args.adapter_path),
+            trials=args.trials or int(getattr(adapter, "default_trials", 20)),
+            epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
+            direction=adapter.direction,
+            options=options,
+            sampler=args.sampler or "pso",
+            seed=args.seed,
+            swarm_size=args.swarm_size or 20,
+            pruner=args.pruner or "median",
+            max_retries=args.max_retries if args.max_retries is not None else 2,
+        )
+    else:
         spec = _wait_for_spec(existing)
         if spec is None:
             raise UserError(
@@ -149,6 +176,12 @@ def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, 
         if spec.adapter != adapter_ref:
             raise UserError(
                 f"study {name!r} tunes {spec.adapter!r}, not {adapter_ref!r}: choose another --study name"
+            )
+        counted = count_trials(existing.get_trials(deepcopy=False)).counted
+        if args.trials is not None and args.trials < counted:
+            raise UserError(
+                f"study {name!r} already counts {counted} trials: give --trials {counted} "
+                "or more to run more of it"
             )
         typed_now = {key: options[key] for key in options if _typed(key, args)}
         spec = spec.updated(
@@ -161,26 +194,22 @@ def _create_or_resume(storage, args, adapter, options, label):  # noqa: ANN001, 
             max_retries=args.max_retries,
             options={**spec.options, **typed_now},
         )
-        save_spec(existing, spec)
-        return existing, spec
-    spec = StudySpec(
-        adapter=adapter_ref,
-        adapter_path=bool(args.adapter_path),
-        trials=args.trials or int(getattr(adapter, "default_trials", 20)),
-        epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
-        direction=adapter.direction,
-        options=options,
-        sampler=args.sampler or "pso",
-        seed=args.seed,
-        swarm_size=args.swarm_size or 20,
-        pruner=args.pruner or "median",
-        max_retries=args.max_retries if args.max_retries is not None else 2,
-    )
-    study = optuna.create_study(
-        study_name=name, storage=storage, direction=adapter.direction, load_if_exists=True
+    if spec.sampler == "pso" and spec.swarm_size < 2:
+        raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
+    return existing, spec
+
+
+def _store(storage, existing, spec, name):  # noqa: ANN001, ANN202
+    """Create the study (or take the one resumed) and store this run's spec with it."""
+    import optuna
+
+    from orchestrator.study import save_spec
+
+    study = existing or optuna.create_study(
+        study_name=name, storage=storage, direction=spec.direction, load_if_exists=True
     )
     save_spec(study, spec)
-    return study, spec
+    return study
 
 
 def _wait_for_spec(study, seconds: float = 10.0):  # noqa: ANN001, ANN202

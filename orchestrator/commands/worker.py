@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 
 from orchestrator.cli import add_output_arguments, add_storage_argument, command_parser
 
@@ -25,33 +26,49 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 def worker_command(args: argparse.Namespace) -> int:
     from orchestrator.errors import UserError
-    from orchestrator.gpu import select_devices
     from orchestrator.launch import (
         check_pool_arguments,
+        check_storage_for_workers,
         configure,
         metric_name,
+        plan_host,
         print_outcome,
         resolve_adapter,
         run_pool,
     )
     from orchestrator.migrate import open_storage
     from orchestrator.retry import stale_trial_callback
-    from orchestrator.storage import describe_location, parse_url, resolve_storage_url
+    from orchestrator.storage import describe_location, resolve_storage_url, sqlite_path
     from orchestrator.study import load_existing_study, load_spec
 
     configure(args)
     check_pool_arguments(args)
     url = resolve_storage_url(args.storage)
-    parse_url(url)
-    select_devices(args.gpus)
+    check_storage_for_workers(url)
+    path = sqlite_path(url)
+    if path is not None and not path.is_file():
+        # A worker joins a study; it never creates a database to look for one.
+        raise UserError(
+            f"no study database at {path}: start a study there with `python -m orchestrator run ADAPTER`"
+        )
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     study = load_existing_study(storage, args.study, describe_location(url))
     spec = load_spec(study)
     if spec is None:
         raise UserError(
-            f"study {args.study!r} has no orchestrator settings: start it with `python -m orchestrator run ADAPTER --study {args.study}`"
+            f"study {args.study!r} has no orchestrator settings: start it with "
+            f"`python -m orchestrator run ADAPTER --study {args.study}`"
         )
     adapter = resolve_adapter(spec)
-    outcome = run_pool(url=url, storage=storage, study=study, spec=spec, args=args)
+    with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
+        host = plan_host(
+            url=url,
+            adapter=adapter,
+            options=spec.options,
+            swarm_size=spec.swarm_size,
+            args=args,
+            sim_dir=sim_dir,
+        )
+        outcome = run_pool(url=url, storage=storage, study=study, spec=spec, host=host, args=args)
     print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
     return 130 if outcome.interrupted else 0

@@ -9,10 +9,12 @@ trial processes and a test standing in for "another process" all see one truth.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,7 +106,10 @@ def _alive(holder: str) -> bool:
 
 def make_sim_devices(sizes_mb: list[float], directory: str | None = None) -> list[Device]:
     """Simulated devices of the given sizes, each with a fresh ledger file."""
-    folder = Path(directory or tempfile.mkdtemp(prefix="orchestrator-sim-"))
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="orchestrator-sim-")
+        atexit.register(shutil.rmtree, directory, True)  # ours to clean when this process ends
+    folder = Path(directory)
     devices = []
     for index, size in enumerate(sizes_mb):
         if size <= 0:
@@ -116,7 +121,7 @@ def make_sim_devices(sizes_mb: list[float], directory: str | None = None) -> lis
         devices.append(
             Device(
                 index=index,
-                name=f"{SIM_NAME} {size / 1024:.4g} GB",
+                name=f"{SIM_NAME} {_size_words(size)}",
                 uuid=f"sim-{index}-{int(size)}",
                 total_mb=float(size),
                 kind="sim",
@@ -124,6 +129,13 @@ def make_sim_devices(sizes_mb: list[float], directory: str | None = None) -> lis
             )
         )
     return devices
+
+
+def _size_words(size_mb: float) -> str:
+    """24576 -> "24 GB", 6000 -> "5.9 GB", 1000 -> "1000 MB": how people name a card's memory."""
+    if size_mb < 1024:
+        return f"{size_mb:g} MB"
+    return f"{size_mb / 1024:.3g} GB" if size_mb % 1024 else f"{size_mb / 1024:g} GB"
 
 
 class SimProbe:
