@@ -29,11 +29,12 @@ def cheap_objective(trial: optuna.Trial) -> float:
     return x**2 + (math.log10(lr) + 3) ** 2 + penalty + abs(math.log2(batch) - 9)
 
 
-def worker(url: str, name: str, n_trials: int, bounds, swarm_size: int, label: str) -> None:
+def worker(url: str, name: str, n_trials: int, bounds, swarm_size: int, label: str, start) -> None:
     from orchestrator.storage import create_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = create_storage(url)
+    start.wait()  # every process ready before any asks: they work side by side, not in turn
     for _ in range(n_trials):
         sampler = PSOSampler(swarm_size=swarm_size, seed=11, bounds=bounds)
         study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
@@ -57,7 +58,8 @@ def run_workers(url: str, name: str, jobs: list[tuple]) -> optuna.Study:
         engine.dispose()
     study = optuna.create_study(study_name=name, storage=create_storage(url))
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=worker, args=(url, name, *job)) for job in jobs]
+    start = context.Barrier(len(jobs))
+    processes = [context.Process(target=worker, args=(url, name, *job, start)) for job in jobs]
     for process in processes:
         process.start()
     for process in processes:
@@ -94,7 +96,8 @@ def reflected(x: float) -> float:
 
 
 def test_two_processes_with_different_bounds_share_one_swarm(postgres_url) -> None:
-    size = 6
+    # Odd, so that two processes taking turns do not each keep half the particles to themselves.
+    size = 5
     bounds = {"small": (64, 256), "large": (1024, 4096)}
     study = run_workers(
         postgres_url,
