@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -254,6 +256,32 @@ def run_pool(
         pruned=count.pruned,
         failed=count.failed,
     )
+
+
+def plan_and_run(
+    *,
+    url: str,
+    storage: Any,
+    adapter: Any,
+    spec: StudySpec,
+    args: argparse.Namespace,
+    open_study: Callable[[], optuna.Study],
+) -> int:
+    """What `run` and `worker` end with: plan this host, open the study (only once the plan
+    fits, so a model that fits no GPU stores nothing), run it, print the result; the exit status."""
+    with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
+        host = plan_host(
+            url=url,
+            adapter=adapter,
+            options=spec.options,
+            swarm_size=spec.swarm_size,
+            args=args,
+            sim_dir=sim_dir,
+        )
+        study = open_study()
+        outcome = run_pool(url=url, storage=storage, study=study, spec=spec, host=host, args=args)
+    print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
+    return 130 if outcome.interrupted else 0
 
 
 def _progress(args: argparse.Namespace) -> Any:

@@ -225,27 +225,28 @@ def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOu
     state, value, error, oom, interrupted = TrialState.FAIL, None, None, False, False
     try:
         _arm()
-        params = adapter.suggest(trial, spec.options)
-        batch_size = params.get("batch_size")
-        if batch_size is not None:
-            planned = memory.planned_mb(int(batch_size))
-            trial.set_user_attr("vram_planned_mb", round(planned, 1))
-        if torch_device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        if ledger is not None:
-            ledger.allocate(
-                process_holder(), (planned or memory.model_overhead_mb) * job.sim_memory_scale
+        try:  # only this part can be interrupted: the outcome below is always written whole
+            params = adapter.suggest(trial, spec.options)
+            batch_size = params.get("batch_size")
+            if batch_size is not None:
+                planned = memory.planned_mb(int(batch_size))
+                trial.set_user_attr("vram_planned_mb", round(planned, 1))
+            if torch_device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            if ledger is not None:
+                held = (planned or memory.model_overhead_mb) * job.sim_memory_scale
+                ledger.allocate(process_holder(), held)
+            value = float(
+                adapter.train(
+                    params,
+                    epochs=spec.epochs,
+                    device=torch_device,
+                    options=spec.options,
+                    report=reporter(trial),
+                )
             )
-        value = float(
-            adapter.train(
-                params,
-                epochs=spec.epochs,
-                device=torch_device,
-                options=spec.options,
-                report=reporter(trial),
-            )
-        )
-        _disarm()
+        finally:
+            _disarm()
         state = TrialState.COMPLETE
     except optuna.TrialPruned:
         state = TrialState.PRUNED
@@ -256,8 +257,6 @@ def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOu
     except Exception as caught:
         error = f"{type(caught).__name__}: {caught}"
         logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
-    finally:
-        _disarm()  # from here on a SIGTERM waits: the outcome is written whole
     peak = _peak_mb(torch_device, ledger)
     if ledger is not None:
         ledger.release(process_holder())

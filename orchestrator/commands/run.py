@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import tempfile
 
 from orchestrator.cli import add_output_arguments, add_storage_argument, command_parser
 from orchestrator.errors import UserError
@@ -83,10 +82,7 @@ def run_command(args: argparse.Namespace) -> int:
         check_pool_arguments,
         check_storage_for_workers,
         configure,
-        metric_name,
-        plan_host,
-        print_outcome,
-        run_pool,
+        plan_and_run,
     )
     from orchestrator.migrate import open_storage
     from orchestrator.retry import stale_trial_callback
@@ -125,20 +121,14 @@ def run_command(args: argparse.Namespace) -> int:
 
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
-    with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
-        # Plan before storing anything: a model that fits no GPU here changes nothing.
-        host = plan_host(
-            url=url,
-            adapter=adapter,
-            options=spec.options,
-            swarm_size=spec.swarm_size,
-            args=args,
-            sim_dir=sim_dir,
-        )
-        study = _store(storage, existing, spec, args.study or adapter.name)
-        outcome = run_pool(url=url, storage=storage, study=study, spec=spec, host=host, args=args)
-    print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
-    return 130 if outcome.interrupted else 0
+    return plan_and_run(
+        url=url,
+        storage=storage,
+        adapter=adapter,
+        spec=spec,
+        args=args,
+        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name),
+    )
 
 
 def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN202

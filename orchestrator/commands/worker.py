@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import tempfile
 
 from orchestrator.cli import add_output_arguments, add_storage_argument, command_parser
 
@@ -30,11 +29,8 @@ def worker_command(args: argparse.Namespace) -> int:
         check_pool_arguments,
         check_storage_for_workers,
         configure,
-        metric_name,
-        plan_host,
-        print_outcome,
+        plan_and_run,
         resolve_adapter,
-        run_pool,
     )
     from orchestrator.migrate import open_storage
     from orchestrator.retry import stale_trial_callback
@@ -59,16 +55,11 @@ def worker_command(args: argparse.Namespace) -> int:
             f"study {args.study!r} has no orchestrator settings: start it with "
             f"`python -m orchestrator run ADAPTER --study {args.study}`"
         )
-    adapter = resolve_adapter(spec)
-    with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
-        host = plan_host(
-            url=url,
-            adapter=adapter,
-            options=spec.options,
-            swarm_size=spec.swarm_size,
-            args=args,
-            sim_dir=sim_dir,
-        )
-        outcome = run_pool(url=url, storage=storage, study=study, spec=spec, host=host, args=args)
-    print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
-    return 130 if outcome.interrupted else 0
+    return plan_and_run(
+        url=url,
+        storage=storage,
+        adapter=resolve_adapter(spec),
+        spec=spec,
+        args=args,
+        open_study=lambda: study,
+    )
