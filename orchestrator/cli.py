@@ -85,8 +85,13 @@ def command_parser(subparsers, name: str, *, help: str, example: str) -> Parser:
 
 def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    # Short lines in the progress display's style; the module name only when debugging.
+    detail = " %(name)s" if verbose else ""
     logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=level,
+        format=f"%(asctime)s %(levelname)s{detail} %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
     )
     # Optuna logs every trial at INFO; our progress display says the same thing once.
     import optuna
