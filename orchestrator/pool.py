@@ -186,6 +186,13 @@ class RunningTrial:
             pass
 
 
+def _unreported(running: list[RunningTrial]) -> int:
+    """Trial processes that have not sent their outcome yet (one that has is only exiting)."""
+    for trial in running:
+        trial.read_messages()
+    return sum(1 for trial in running if trial.outcome is None)
+
+
 @dataclass
 class Supervisor:
     """One GPU (or the CPU, when there is none): its plan, policy and trial processes."""
@@ -610,7 +617,7 @@ class Pool:
                     label=supervisor.label,
                     slots=supervisor.policy.slots,
                     max_slots=supervisor.policy.max_slots,
-                    running=len(supervisor.running),
+                    running=_unreported(supervisor.running),
                     vram_used_mb=used,
                     vram_total_mb=total,
                     ooms=supervisor.ooms,
