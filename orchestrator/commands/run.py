@@ -11,6 +11,7 @@ from orchestrator.errors import UserError
 
 def register(subparsers) -> None:  # noqa: ANN001
     from orchestrator.launch import SAMPLERS, add_pool_arguments
+    from orchestrator.study import PRUNERS
 
     parser = command_parser(
         subparsers,
@@ -64,9 +65,7 @@ def register(subparsers) -> None:  # noqa: ANN001
     parser.add_argument(
         "--swarm-size", type=int, metavar="N", help="particles in the swarm (default 20)"
     )
-    parser.add_argument(
-        "--pruner", choices=("median", "none"), help="stop poor trials early (default median)"
-    )
+    parser.add_argument("--pruner", choices=PRUNERS, help="stop poor trials early (default median)")
     parser.add_argument(
         "--max-retries", type=int, metavar="N", help="re-runs of an OOM'd or lost trial (default 2)"
     )
