@@ -126,3 +126,8 @@ def load_path(target: str) -> Any:
     if entry.error:
         raise UserError(f"--adapter-path {target!r} cannot be used: {entry.error}")
     return entry.adapter
+
+
+def resolve(ref: str, *, is_path: bool) -> Any:
+    """The adapter a study names: a registered name, or `module:attribute` when `is_path`."""
+    return load_path(ref) if is_path else get(ref)

@@ -7,9 +7,10 @@ of filling the GPU sees the same trials in the same order:
 - sequential: one trial at a time;
 - fixed: as many at once as the node has CPU cores (the seed's starting point), no protection:
   a trial that runs out of memory is lost;
-- pool: this project's policy, the very functions `orchestrator.pool` runs (plan from
-  `orchestrator.planner`, ramp-up from half, halving on OOM, the free-VRAM watchdog,
-  re-queueing an OOM'd trial up to twice);
+- pool: this project's supervisor itself: `orchestrator.pool.Pool`, the loop `run` uses, on
+  a simulated backend and a virtual clock (`orchestrator.simulated_backend`), with its plan from
+  `orchestrator.planner` (ramp-up from half, halving on OOM, the free-VRAM watchdog, re-queueing
+  an OOM'd trial up to twice);
 - oracle: knows every trial's true memory and starts a trial whenever it fits, up to the same
   swarm-size cap; it never runs out of memory. It fills the GPU to the last MB, which a real
   allocator cannot; "oracle 80%" knows the same but keeps the planner's 20% for the allocator,
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import logging
 import math
 import random
 import statistics
@@ -34,8 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from adapters.base import MemoryModel
-from orchestrator.planner import HardwareBudget
-from orchestrator.pool import SlotPolicy, after_trial, before_spawn
+from orchestrator.gpu.base import Device
+from orchestrator.planner import GpuPlan, plan_node
+from orchestrator.pool import Pool
+from orchestrator.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
 
 GPU_MB = 24576
 OOM_AFTER_S = 5.0  # an allocation fails early in a trial: model and first batch
@@ -81,68 +85,67 @@ class Result:
 def simulate(
     trials: list[Trial], strategy: str, *, max_slots: int, cpu_count: int, swarm: int
 ) -> Result:
-    """Event loop: (finish time, sequence, trial index, oom?) in a heap, a virtual clock."""
+    """The reference strategies' event loop: (finish time, sequence, trial index, oom?) in a
+    heap, a virtual clock. (The pool itself runs in `run_pool`.)"""
     queue = [(i, 0) for i in range(len(trials))]  # (trial index, retries so far)
+    # Only the pool re-runs what ran out of memory; every other strategy loses it.
     queue.reverse()
-    running: list[tuple[float, int, int, bool, float, int, int]] = []
+    running: list[tuple[float, int, int, bool, float]] = []
     used = 0.0
     now = 0.0
     result = Result()
-    policy = SlotPolicy.start(max_slots)
     sequence = 0
-    started_index = 0
 
     def limit() -> int:
         return {
             "sequential": 1,
             "fixed": cpu_count,
-            "pool": policy.slots,
             "oracle": swarm,
             "oracle80": swarm,
         }[strategy]
 
     while queue or running:
         while queue and len(running) < limit():
-            index, retries = queue[-1]
+            index, _ = queue[-1]
             trial = trials[index]
             if strategy == "oracle" and used + trial.true_mb > GPU_MB:
                 break
             if strategy == "oracle80" and used + trial.true_mb > GPU_MB * 0.8:
                 break
-            if strategy == "pool":
-                policy, _ = before_spawn(policy, free_mb=GPU_MB - used, total_mb=GPU_MB)
-                if len(running) >= policy.slots:
-                    break
             queue.pop()
             oom = used + trial.true_mb > GPU_MB
             if not oom:
                 used += trial.true_mb
             finish = now + (OOM_AFTER_S if oom else trial.seconds)
             sequence += 1
-            heapq.heappush(
-                running,
-                (finish, sequence, index, oom, trial.true_mb, retries, started_index, policy.slots),
-            )
-            if strategy == "pool":
-                policy = policy.trial_started()
-            started_index += 1
-        finish, _, index, oom, true_mb, retries, started, slots_at_start = heapq.heappop(running)
+            heapq.heappush(running, (finish, sequence, index, oom, trial.true_mb))
+        finish, _, index, oom, true_mb = heapq.heappop(running)
         now = finish
         if oom:
             result.ooms += 1
-            if strategy == "pool" and retries < MAX_RETRIES:
-                queue.append((index, retries + 1))
-            else:
-                result.lost += 1
+            result.lost += 1
         else:
             used -= true_mb
             result.completed += 1
-        if strategy == "pool":
-            policy, _ = after_trial(
-                policy, oom=oom, started_index=started, slots_at_start=slots_at_start
-            )
     result.hours = now / 3600
     return result
+
+
+def run_pool(trials: list[Trial], plan: GpuPlan) -> Result:
+    """The supervisor's own loop on simulated trials and a virtual clock."""
+    study = SimulatedStudy(budget=len(trials), max_retries=MAX_RETRIES)
+    backend = SimulatedTrials(
+        study,
+        [SimTrial(t.batch_size, t.true_mb, t.seconds) for t in trials],
+        [plan.device],
+        oom_after_s=OOM_AFTER_S,
+    )
+    Pool(
+        study=study, plans=[plan], probe=backend, backend=backend, clock=backend.clock, grace_s=0
+    ).run()
+    return Result(
+        completed=study.complete, ooms=backend.ooms, lost=study.failed, hours=backend.now / 3600
+    )
 
 
 def main() -> None:
@@ -161,19 +164,25 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/pool.json")
     args = parser.parse_args()
 
+    logging.getLogger("orchestrator").setLevel(logging.ERROR)  # the pool's own log lines
     model = MemoryModel(args.overhead_mb, args.per_sample_mb)
-    plan = HardwareBudget(GPU_MB).plan_hyperopt(
-        model.model_overhead_mb, model.per_sample_mb, 64, 4096, args.swarm
-    )
+    device = Device(0, "Simulated GPU", "sim-0", GPU_MB, kind="sim")
+    (gpu_plan,) = plan_node(
+        [device], model, cpu_bound=False, cpu_cores=args.cpu_count, swarm_size=args.swarm
+    ).gpus
+    plan = gpu_plan.strategy
     strategies = ("sequential", "fixed", "pool", "oracle80", "oracle")
     rows = []
     for spread in args.spreads:
         per = {name: [] for name in strategies}
         for seed in range(args.seeds):
             trials = make_trials(
-                args.trials, model, plan.batch_size_bounds, spread, random.Random(seed)
+                args.trials, model, gpu_plan.batch_bounds, spread, random.Random(seed)
             )
             for name in strategies:
+                if name == "pool":
+                    per[name].append(run_pool(trials, gpu_plan))
+                    continue
                 per[name].append(
                     simulate(
                         trials,

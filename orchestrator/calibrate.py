@@ -37,10 +37,7 @@ class AdapterRef:
     def load(self) -> Any:
         import adapters
 
-        if self.path:
-            return adapters.load_path(self.path)
-        assert self.name is not None
-        return adapters.get(self.name)
+        return adapters.resolve(self.path or self.name or "", is_path=bool(self.path))
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,27 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on Ctrl-C or SIGTERM, running trials get this long to finish before they are stopped and re-queued (default 30)",
     )
+    parser.add_argument(
+        "--recycle-after",
+        type=int,
+        metavar="N",
+        help="a trial process makes way for a fresh one after N trials (default: never; it always "
+        "does after an out-of-memory or CUDA error)",
+    )
+    parser.add_argument(
+        "--recycle-memory-mb",
+        type=float,
+        default=2048.0,
+        metavar="MB",
+        help="a trial process whose resident memory grew by more than MB since its first trial "
+        "makes way for a fresh one (default 2048)",
+    )
+    parser.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="run every trial in a fresh process, for models that leak (slower: each trial pays "
+        "for the imports, the storage connection and the CUDA context)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -79,6 +100,20 @@ def check_pool_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--grace {args.grace} must be 0 or more seconds")
     if args.timeout is not None and args.timeout <= 0:
         raise UserError(f"--timeout {args.timeout} must be more than 0 seconds")
+    if args.recycle_after is not None and args.recycle_after < 1:
+        raise UserError(f"--recycle-after {args.recycle_after} must be at least 1")
+    if not args.recycle_memory_mb > 0:
+        raise UserError(f"--recycle-memory-mb {args.recycle_memory_mb} must be more than 0")
+
+
+def recycling_of(args: argparse.Namespace) -> Any:
+    """When a warm trial process makes way for a fresh one, from the flags."""
+    from orchestrator.trial_context import Recycling
+
+    after = 1 if getattr(args, "fresh_process", False) else getattr(args, "recycle_after", None)
+    return Recycling(
+        after_trials=after, memory_growth_mb=getattr(args, "recycle_memory_mb", 2048.0)
+    )
 
 
 @dataclass(frozen=True)
@@ -122,7 +157,7 @@ def metric_name(adapter: Any, options: dict[str, Any]) -> str:
 def resolve_adapter(spec: StudySpec) -> Any:
     import adapters
 
-    return adapters.load_path(spec.adapter) if spec.adapter_path else adapters.get(spec.adapter)
+    return adapters.resolve(spec.adapter, is_path=spec.adapter_path)
 
 
 @dataclass(frozen=True)
@@ -204,7 +239,7 @@ def run_pool(
         )
 
     progress = _progress(args)
-    pool = Pool(
+    pool = Pool.on_storage(
         storage_url=url,
         engine=storage.engine,
         study=study,
@@ -214,6 +249,7 @@ def run_pool(
         cpu_cores=host.plan.cpu_cores,
         cpu_bound=host.cpu_bound,
         sim_memory_scale=args.sim_memory_scale,
+        recycling=recycling_of(args),
         timeout_s=args.timeout,
         grace_s=args.grace,
         metric=metric_name(adapter, spec.options),

@@ -234,7 +234,8 @@ def plan_node(
     concurrency: int | None = None,
     gpu_memory_models: Mapping[str, tuple[MemoryModel, str]] | None = None,
 ) -> NodePlan:
-    """One plan per GPU of a host (or one CPU-only plan with 1 slot when there is no GPU).
+    """One plan per GPU of a host (or one CPU-only plan when there is no GPU: a slot per core for
+    CPU-bound work, one slot otherwise).
 
     For CPU-bound work the slots of all GPUs add up to at most `cpu_cores`, shared fairly (each GPU
     keeps at least 1 slot, so a host with fewer cores than GPUs still uses every GPU once).
@@ -256,12 +257,13 @@ def plan_node(
             max_batch,
             swarm_size,
         )
+        slots, limited_by = _cpu_only_slots(cpu_bound, cpu_cores, swarm_size, concurrency)
         only = GpuPlan(
             None,
             strategy,
-            1,
+            slots,
             strategy.batch_size_bounds,
-            "no gpu",
+            limited_by,
             memory_model,
             memory_model_source,
         )
@@ -312,6 +314,20 @@ def plan_node(
             GpuPlan(device, strategy, slots, (min_batch, upper), limited_by, model, source)
         )
     return NodePlan(tuple(plans), cpu_cores, cpu_bound)
+
+
+def _cpu_only_slots(
+    cpu_bound: bool, cpu_cores: int, swarm_size: int, concurrency: int | None
+) -> tuple[int, str]:
+    """Without a GPU, CPU-bound trials (RL: one torch thread each) get a core each; other work
+    runs one at a time, its torch threads using every core."""
+    if not cpu_bound:
+        return 1, "no gpu"
+    limits = {"cpu": cpu_cores, "swarm": swarm_size}
+    if concurrency is not None:
+        limits["user"] = concurrency
+    limited_by = min(limits, key=lambda name: limits[name])
+    return limits[limited_by], limited_by
 
 
 def share_cores(wants: Sequence[int], cores: int) -> list[int]:

@@ -1,49 +1,43 @@
-"""One trial in its own process: ask, run the adapter on its device, measure VRAM, tell.
+"""One trial inside a warm trial process: ask, heartbeat, run, classify the outcome, tell, record.
 
-The supervisor starts this module's `run_trial` with the `spawn` context (CUDA and fork do not
-mix) and learns the outcome from a pipe. Each trial gets a fresh process because only a process
-exit gives back everything CUDA held, which matters most after an out-of-memory error.
-The trial process knows nothing of concurrency beyond the numbers it records.
+Shaped like Optuna's own `_run_trial`, one small function a step. The process around it, made
+once and reused trial after trial, is `orchestrator.trial_worker`; what it opened once is the
+`TrialContext`. A trial knows nothing of concurrency beyond the numbers it records.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import signal
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
-    from multiprocessing.sharedctypes import Synchronized
-
     import optuna
+    from optuna.trial import TrialState
 
-    from orchestrator.gpu.base import Device
+    from orchestrator.study import StudySpec
+    from orchestrator.trial_context import TrialContext
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class TrialJob:
-    """Everything a trial process needs, picklable."""
+    """What the supervisor says about the next trial, picklable."""
 
-    storage_url: str
-    study_name: str
-    device: Device | None  # None: run on the CPU
-    batch_bounds: tuple[int, int]
+    batch_bounds: tuple[int, int]  # this GPU's bounds now
     concurrency: int  # slots on this GPU when the trial started
-    threads: int  # torch threads for this trial
-    host: str
-    sim_memory_scale: float = 1.0
-    seed_offset: int = 0  # makes Optuna's own samplers differ between processes
 
 
 @dataclass(frozen=True)
 class TrialOutcome:
-    trial_number: int | None  # None: the budget was used up, no trial was asked
+    trial_number: int | None  # None: no trial was asked (budget used, stopped, or no start)
     state: str  # COMPLETE, PRUNED, FAIL, or NONE
     oom: bool = False
     alone: bool = False
@@ -53,6 +47,12 @@ class TrialOutcome:
     error: str | None = None
     requeued: bool = False
     interrupted: bool = False  # stopped by the supervisor: says nothing about memory
+    cuda_error: bool = False  # a CUDA error other than out-of-memory: the context may be broken
+    recycle: str | None = None  # why the process ends after this trial, if it does
+    setup_failed: bool = False  # the process could not open the study or the adapter
+
+
+# --- stop signals ----------------------------------------------------------------------------
 
 
 class Interrupted(BaseException):
@@ -62,8 +62,9 @@ class Interrupted(BaseException):
 
 
 class _Stop:
-    """SIGTERM raises Interrupted only while the objective runs (`armed`); at any other moment it
-    is remembered, so asking, telling and writing records are never cut in half."""
+    """SIGTERM raises Interrupted only while the objective runs or the process idles (`armed`);
+    at any other moment it is remembered, so asking, telling and writing records are never cut
+    in half."""
 
     armed = False
     requested = False
@@ -76,15 +77,25 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         raise Interrupted(f"stopped by signal {signum}")
 
 
-def _arm() -> None:
-    _Stop.armed = True
+def install_signal_handlers() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which decides
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def stop_requested() -> bool:
+    return _Stop.requested
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """The block a SIGTERM may cut short (the objective, or waiting for the next job)."""
     if _Stop.requested:  # the signal came while the trial was being set up
-        _Stop.armed = False
         raise Interrupted(f"stopped by signal {signal.SIGTERM.value}")
-
-
-def _disarm() -> None:
-    _Stop.armed = False
+    _Stop.armed = True
+    try:
+        yield
+    finally:
+        _Stop.armed = False
 
 
 def oom_errors() -> tuple[type[BaseException], ...]:
@@ -97,93 +108,96 @@ def oom_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def run_trial(job: TrialJob, conn: Connection, had_company: Synchronized) -> None:
-    """Process entry point: never raises; always sends one TrialOutcome."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which decides
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    if job.device is not None and job.device.kind == "cuda":
-        # By UUID: NVML numbers GPUs by PCI bus, CUDA by speed unless told otherwise.
-        uuid = job.device.uuid
-        os.environ["CUDA_VISIBLE_DEVICES"] = (
-            uuid if uuid.startswith("GPU-") else str(job.device.index)
-        )
-    try:
-        outcome = _run(job, had_company, conn)
-    except BaseException as error:  # report, never leave the supervisor guessing
-        outcome = TrialOutcome(None, "FAIL", error=f"{type(error).__name__}: {error}")
-        logger.error("trial process failed: %s", traceback.format_exc())
-    try:
-        conn.send(outcome)
-    finally:
-        conn.close()
+CUDA_ERROR_MARKS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error", "NCCL error")
 
 
-def _run(job: TrialJob, had_company: Synchronized, conn: Connection) -> TrialOutcome:
-    import optuna
+def is_cuda_error(error: BaseException) -> bool:
+    """A CUDA failure other than out-of-memory: after one, the process's context is suspect."""
     import torch
 
-    from orchestrator.launch import resolve_adapter
-    from orchestrator.locks import budget_lock
-    from orchestrator.retry import stale_trial_callback
-    from orchestrator.storage import create_storage
-    from orchestrator.study import count_trials, load_spec, pruner_for
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    return isinstance(error, RuntimeError) and any(mark in str(error) for mark in CUDA_ERROR_MARKS)
 
-    torch.set_num_threads(max(1, job.threads))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = create_storage(
-        job.storage_url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
+
+# --- one trial -------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """What running the objective gave, before it is told to the study."""
+
+    state: TrialState
+    value: float | None = None
+    error: str | None = None
+    oom: bool = False
+    interrupted: bool = False
+    cuda_error: bool = False
+    batch_size: int | None = None
+    planned_mb: float | None = None
+    peak_mb: float | None = None
+
+
+def run_trial(
+    ctx: TrialContext, job: TrialJob, notify: Callable[[Any], None], company: Any
+) -> TrialOutcome:
+    """Ask for a trial and run it to the end. `notify` tells the supervisor the trial's number
+    as soon as it has one; `company.value` says whether another trial shared the GPU meanwhile."""
+    spec = ctx.refresh_spec()
+    ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
+    ctx.study.pruner = ctx.pruner
+    trial = ask(ctx, spec)
+    if trial is None:
+        return TrialOutcome(None, "NONE")
+    notify(("asked", trial.number))
+    if spec.sampler != "pso":
+        ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
+    fit_fixed_batch_size(trial, job.batch_bounds)
+    with _heartbeat(ctx, trial):
+        result = run_objective(ctx, job, spec, trial)
+        alone = result.oom and not company.value
+        requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
+        tell(ctx, trial, result)
+        record(ctx, job, trial, result)
+    return TrialOutcome(
+        trial.number,
+        result.state.name,
+        oom=result.oom,
+        alone=alone,
+        batch_size=result.batch_size,
+        value=result.value,
+        vram_peak_mb=result.peak_mb,
+        error=result.error,
+        requeued=requeued,
+        interrupted=result.interrupted,
+        cuda_error=result.cuda_error,
     )
-    study = optuna.load_study(study_name=job.study_name, storage=storage)
-    spec = load_spec(study)
-    if spec is None:
-        return TrialOutcome(
-            None, "FAIL", error=f"study {job.study_name!r} has no orchestrator spec"
-        )
-    adapter = resolve_adapter(spec)
-    study.sampler = _sampler(spec, job, trial_number=0)
-    study.pruner = pruner_for(spec)
 
-    with budget_lock(job.storage_url, job.study_name):
-        if _Stop.requested:
-            return TrialOutcome(None, "NONE")
-        optuna.storages.fail_stale_trials(study)
-        if not count_trials(study.get_trials(deepcopy=False)).may_ask(spec.trials):
-            return TrialOutcome(None, "NONE")
-        trial = study.ask()
+
+def ask(ctx: TrialContext, spec: StudySpec) -> optuna.Trial | None:
+    """A new or queued trial, or None when the study's budget is used up.
+
+    The budget lock covers only counting and creating: the trials that changed since the last
+    ask are read before it (Optuna's cache then has little left to fetch inside), and the
+    count is two aggregate queries, so no ask waits on another's read."""
+    from orchestrator.locks import budget_lock
+    from orchestrator.trial_counts import stored_count
+
+    ctx.study._storage.get_all_trials(ctx.study_id, deepcopy=False)
+    with budget_lock(ctx.config.storage_url, ctx.config.study_name):
+        if stop_requested():
+            return None
+        if not stored_count(ctx.engine, ctx.study_id).may_ask(spec.trials):
+            return None
+        trial = ctx.study.ask()
         # A RUNNING trial with no heartbeat row is never found stale: record one before the lock
         # goes, so that from here on a lost process always leaves a trial someone can fail.
-        storage.record_heartbeat(trial._trial_id)
-    conn.send(("asked", trial.number))
-
-    if spec.sampler != "pso":
-        # Optuna's samplers draw from one RNG per object: seed it by trial number, so that
-        # processes, resumed runs and nodes never repeat each other (PSO does this itself).
-        study.sampler = _sampler(spec, job, trial_number=trial.number)
-    _fit_fixed_batch_size(trial, job.batch_bounds)
-
-    from optuna.storages._heartbeat import get_heartbeat_thread
-
-    heartbeat = get_heartbeat_thread(trial._trial_id, storage)
-    heartbeat.start()
-    try:
-        return _run_trial(job, study, trial, adapter, spec, had_company, storage.engine)
-    finally:
-        heartbeat.join()
+        ctx.storage.record_heartbeat(trial._trial_id)
+    return trial
 
 
-def _sampler(spec, job: TrialJob, *, trial_number: int):  # noqa: ANN001, ANN202
-    from samplers import make_sampler
-
-    return make_sampler(
-        spec.sampler,
-        seed=spec.seed,
-        swarm_size=spec.swarm_size,
-        bounds={"batch_size": job.batch_bounds},
-        independent_seed_offset=trial_number,
-    )
-
-
-def _fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
+def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
     """A re-run carries its batch size fixed from the GPU it first ran on; on a smaller GPU it
     must still fit this one's plan, so it is brought inside this GPU's bounds (and says so)."""
     fixed = trial._fixed_params  # what Optuna hands out instead of sampling; read at ask()
@@ -197,138 +211,190 @@ def _fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
         trial.set_user_attr("batch_size_fitted_from", int(batch))
 
 
-def _run_trial(job, study, trial, adapter, spec, had_company, engine) -> TrialOutcome:  # noqa: ANN001
+@contextlib.contextmanager
+def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> Iterator[None]:
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    heartbeat = get_heartbeat_thread(trial._trial_id, ctx.storage)
+    heartbeat.start()
+    try:
+        yield
+    finally:
+        heartbeat.join()
+
+
+def run_objective(
+    ctx: TrialContext, job: TrialJob, spec: StudySpec, trial: optuna.Trial
+) -> RunResult:
+    """Draw the parameters and train; every way it can end becomes a RunResult."""
     import optuna
-    import torch
     from optuna.trial import TrialState
 
-    from adapters.base import memory_model_of, reporter
-    from orchestrator import records
-    from orchestrator.gpu.sim import SimLedger, process_holder
-    from orchestrator.retry import requeue
+    from adapters.base import reporter
 
-    device = job.device
-    gpu_name = device.name if device else "cpu"
-    torch_device = torch.device("cuda:0" if device is not None and device.kind == "cuda" else "cpu")
-    memory = memory_model_of(adapter, spec.options)
-    ledger = (
-        SimLedger(device.ledger_path, device.total_mb) if device and device.kind == "sim" else None
-    )
-    trial.set_user_attr("host", job.host)
-    trial.set_user_attr("gpu", gpu_name)
+    _placement_attrs(ctx, job, trial)
+    result = RunResult(TrialState.FAIL)
+    _reset_memory(ctx)
+    try:
+        with interruptible():  # only this part can be interrupted: the outcome is written whole
+            params = ctx.adapter.suggest(trial, spec.options)
+            _plan_memory(ctx, trial, params, result)
+            value = ctx.adapter.train(
+                params,
+                epochs=spec.epochs,
+                device=ctx.torch_device,
+                options=spec.options,
+                report=reporter(trial),
+            )
+        result.state, result.value = TrialState.COMPLETE, float(value)
+    except optuna.TrialPruned:
+        result.state = TrialState.PRUNED
+    except oom_errors() as caught:
+        first = str(caught).splitlines()[0] if str(caught) else ""
+        result.oom, result.error = True, f"out of memory: {first}"
+    except Interrupted as caught:
+        result.interrupted, result.error = True, str(caught)
+    except Exception as caught:
+        result.error, result.cuda_error = (
+            f"{type(caught).__name__}: {caught}",
+            is_cuda_error(caught),
+        )
+        logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
+    result.peak_mb = _peak_mb(ctx)
+    _release_memory(ctx)
+    return result
+
+
+def _placement_attrs(ctx: TrialContext, job: TrialJob, trial: optuna.Trial) -> None:
+    device = ctx.config.device
+    trial.set_user_attr("host", ctx.config.host)
+    trial.set_user_attr("pid", os.getpid())
+    trial.set_user_attr("gpu", ctx.gpu_name)
     trial.set_user_attr("gpu_index", device.index if device else None)
     trial.set_user_attr("concurrency", job.concurrency)
     trial.set_user_attr("batch_bounds", list(job.batch_bounds))
 
-    batch_size: int | None = None
-    planned: float | None = None
-    state, value, error, oom, interrupted = TrialState.FAIL, None, None, False, False
-    try:
-        _arm()
-        try:  # only this part can be interrupted: the outcome below is always written whole
-            params = adapter.suggest(trial, spec.options)
-            batch_size = params.get("batch_size")
-            if batch_size is not None:
-                planned = memory.planned_mb(int(batch_size))
-                trial.set_user_attr("vram_planned_mb", round(planned, 1))
-            if torch_device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            if ledger is not None:
-                held = (planned or memory.model_overhead_mb) * job.sim_memory_scale
-                ledger.allocate(process_holder(), held)
-            value = float(
-                adapter.train(
-                    params,
-                    epochs=spec.epochs,
-                    device=torch_device,
-                    options=spec.options,
-                    report=reporter(trial),
-                )
-            )
-        finally:
-            _disarm()
-        state = TrialState.COMPLETE
-    except optuna.TrialPruned:
-        state = TrialState.PRUNED
-    except oom_errors() as caught:
-        oom, error = True, f"out of memory: {str(caught).splitlines()[0] if str(caught) else ''}"
-    except Interrupted as caught:
-        error, interrupted = str(caught), True
-    except Exception as caught:
-        error = f"{type(caught).__name__}: {caught}"
-        logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
-    peak = _peak_mb(torch_device, ledger)
-    if ledger is not None:
-        ledger.release(process_holder())
-    if oom and torch_device.type == "cuda":
+
+def _plan_memory(
+    ctx: TrialContext, trial: optuna.Trial, params: dict[str, Any], result: RunResult
+) -> None:
+    """The trial's planned VRAM at its batch size; a simulated GPU holds it (or OOMs) now."""
+    from orchestrator.gpu.sim import process_holder
+
+    batch = params.get("batch_size")
+    if batch is not None:
+        result.batch_size = int(batch)
+        result.planned_mb = ctx.memory.planned_mb(int(batch))
+        trial.set_user_attr("vram_planned_mb", round(result.planned_mb, 1))
+    if ctx.ledger is not None:
+        held = (result.planned_mb or ctx.memory.model_overhead_mb) * ctx.config.sim_memory_scale
+        ctx.ledger.allocate(process_holder(), held)
+
+
+def _reset_memory(ctx: TrialContext) -> None:
+    """Start the trial's peak from what it allocates itself, not from the trial before it."""
+    if ctx.torch_device.type == "cuda":
+        import torch
+
+        gc.collect()
         torch.cuda.empty_cache()
-
-    alone = oom and not had_company.value
-    requeued = False
-    frozen = study._storage.get_trial(trial._trial_id)
-    if state == TrialState.FAIL and (oom or interrupted):
-        retry_params, reason = None, "interrupted" if not oom else "oom"
-        if alone and batch_size is not None:
-            # Out of memory with the GPU to itself: this batch size does not fit this GPU.
-            low = job.batch_bounds[0]
-            records.lower_batch_limit(
-                engine,
-                study_name=job.study_name,
-                gpu_name=gpu_name,
-                max_batch_size=max(low, int(batch_size) - 1),
-                trial_number=trial.number,
-            )
-            if int(batch_size) > low:
-                retry_params = {"batch_size": max(low, int(batch_size) // 2)}
-            else:
-                reason = ""  # the smallest batch does not fit: re-running cannot help
-        if reason:
-            requeue_limit = spec.max_retries if oom else None
-            requeued = requeue(
-                study, frozen, max_retries=requeue_limit, params=retry_params, reason=reason
-            )
-
-    trial.set_user_attr("oom", oom)
-    if peak is not None:
-        trial.set_user_attr("vram_peak_mb", round(peak, 1))
-    if error:
-        trial.set_user_attr("error", error[:500])
-    study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
-    records.record_trial_vram(
-        engine,
-        study_name=job.study_name,
-        trial_number=trial.number,
-        host=job.host,
-        gpu_index=device.index if device else None,
-        gpu_name=gpu_name,
-        batch_size=int(batch_size) if batch_size is not None else None,
-        vram_planned_mb=planned,
-        vram_peak_mb=peak,
-        concurrency=job.concurrency,
-        oom=oom,
-        state=state.name,
-    )
-    return TrialOutcome(
-        trial.number,
-        state.name,
-        oom=oom,
-        alone=alone,
-        batch_size=int(batch_size) if batch_size is not None else None,
-        value=value,
-        vram_peak_mb=peak,
-        error=error,
-        requeued=requeued,
-        interrupted=interrupted,
-    )
+        torch.cuda.reset_peak_memory_stats()
 
 
-def _peak_mb(torch_device, ledger) -> float | None:  # noqa: ANN001
-    if ledger is not None:
+def _peak_mb(ctx: TrialContext) -> float | None:
+    if ctx.ledger is not None:
         from orchestrator.gpu.sim import process_holder
 
-        return ledger.held_mb(process_holder())
-    if torch_device.type == "cuda":
+        return ctx.ledger.held_mb(process_holder())
+    if ctx.torch_device.type == "cuda":
         import torch
 
         return torch.cuda.max_memory_reserved() / 2**20
     return None
+
+
+def _release_memory(ctx: TrialContext) -> None:
+    """Give back what the trial held (outside any except block, so its traceback is gone)."""
+    gc.collect()
+    if ctx.torch_device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    if ctx.ledger is not None:
+        from orchestrator.gpu.sim import process_holder
+
+        ctx.ledger.release(process_holder())
+
+
+def requeue_if_interrupted(
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    trial: optuna.Trial,
+    result: RunResult,
+    *,
+    alone: bool,
+) -> bool:
+    """Queue a re-run of a trial that ran out of memory or was stopped; True if queued.
+
+    Out of memory with the GPU to itself means this batch size does not fit this GPU: the GPU's
+    batch limit goes below it and the re-run gets half the batch (none if it was the smallest)."""
+    from orchestrator import records
+    from orchestrator.retry import requeue
+
+    if not (result.oom or result.interrupted):
+        return False
+    retry_params, reason = None, "oom" if result.oom else "interrupted"
+    batch = result.batch_size
+    if alone and batch is not None:
+        low = job.batch_bounds[0]
+        records.lower_batch_limit(
+            ctx.engine,
+            study_name=ctx.config.study_name,
+            gpu_name=ctx.gpu_name,
+            max_batch_size=max(low, batch - 1),
+            trial_number=trial.number,
+        )
+        if batch <= low:
+            return False  # the smallest batch does not fit: re-running cannot help
+        retry_params = {"batch_size": max(low, batch // 2)}
+    frozen = ctx.study._storage.get_trial(trial._trial_id)
+    return requeue(
+        ctx.study,
+        frozen,
+        max_retries=spec.max_retries if result.oom else None,
+        params=retry_params,
+        reason=reason,
+    )
+
+
+def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("oom", result.oom)
+    if result.peak_mb is not None:
+        trial.set_user_attr("vram_peak_mb", round(result.peak_mb, 1))
+    if result.error:
+        trial.set_user_attr("error", result.error[:500])
+    value = result.value if result.state == TrialState.COMPLETE else None
+    ctx.study.tell(trial, value, state=result.state)
+
+
+def record(ctx: TrialContext, job: TrialJob, trial: optuna.Trial, result: RunResult) -> None:
+    from orchestrator import records
+
+    device = ctx.config.device
+    records.record_trial_vram(
+        ctx.engine,
+        study_name=ctx.config.study_name,
+        trial_number=trial.number,
+        host=ctx.config.host,
+        gpu_index=device.index if device else None,
+        gpu_name=ctx.gpu_name,
+        batch_size=result.batch_size,
+        vram_planned_mb=result.planned_mb,
+        vram_peak_mb=result.peak_mb,
+        concurrency=job.concurrency,
+        oom=result.oom,
+        state=result.state.name,
+    )

@@ -35,7 +35,7 @@ def test_a_batch_of_2048_allowed_by_the_plan_reaches_the_trial_unclamped(tmp_pat
     study.enqueue_trial(
         {"x": 1.0, "y": -2.0, "learning_rate": 1e-3, "batch_size": 2048, "activation": "gelu"}
     )
-    Pool(
+    Pool.on_storage(
         storage_url=sqlite_url,
         engine=storage.engine,
         study=study,

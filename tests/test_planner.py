@@ -188,12 +188,20 @@ def test_two_gpus_of_different_sizes_get_different_plans() -> None:
     assert plan.total_slots == 28
 
 
-def test_no_gpu_is_one_cpu_only_slot() -> None:
-    plan = plan_node([], DQN, cpu_bound=True, cpu_cores=16, concurrency=8)
-    (only,) = plan.gpus
-    assert only.device is None and only.slots == 1 and only.limited_by == "no gpu"
+def test_no_gpu_gives_cpu_bound_work_a_slot_per_core() -> None:
+    (only,) = plan_node([], DQN, cpu_bound=True, cpu_cores=16).gpus
+    assert only.device is None and only.slots == 16 and only.limited_by == "cpu"
     assert only.batch_bounds == (64, 4096)
     assert only.fits
+    (capped,) = plan_node([], DQN, cpu_bound=True, cpu_cores=16, concurrency=8).gpus
+    assert (capped.slots, capped.limited_by) == (8, "user")
+    (swarm,) = plan_node([], DQN, cpu_bound=True, cpu_cores=16, swarm_size=4).gpus
+    assert (swarm.slots, swarm.limited_by) == (4, "swarm")
+
+
+def test_no_gpu_runs_other_work_one_at_a_time() -> None:
+    (only,) = plan_node([], DQN, cpu_bound=False, cpu_cores=16, concurrency=8).gpus
+    assert only.slots == 1 and only.limited_by == "no gpu"
 
 
 def test_cpu_bound_work_is_capped_by_cores_and_shared() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.pool import SlotPolicy, after_trial, before_spawn, threads_per_trial
+from orchestrator.slots import SlotPolicy, after_trial, before_spawn, threads_per_trial
 
 
 def _finish(policy, started_index, *, oom=False, slots_at_start=None):

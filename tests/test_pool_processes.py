@@ -127,7 +127,7 @@ def test_watchdog_halves_before_spawning_when_another_process_holds_the_memory(
     from adapters.base import MemoryModel
 
     plan = plan_node(devices, MemoryModel(20.0, 0.01), cpu_bound=False, cpu_cores=2, concurrency=4)
-    pool = Pool(
+    pool = Pool.on_storage(
         storage_url=sqlite_url,
         engine=storage.engine,
         study=study,
@@ -335,11 +335,11 @@ def test_timeout_starts_nothing_new_and_lets_running_trials_finish(sqlite_url):
         "--gpus",
         "sim:24576",
         "--timeout",
-        "2",
+        "8",
         "--grace",
         "0",
         "--option",
-        "trial_seconds=6",
+        "trial_seconds=16",
         "--epochs",
         "2",
         "--pruner",
@@ -362,7 +362,7 @@ def test_a_worker_stops_when_trial_processes_cannot_start(sqlite_url):
     from adapters.base import MemoryModel
 
     plan = plan_node([], MemoryModel(1.0, 0.0), cpu_bound=False, cpu_cores=2)
-    pool = Pool(
+    pool = Pool.on_storage(
         storage_url=sqlite_url,
         engine=storage.engine,
         study=study,

@@ -102,9 +102,7 @@ def run_command(args: argparse.Namespace) -> int:
     check_pool_arguments(args)
     url = resolve_storage_url(args.storage)
     parse_url(url)
-    adapter = (
-        adapters.load_path(args.adapter_path) if args.adapter_path else adapters.get(args.adapter)
-    )
+    adapter = adapters.resolve(args.adapter_path or args.adapter, is_path=bool(args.adapter_path))
     raw_options = list(args.option)
     for flag in ("env", "data"):
         value = getattr(args, flag)

@@ -1,0 +1,205 @@
+"""Where trials run: the small interface the pool drives, and its real backend of warm processes.
+
+The pool (`orchestrator.pool`) decides; a backend runs. `TrialBackend` is all the pool needs:
+start a trial on a GPU, hear what happened (`events`), stop a trial, wait for something to
+happen, keep at most so many idle processes. `WarmProcesses` runs each trial in a long-lived
+`spawn`ed process of that GPU (`orchestrator.trial_worker`), starting a fresh one when none is
+idle. `orchestrator.simulated_backend` runs the same loop on a virtual clock for the benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchestrator.trial_runner import TrialJob, TrialOutcome
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
+    from orchestrator.trial_context import WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A started trial has its number (it holds a trial of the study from now on)."""
+
+    handle: int
+    number: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A started trial ended; `outcome` says how (a lost process gives a FAIL with no report)."""
+
+    handle: int
+    outcome: TrialOutcome
+
+
+Event = Asked | Finished
+
+
+class TrialBackend(Protocol):
+    def start(self, gpu: int, job: TrialJob) -> int:
+        """Run `job` on GPU `gpu` (the pool's index); returns the trial's handle."""
+
+    def share(self, handle: int) -> None:
+        """Another trial joined this one's GPU while it runs."""
+
+    def events(self) -> list[Event]:
+        """What happened since the last call, without waiting."""
+
+    def interrupt(self, handle: int) -> None:
+        """Stop the trial: it fails and is re-queued (or, not asked yet, asks for nothing)."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when something may have happened, or after `timeout` seconds."""
+
+    def keep_idle(self, gpu: int, count: int) -> None:
+        """Let at most `count` idle processes of GPU `gpu` wait for work; end the rest."""
+
+    def close(self) -> list[Event]:
+        """End every process (running trials are stopped first); what they said at the end."""
+
+
+@dataclass
+class _Process:
+    gpu: int
+    process: BaseProcess
+    conn: Connection
+    company: Any  # multiprocessing Value: did another trial share the GPU during this one?
+    trial: int | None = None  # the handle of the trial it runs; None while idle
+    ending: bool = False  # told to go, or said it will
+
+
+@dataclass
+class WarmProcesses:
+    """Trials in warm `spawn`ed processes, one GPU's configuration each."""
+
+    configs: Mapping[int, WorkerConfig]
+    processes: list[_Process] = field(default_factory=list)
+    _handles: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _pending: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.context = mp.get_context("spawn")
+
+    def start(self, gpu: int, job: TrialJob) -> int:
+        worker = next(
+            (p for p in self.processes if p.gpu == gpu and p.trial is None and not p.ending), None
+        )
+        if worker is None:
+            worker = self._spawn(gpu)
+        handle = next(self._handles)
+        worker.trial = handle
+        worker.company.value = 0
+        # If it died while idle, the next events() reaps it and reports the trial lost.
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(job)
+        return handle
+
+    def _spawn(self, gpu: int) -> _Process:
+        from orchestrator.trial_worker import serve
+
+        ours, theirs = self.context.Pipe(duplex=True)
+        company = self.context.Value("b", 0)
+        process = self.context.Process(
+            target=serve, args=(self.configs[gpu], theirs, company), daemon=False
+        )
+        process.start()
+        theirs.close()
+        worker = _Process(gpu, process, ours, company)
+        self.processes.append(worker)
+        return worker
+
+    def share(self, handle: int) -> None:
+        for worker in self.processes:
+            if worker.trial == handle:
+                worker.company.value = 1
+
+    def events(self) -> list[Event]:
+        for worker in list(self.processes):
+            self._read(worker)
+            if not worker.process.is_alive():
+                self._reap(worker)
+        events, self._pending = self._pending, []
+        return events
+
+    def _read(self, worker: _Process) -> None:
+        try:
+            while worker.conn.poll():
+                message = worker.conn.recv()
+                if isinstance(message, tuple) and message[0] == "asked":
+                    if worker.trial is not None:
+                        self._pending.append(Asked(worker.trial, int(message[1])))
+                elif isinstance(message, TrialOutcome):
+                    if message.recycle or message.setup_failed:
+                        worker.ending = True
+                    if worker.trial is not None:
+                        self._pending.append(Finished(worker.trial, message))
+                    worker.trial = None
+        except (EOFError, OSError):
+            pass
+
+    def _reap(self, worker: _Process) -> None:
+        worker.process.join()
+        worker.conn.close()
+        self.processes.remove(worker)
+        if worker.trial is not None:
+            # Killed before it could report: its trial stays RUNNING until its heartbeat goes
+            # stale, then the next look for stale trials fails and re-queues it.
+            code = worker.process.exitcode
+            outcome = TrialOutcome(
+                None, "FAIL", error=f"trial process exited with code {code} before reporting"
+            )
+            self._pending.append(Finished(worker.trial, outcome))
+
+    def interrupt(self, handle: int) -> None:
+        for worker in self.processes:
+            if worker.trial == handle and worker.process.is_alive():
+                worker.ending = True
+                worker.process.terminate()
+
+    def wait(self, timeout: float) -> None:
+        from multiprocessing.connection import wait
+
+        if self._pending:
+            return
+        waitables = [p.conn for p in self.processes] + [p.process.sentinel for p in self.processes]
+        if waitables:
+            wait(waitables, timeout=timeout)
+        else:
+            time.sleep(timeout)
+
+    def keep_idle(self, gpu: int, count: int) -> None:
+        idle = [p for p in self.processes if p.gpu == gpu and p.trial is None and not p.ending]
+        for worker in idle[max(0, count) :]:
+            self._dismiss(worker)
+
+    def _dismiss(self, worker: _Process) -> None:
+        worker.ending = True
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(None)
+
+    def close(self) -> list[Event]:
+        for worker in self.processes:
+            if worker.trial is not None and worker.process.is_alive():
+                worker.process.terminate()
+            else:
+                self._dismiss(worker)
+        deadline = time.monotonic() + 30
+        for worker in self.processes:
+            worker.process.join(max(0.1, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+        return self.events()
