@@ -217,8 +217,10 @@ def run_pool(
     spec: StudySpec,
     host: HostPlan,
     args: argparse.Namespace,
+    spare: list[Any] | None = None,
 ) -> Outcome:
-    """Run the study's trials on this host's planned GPUs until its budget is used."""
+    """Run the study's trials on this host's planned GPUs until its budget is used (`spare`:
+    trial processes prestarted by `orchestrator.processes.prestart`)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.memory import refine_from_trials
@@ -250,6 +252,7 @@ def run_pool(
         cpu_bound=host.cpu_bound,
         sim_memory_scale=args.sim_memory_scale,
         recycling=recycling_of(args),
+        spare=spare,
         timeout_s=args.timeout,
         grace_s=args.grace,
         metric=metric_name(adapter, spec.options),
@@ -302,6 +305,7 @@ def plan_and_run(
     spec: StudySpec,
     args: argparse.Namespace,
     open_study: Callable[[], optuna.Study],
+    spare: list[Any] | None = None,
 ) -> int:
     """What `run` and `worker` end with: plan this host, open the study (only once the plan
     fits, so a model that fits no GPU stores nothing), run it, print the result; the exit status."""
@@ -315,7 +319,9 @@ def plan_and_run(
             sim_dir=sim_dir,
         )
         study = open_study()
-        outcome = run_pool(url=url, storage=storage, study=study, spec=spec, host=host, args=args)
+        outcome = run_pool(
+            url=url, storage=storage, study=study, spec=spec, host=host, args=args, spare=spare
+        )
     print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
     return 130 if outcome.interrupted else 0
 

@@ -138,9 +138,11 @@ class Pool:
         cpu_bound: bool = False,
         sim_memory_scale: float = 1.0,
         recycling: Recycling | None = None,
+        spare: list[Any] | None = None,
         **options: Any,
     ) -> Pool:
-        """The real pool: the study in its database, trials in warm processes on this host."""
+        """The real pool: the study in its database, trials in warm processes on this host
+        (`spare`: processes from `orchestrator.processes.prestarted`, taken first)."""
         from orchestrator.processes import WarmProcesses
         from orchestrator.slots import threads_per_trial
         from orchestrator.stored_study import StoredStudy
@@ -164,7 +166,7 @@ class Pool:
             study=StoredStudy(storage_url=storage_url, engine=engine, study=study, spec=spec),
             plans=plans,
             probe=probe,
-            backend=WarmProcesses(configs),
+            backend=WarmProcesses(configs, spare=spare if spare is not None else []),
             host=host,
             **options,
         )

@@ -81,17 +81,48 @@ class _Process:
     ending: bool = False  # told to go, or said it will
 
 
+def _spawn_blank() -> _Process:
+    """A trial process that imports what trials need, then waits to be told its GPU."""
+    from orchestrator.trial_worker import serve
+
+    context = mp.get_context("spawn")
+    ours, theirs = context.Pipe(duplex=True)
+    company = context.Value("b", 0)
+    process = context.Process(target=serve, args=(theirs, company), daemon=False)
+    process.start()
+    theirs.close()
+    return _Process(-1, process, ours, company)
+
+
+def prestart(count: int = 1) -> list[_Process]:
+    """Trial processes started now, before the study and its GPUs are known: their imports then
+    overlap the supervisor's own start (storage, migrations, plan) instead of following it.
+
+    `WarmProcesses(spare=...)` takes them from the list; any still in it when this process exits
+    (an error came first) are told to go before multiprocessing waits for its children."""
+    from multiprocessing import util
+
+    spare = [_spawn_blank() for _ in range(count)]
+    util.Finalize(None, _dismiss_all, args=(spare,), exitpriority=10)
+    return spare
+
+
+def _dismiss_all(spare: list[_Process]) -> None:
+    for worker in spare:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(None)
+    spare.clear()
+
+
 @dataclass
 class WarmProcesses:
     """Trials in warm `spawn`ed processes, one GPU's configuration each."""
 
     configs: Mapping[int, WorkerConfig]
+    spare: list[_Process] = field(default_factory=list)  # prestarted, not yet given a GPU
     processes: list[_Process] = field(default_factory=list)
     _handles: itertools.count = field(default_factory=lambda: itertools.count(1))
     _pending: list[Event] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.context = mp.get_context("spawn")
 
     def start(self, gpu: int, job: TrialJob) -> int:
         worker = next(
@@ -108,16 +139,19 @@ class WarmProcesses:
         return handle
 
     def _spawn(self, gpu: int) -> _Process:
-        from orchestrator.trial_worker import serve
-
-        ours, theirs = self.context.Pipe(duplex=True)
-        company = self.context.Value("b", 0)
-        process = self.context.Process(
-            target=serve, args=(self.configs[gpu], theirs, company), daemon=False
-        )
-        process.start()
-        theirs.close()
-        worker = _Process(gpu, process, ours, company)
+        """A process for GPU `gpu`: a prestarted one if any is alive, else a new one."""
+        worker = None
+        while self.spare and worker is None:
+            candidate = self.spare.pop(0)
+            if candidate.process.is_alive():
+                worker = candidate
+            else:
+                candidate.process.join()
+        if worker is None:
+            worker = _spawn_blank()
+        worker.gpu = gpu
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(self.configs[gpu])  # its first message: which GPU, which study
         self.processes.append(worker)
         return worker
 
@@ -191,6 +225,7 @@ class WarmProcesses:
             worker.conn.send(None)
 
     def close(self) -> list[Event]:
+        _dismiss_all(self.spare)
         for worker in self.processes:
             if worker.trial is not None and worker.process.is_alive():
                 worker.process.terminate()

@@ -50,6 +50,10 @@ trial_vram = sa.Table(
     sa.Column("oom", sa.Boolean, nullable=False, default=False),
     sa.Column("state", sa.String(16), nullable=False),
     sa.Column("recorded_at", sa.DateTime, nullable=False),
+    sa.Column("pid", sa.Integer, nullable=True),  # the trial process (one runs many trials)
+    # How long the trial's ask waited for the study's budget lock, and held it.
+    sa.Column("ask_wait_ms", sa.Float, nullable=True),
+    sa.Column("ask_held_ms", sa.Float, nullable=True),
 )
 
 concurrency_events = sa.Table(

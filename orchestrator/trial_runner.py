@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import signal
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -147,7 +148,7 @@ def run_trial(
     spec = ctx.refresh_spec()
     ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
     ctx.study.pruner = ctx.pruner
-    trial = ask(ctx, spec)
+    trial, lock = ask(ctx, spec)
     if trial is None:
         return TrialOutcome(None, "NONE")
     notify(("asked", trial.number))
@@ -159,7 +160,7 @@ def run_trial(
         alone = result.oom and not company.value
         requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
         tell(ctx, trial, result)
-        record(ctx, job, trial, result)
+        record(ctx, job, trial, result, lock)
     return TrialOutcome(
         trial.number,
         result.state.name,
@@ -175,25 +176,43 @@ def run_trial(
     )
 
 
-def ask(ctx: TrialContext, spec: StudySpec) -> optuna.Trial | None:
-    """A new or queued trial, or None when the study's budget is used up.
+@dataclass(frozen=True)
+class LockTiming:
+    """How long an ask waited for the study's budget lock and then held it, in ms."""
+
+    wait_ms: float
+    held_ms: float
+
+
+def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTiming | None]:
+    """A new or queued trial (None when the study's budget is used up), and the lock's timing.
 
     The budget lock covers only counting and creating: the trials that changed since the last
     ask are read before it (Optuna's cache then has little left to fetch inside), and the
     count is two aggregate queries, so no ask waits on another's read."""
     from orchestrator.locks import budget_lock
-    from orchestrator.trial_counts import stored_count
 
     ctx.study._storage.get_all_trials(ctx.study_id, deepcopy=False)
+    asked_at = time.perf_counter()
     with budget_lock(ctx.config.storage_url, ctx.config.study_name):
-        if stop_requested():
-            return None
-        if not stored_count(ctx.engine, ctx.study_id).may_ask(spec.trials):
-            return None
-        trial = ctx.study.ask()
-        # A RUNNING trial with no heartbeat row is never found stale: record one before the lock
-        # goes, so that from here on a lost process always leaves a trial someone can fail.
-        ctx.storage.record_heartbeat(trial._trial_id)
+        locked_at = time.perf_counter()
+        trial = _count_and_create(ctx, spec)
+    done_at = time.perf_counter()
+    timing = LockTiming((locked_at - asked_at) * 1000, (done_at - locked_at) * 1000)
+    return trial, timing
+
+
+def _count_and_create(ctx: TrialContext, spec: StudySpec) -> optuna.Trial | None:
+    from orchestrator.trial_counts import stored_count
+
+    if stop_requested():
+        return None
+    if not stored_count(ctx.engine, ctx.study_id).may_ask(spec.trials):
+        return None
+    trial = ctx.study.ask()
+    # A RUNNING trial with no heartbeat row is never found stale: record one before the lock
+    # goes, so that from here on a lost process always leaves a trial someone can fail.
+    ctx.storage.record_heartbeat(trial._trial_id)
     return trial
 
 
@@ -314,11 +333,14 @@ def _peak_mb(ctx: TrialContext) -> float | None:
 
 
 def _release_memory(ctx: TrialContext) -> None:
-    """Give back what the trial held (outside any except block, so its traceback is gone)."""
-    gc.collect()
+    """Give back what the trial held (outside any except block, so its traceback is gone).
+
+    Only a GPU needs the collection now (tensors in reference cycles hold VRAM that the next
+    trial, or its peak, would otherwise count); on the CPU it would cost every trial ~100 ms."""
     if ctx.torch_device.type == "cuda":
         import torch
 
+        gc.collect()
         torch.cuda.empty_cache()
     if ctx.ledger is not None:
         from orchestrator.gpu.sim import process_holder
@@ -380,7 +402,13 @@ def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
     ctx.study.tell(trial, value, state=result.state)
 
 
-def record(ctx: TrialContext, job: TrialJob, trial: optuna.Trial, result: RunResult) -> None:
+def record(
+    ctx: TrialContext,
+    job: TrialJob,
+    trial: optuna.Trial,
+    result: RunResult,
+    lock: LockTiming | None,
+) -> None:
     from orchestrator import records
 
     device = ctx.config.device
@@ -397,4 +425,7 @@ def record(ctx: TrialContext, job: TrialJob, trial: optuna.Trial, result: RunRes
         concurrency=job.concurrency,
         oom=result.oom,
         state=result.state.name,
+        pid=os.getpid(),
+        ask_wait_ms=round(lock.wait_ms, 2) if lock else None,
+        ask_held_ms=round(lock.held_ms, 2) if lock else None,
     )

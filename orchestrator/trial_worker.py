@@ -72,10 +72,17 @@ def resident_mb() -> float | None:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def serve(config: WorkerConfig, conn: Connection, company: Any) -> None:
-    """Process entry point: never raises; answers every job with one TrialOutcome."""
+def serve(conn: Connection, company: Any) -> None:
+    """Process entry point: never raises; answers every job with one TrialOutcome.
+
+    The first message is the process's WorkerConfig: a process can start (and import torch and
+    Optuna, most of its start-up) before the supervisor knows which GPU it will serve."""
     install_signal_handlers()
-    pin_device(config.device)
+    _import_what_every_trial_needs()
+    config = _next_job(conn)
+    if not isinstance(config, WorkerConfig):
+        return
+    pin_device(config.device)  # before CUDA starts: importing torch does not start it
     try:
         from orchestrator.trial_context import TrialContext
 
@@ -84,6 +91,16 @@ def serve(config: WorkerConfig, conn: Connection, company: Any) -> None:
         logger.error("trial process could not start: %s", traceback.format_exc())
         _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), setup_failed=True))
         return
+    _serve_jobs(ctx, conn, company)
+
+
+def _import_what_every_trial_needs() -> None:
+    import optuna  # noqa: F401
+    import sqlalchemy  # noqa: F401
+    import torch  # noqa: F401
+
+
+def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
     trials_done, baseline = 0, None
     while True:
         job = _next_job(conn)
@@ -93,8 +110,7 @@ def serve(config: WorkerConfig, conn: Connection, company: Any) -> None:
             outcome = run_trial(ctx, job, conn.send, company)
         except BaseException as error:  # the trial's own errors are outcomes; this is the process
             logger.error("trial process failed: %s", traceback.format_exc())
-            outcome = TrialOutcome(None, "FAIL", error=_one_line(error), recycle="crashed")
-            _send(conn, outcome)
+            _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), recycle="crashed"))
             return
         if outcome.trial_number is not None:
             trials_done += 1
@@ -102,7 +118,7 @@ def serve(config: WorkerConfig, conn: Connection, company: Any) -> None:
         if baseline is None and trials_done == 1:
             baseline = memory  # after one trial: imports, the adapter and its caches are in
         reason = recycle_reason(
-            config.recycling,
+            ctx.config.recycling,
             outcome,
             trials_done=trials_done,
             resident_mb=memory,

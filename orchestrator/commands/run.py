@@ -84,6 +84,7 @@ def run_command(args: argparse.Namespace) -> int:
         plan_and_run,
     )
     from orchestrator.migrate import open_storage
+    from orchestrator.processes import prestart
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import describe_location, parse_url, resolve_storage_url
 
@@ -116,6 +117,7 @@ def run_command(args: argparse.Namespace) -> int:
         check_options(options)
     check_storage_for_workers(url)
 
+    spare = prestart(1)  # its imports overlap opening the storage and planning
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
     return plan_and_run(
@@ -124,6 +126,7 @@ def run_command(args: argparse.Namespace) -> int:
         adapter=adapter,
         spec=spec,
         args=args,
+        spare=spare,
         open_study=lambda: _store(storage, existing, spec, args.study or adapter.name),
     )
 

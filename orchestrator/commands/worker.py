@@ -33,6 +33,7 @@ def worker_command(args: argparse.Namespace) -> int:
         resolve_adapter,
     )
     from orchestrator.migrate import open_storage
+    from orchestrator.processes import prestart
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import describe_location, resolve_storage_url, sqlite_path
     from orchestrator.study import load_existing_study, load_spec
@@ -47,6 +48,7 @@ def worker_command(args: argparse.Namespace) -> int:
         raise UserError(
             f"no study database at {path}: start a study there with `python -m orchestrator run ADAPTER`"
         )
+    spare = prestart(1)  # its imports overlap opening the storage and planning
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     study = load_existing_study(storage, args.study, describe_location(url))
     spec = load_spec(study)
@@ -61,5 +63,6 @@ def worker_command(args: argparse.Namespace) -> int:
         adapter=resolve_adapter(spec),
         spec=spec,
         args=args,
+        spare=spare,
         open_study=lambda: study,
     )
