@@ -1,0 +1,137 @@
+"""The GPU check's edges: its state, the clock of its time budget, and the processes it starts
+(each from the repository root, with PYTHONPATH=. and its output kept in a log of the work folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_check_compare import Check
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+ADAPTER_PATH = "benchmarks.gpu_check_adapter:adapter"
+STUDY = "gpu-check"
+# A GPU-sized forecaster: its largest trials need tens of GB, more than the part of the GPU.
+TFT_OPTIONS = ("max_width=512", "max_window=256", "max_depth=4", "steps=6000")
+# A tiny one for --simulate, where trials train on the CPU.
+TINY_OPTIONS = ("max_width=16", "max_window=16", "max_depth=1", "steps=300")
+DQN_OPTIONS = ("steps_per_epoch=4000",)
+# What the check imports beside the standard library (pynvml and optuna-dashboard are optional).
+NEEDED = ("torch", "numpy", "optuna", "sqlalchemy", "alembic")
+TESTS_RESERVE_S = 150  # what the gpu-marked tests need at the end of the time budget
+
+
+class BadInput(Exception):
+    """Something the user typed cannot work: one line, exit status 2."""
+
+
+@dataclass
+class CheckRun:
+    """One run of the GPU check: its arguments, work folder, clock, results and checks."""
+
+    args: argparse.Namespace
+    work: Path
+    started: float
+    results: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+
+    def remaining(self) -> float:
+        return self.args.budget_seconds - (time.monotonic() - self.started)
+
+    def add(self, checks: Sequence[Check]) -> None:
+        self.checks.extend(checks)
+        for check in checks:
+            if check.ok is False:
+                say(f"FAIL {check.stage}: {check.name}: {check.detail}")
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("ORCHESTRATOR_STORAGE", None)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+
+def say(line: str) -> None:
+    print(f"{dt.datetime.now():%H:%M:%S} {line}", flush=True)
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+def run_logged(
+    run: CheckRun, name: str, command: Sequence[str], timeout: float
+) -> subprocess.CompletedProcess:
+    """Run `command` from the repository root, its output kept in WORK/NAME.log; a command that
+    outlives `timeout` is stopped with its whole process group (SIGTERM, then SIGKILL)."""
+    log = run.work / f"{name}.log"
+    process = subprocess.Popen(
+        list(command),
+        cwd=ROOT,
+        env=run.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its trial processes are then ours to stop with it
+    )
+    try:
+        out, err = process.communicate(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            out, err = process.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+        err += f"\n[gpu_check] stopped after {timeout:.0f} s\n"
+    log.write_text(f"$ {' '.join(command)}\n--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(list(command), process.returncode, out, err)
+
+
+def orchestrator(run: CheckRun, name: str, *args: str, timeout: float = 300) -> Any:
+    return run_logged(run, name, [sys.executable, "-m", "orchestrator", *args], timeout)
+
+
+def child(run: CheckRun, kind: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """A reading that needs torch's CUDA, taken in a child process (see gpu_check_nvml)."""
+    command = [sys.executable, str(SCRIPT), "--child", kind, json.dumps(payload)]
+    done = run_logged(run, f"child-{kind}", command, timeout)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"the {kind} reading failed: {done.stderr.strip()[-300:]}")
+    return json.loads(lines[-1])
+
+
+def options_args(options: Sequence[str]) -> list[str]:
+    return [part for option in options for part in ("--option", option)]
+
+
+def declared_model(adapter_ref: str, options: Sequence[str]) -> dict[str, float]:
+    import adapters
+
+    adapter = adapters.load_path(adapter_ref) if ":" in adapter_ref else adapters.get(adapter_ref)
+    model = adapters.memory_model_of(adapter, adapters.parse_options(adapter, list(options)))
+    return {"model_overhead_mb": model.model_overhead_mb, "per_sample_mb": model.per_sample_mb}
+
+
+def adapter_args(adapter: str) -> list[str]:
+    return ["--adapter-path", adapter] if ":" in adapter else [adapter]
+
+
+def plan_json(run: CheckRun, name: str, adapter: str, *args: str) -> dict[str, Any] | None:
+    done = orchestrator(run, name, "plan", *adapter_args(adapter), "--json", *args, timeout=120)
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout)
