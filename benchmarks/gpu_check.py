@@ -56,6 +56,8 @@ from benchmarks.gpu_check_run import (  # noqa: E402
     DQN_OPTIONS,
     NEEDED,
     ROOT,
+    STUDY_MIN_S,
+    TESTS_MAX_S,
     TFT_OPTIONS,
     BadInput,
     CheckRun,
@@ -201,7 +203,7 @@ def stage_tests(run: CheckRun, on_gpu: bool) -> None:
         detail = f"{found} in {', '.join(files)}; they run where there is a GPU"
         run.add([Check("tests", "gpu-marked tests are collected", found > 0, detail)])
         return
-    budget = run.remaining() - 10
+    budget = min(TESTS_MAX_S, run.remaining() - STUDY_MIN_S)
     if budget < 30:
         run.add([Check("tests", "gpu-marked tests pass", False, "time budget spent")])
         return
@@ -241,8 +243,8 @@ def write_docs(run: CheckRun) -> Path:
     args.docs.parent.mkdir(parents=True, exist_ok=True)
     args.docs.write_text(report.replace_section(page, report.docs_section(run.results)))
     if args.copy_to:
-        # The device returns at most 8 files: the results, the page and six logs.
-        for path in [args.docs, *sorted(run.work.glob("*.log"), key=_log_rank)[:6]]:
+        # Eight files at most: the results, the page, five logs and the console output beside them.
+        for path in [args.docs, *sorted(run.work.glob("*.log"), key=_log_rank)[:5]]:
             shutil.copy(path, args.copy_to / path.name)
     return args.docs
 
@@ -355,12 +357,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         ROOT / "benchmarks/results/gpu.json" if on_gpu else work / "gpu.json"
     )
     args.docs = args.docs or (ROOT / "docs/gpu.md" if on_gpu else work / "gpu.md")
-    run.results["mode"] = "no GPU"
-    steps = [stage_calibrate, lambda r: stage_study(r, gpu)] if on_gpu else [stage_plan_on_cpu]
-    if not on_gpu and args.simulate:
-        steps.append(lambda r: stage_study(r, None))
+    run.results["mode"] = "CPU-side checks only"
+    # On a GPU the tests come before the study: their cost is fixed, the study takes what is left.
+    steps = [stage_calibrate] if on_gpu else [stage_plan_on_cpu]
     if not args.skip_tests:
         steps.append(lambda r: stage_tests(r, on_gpu))
+    if on_gpu or args.simulate:
+        steps.append(lambda r: stage_study(r, gpu))
     for step in steps:
         step(run)
         write_results(run)

@@ -41,7 +41,7 @@ def verdict(checks: Iterable[Check]) -> bool:
 
 # --- 0. the command line of the orchestrator ---------------------------------------------
 
-_PART_FORM = re.compile(r"(?<![\w:])(?:\d+|N|INDEX|GPU|I):(?:MB|\d+)\b")
+_PART_FORM = re.compile(r"(?<![\w:])(?:\d+|N|INDEX|GPU|I):(?:MB|\d{3,})\b")
 
 
 def supports_gpu_part(help_text: str) -> bool:

@@ -35,7 +35,6 @@ from benchmarks.gpu_check_compare import (
 from benchmarks.gpu_check_run import (
     ADAPTER_PATH,
     STUDY,
-    TESTS_RESERVE_S,
     TFT_OPTIONS,
     TINY_OPTIONS,
     CheckRun,
@@ -106,13 +105,12 @@ def storage_url(run: CheckRun) -> str:
 def stage_study(run: CheckRun, gpu: GpuReading | None) -> None:
     spec, options, mode = study_setup(run, gpu)
     run.results["mode"] = mode
-    reserve = TESTS_RESERVE_S if gpu is not None and not run.args.skip_tests else 0
     plan = plan_json(
         run, "plan-study", ADAPTER_PATH, "--gpus", spec,
         "--swarm-size", str(run.args.swarm_size), *options_args(options),
     )  # fmt: skip
     context, readings = context_mb(run, options) if gpu is not None else (None, [])
-    seconds = run.remaining() - reserve - 30
+    seconds = run.remaining() - 30  # what is left, less the time to read the study back
     if seconds < 60:
         run.add([Check("study", "study ran", False, f"time budget spent ({seconds:.0f} s left)")])
         return

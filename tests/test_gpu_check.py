@@ -558,13 +558,13 @@ def test_without_a_gpu_it_says_so_runs_the_cpu_checks_and_exits_0(tmp_path) -> N
     said = [line for line in done.stdout.splitlines() if "no GPU here" in line]
     assert len(said) == 1
     results = json.loads((tmp_path / "gpu.json").read_text())
-    assert results["passed"] is True and results["mode"] == "no GPU"
+    assert results["passed"] is True and results["mode"] == "CPU-side checks only"
     names = {(c["stage"], c["name"]): c["ok"] for c in results["checks"]}
     assert names[("probe", "NVML and torch agree")] is True
     assert names[("plan", "--calibrate without a GPU: one line, exit 2")] is True
     assert names[("tests", "gpu-marked tests are collected")] is True
     page = (tmp_path / "gpu.md").read_text()
-    assert gpu_check_report.START in page and "| no GPU | no GPU |" in page
+    assert gpu_check_report.START in page and "| no GPU | CPU-side checks only |" in page
     assert (tmp_path / "work" / "plan-calibrate-cpu.log").exists()
 
 
@@ -607,3 +607,76 @@ def test_the_study_step_on_a_simulated_gpu_catches_ooms_and_keeps_the_budget(tmp
     copied = sorted(path.name for path in (tmp_path / "out").iterdir())
     assert "gpu.json" in copied and "gpu.md" in copied and "study.log" in copied
     assert len(copied) <= 8  # what the device machine hands back
+
+
+# --- NVML readings, over a stand-in for pynvml ---------------------------------------------
+
+
+def fake_pynvml(rounds: list[list[tuple[int, int | None]]], fail_after: int | None = None):  # noqa: ANN201
+    """pynvml with one GPU whose compute processes are `rounds[i]` at the i-th reading."""
+    import types
+
+    module = types.ModuleType("pynvml")
+    calls = {"n": 0}
+
+    def processes(handle: str) -> list:
+        assert handle == "handle-GPU-1234"
+        n = calls["n"]
+        calls["n"] += 1
+        if fail_after is not None and n >= fail_after:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        listed = rounds[min(n, len(rounds) - 1)]
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in listed]
+
+    module.nvmlInit = lambda: None
+    module.nvmlDeviceGetHandleByUUID = lambda uuid: f"handle-{uuid}"
+    module.nvmlDeviceGetHandleByIndex = lambda index: "handle-GPU-1234"
+    module.nvmlDeviceGetComputeRunningProcesses = processes
+    return module
+
+
+def test_the_sampler_records_each_process_and_skips_unknown_memory(monkeypatch) -> None:
+    import time
+
+    from benchmarks.gpu_check_nvml import NvmlSampler
+
+    mib = 1024 * 1024
+    rounds = [
+        [(11, 600 * mib)],
+        [(11, 2600 * mib), (12, None)],
+        [(11, 2600 * mib), (12, 700 * mib)],
+    ]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(rounds))
+    with NvmlSampler("GPU-1234", interval_s=0.01) as sampler:
+        deadline = time.monotonic() + 5
+        while sampler.readings < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert sampler.error is None and sampler.readings >= 4
+    assert [(s.pid, s.used_mb) for s in sampler.samples[:4]] == [
+        (11, 600.0),
+        (11, 2600.0),  # pid 12's memory was not available at that reading: no sample
+        (11, 2600.0),
+        (12, 700.0),
+    ]
+
+
+def test_the_sampler_gives_up_on_a_lost_gpu_and_says_why(monkeypatch) -> None:
+    from benchmarks.gpu_check_nvml import NvmlSampler, process_used_mb
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([[(5, 1024 * 1024)]], fail_after=1))
+    with NvmlSampler("GPU-1234", interval_s=0.001) as sampler:
+        sampler._thread.join(timeout=5)  # it stops by itself after repeated failures
+    assert not sampler._thread.is_alive()
+    assert sampler.readings == 1 and "GPU_IS_LOST" in (sampler.error or "")
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([[(5, 3 * 1024 * 1024), (6, None)]]))
+    assert process_used_mb(5) == 3.0
+    assert process_used_mb(6) is None and process_used_mb(7) is None
+
+
+def test_docs_gpu_md_has_one_results_section_for_a_gpu_run_to_replace() -> None:
+    page = (ROOT / "docs" / "gpu.md").read_text()
+    assert page.count(gpu_check_report.START) == 1 and page.count(gpu_check_report.END) == 1
+    updated = gpu_check_report.replace_section(page, gpu_check_report.docs_section(RESULTS))
+    assert "Not yet run on a GPU" not in updated and "| NVIDIA H200 (143,771 MB) |" in updated
+    assert updated.split(gpu_check_report.START)[0] == page.split(gpu_check_report.START)[0]
+    assert updated.split(gpu_check_report.END)[1] == page.split(gpu_check_report.END)[1]
