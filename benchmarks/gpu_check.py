@@ -6,7 +6,7 @@
 2. calibrate: `plan dqn --calibrate` and `plan tft --calibrate` (a GPU-sized tft), declared
    against measured memory models;
 3. study: a real study of tft on part of the GPU (24,576 MB per trial process; `--gpus 0:24576`
-   too where `run` offers it) with a memory model ten times too low
+   too where `run` offers it) with a memory model fifty times too low
    (benchmarks/gpu_check_adapter.py), so that real CUDA out-of-memory errors happen and the pool
    must catch them, halve and re-run;
 4. vram: each trial's `vram_peak_mb` against what NVML saw for that trial's process (within 5%,
@@ -279,7 +279,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="MB",
         help="the part of the GPU the study may use (default 24576)",
     )
-    parser.add_argument("--trials", type=int, default=24, help="the study's budget (default 24)")
+    parser.add_argument("--trials", type=int, default=20, help="the study's budget (default 20)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per trial (default 3)")
     parser.add_argument(
         "--swarm-size", type=int, default=8, help="the most trials at once (default 8)"
@@ -290,7 +290,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="MB",
         help="run the study on a simulated GPU of MB (no GPU needed)",
     )
-    parser.add_argument("--sim-memory-scale", type=float, default=8.0, metavar="F")
+    parser.add_argument("--sim-memory-scale", type=float, default=40.0, metavar="F")
     parser.add_argument("--skip-tests", action="store_true", help="leave out step 5")
     parser.add_argument(
         "--results",

@@ -3,8 +3,9 @@
 `benchmarks/gpu_check.py` runs a real study of this adapter so that real CUDA out-of-memory errors
 happen, and checks that the pool catches them, re-runs the trials and records what each used:
 
-- `memory_model` is tft's declared model times `undersize` (default 0.1): the planner believes
-  ten times more fits than does, so it plans wide and admits batches that cannot fit.
+- `memory_model` is tft's declared model times `undersize` (default 0.02): the planner believes
+  fifty times more fits than does, so it plans wide and lets every trial's batch size reach the
+  top of the search space (4096), where they cannot fit.
 - Width, window and depth stay at the options' maxima, the model `plan --calibrate` measures, so a
   trial's memory depends on its batch size alone and the calibration says which batches fit.
   The sampler searches learning rate, batch size, dropout and weight decay.
@@ -49,7 +50,7 @@ def memory_fraction(part_mb: float, total_bytes: int) -> float | None:
 class UndersizedForecaster(SupervisedForecasterAdapter):
     name = "tft-undersized"
     description = "tft at one fixed model size with a memory model too low on purpose (GPU check)"
-    options = {**SupervisedForecasterAdapter.options, "undersize": 0.1, "part_mb": 0.0}
+    options = {**SupervisedForecasterAdapter.options, "undersize": 0.02, "part_mb": 0.0}
     default_trials = 24
 
     def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:
@@ -59,8 +60,8 @@ class UndersizedForecaster(SupervisedForecasterAdapter):
     def check_options(self, options: Mapping[str, Any]) -> None:
         from orchestrator.errors import UserError
 
-        if not 0 < float(options.get("undersize", 0.1)) <= 1:
-            raise UserError("option undersize must be more than 0 and at most 1, e.g. 0.1")
+        if not 0 < float(options.get("undersize", self.options["undersize"])) <= 1:
+            raise UserError("option undersize must be more than 0 and at most 1, e.g. 0.02")
         if float(options.get("part_mb", 0.0)) < 0:
             raise UserError("option part_mb must be 0 (the whole GPU) or a number of MB")
         super().check_options(options)

@@ -8,7 +8,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -75,8 +74,10 @@ def say(line: str) -> None:
 def run_logged(
     run: CheckRun, name: str, command: Sequence[str], timeout: float
 ) -> subprocess.CompletedProcess:
-    """Run `command` from the repository root, its output kept in WORK/NAME.log; a command that
-    outlives `timeout` is stopped with its whole process group (SIGTERM, then SIGKILL)."""
+    """Run `command` from the repository root, its output kept in WORK/NAME.log. One that outlives
+    `timeout` (or the check's time budget) gets SIGTERM (`run` then stops its trials within its grace period and re-queues
+    them), and SIGKILL 45 s later. It stays in this process group, so whatever stops the check
+    stops it and its trial processes too."""
     log = run.work / f"{name}.log"
     process = subprocess.Popen(
         list(command),
@@ -85,18 +86,17 @@ def run_logged(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its trial processes are then ours to stop with it
     )
     try:
-        out, err = process.communicate(timeout=max(1.0, timeout))
+        out, err = process.communicate(timeout=max(1.0, min(timeout, run.remaining())))
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGTERM)
+        process.terminate()
         try:
-            out, err = process.communicate(timeout=40)
+            out, err = process.communicate(timeout=45)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            process.kill()
             out, err = process.communicate()
-        err += f"\n[gpu_check] stopped after {timeout:.0f} s\n"
+        err += "\n[gpu_check] stopped: it ran out of time\n"
     log.write_text(f"$ {' '.join(command)}\n--- stdout\n{out}\n--- stderr\n{err}")
     return subprocess.CompletedProcess(list(command), process.returncode, out, err)
 
@@ -110,9 +110,12 @@ def child(run: CheckRun, kind: str, payload: dict[str, Any], timeout: float) -> 
     command = [sys.executable, str(SCRIPT), "--child", kind, json.dumps(payload)]
     done = run_logged(run, f"child-{kind}", command, timeout)
     lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"the {kind} reading failed: {done.stderr.strip()[-300:]}")
-    return json.loads(lines[-1])
+    try:
+        if done.returncode == 0 and lines:
+            return json.loads(lines[-1])
+    except ValueError:
+        pass
+    raise RuntimeError(f"the {kind} reading failed: {done.stderr.strip()[-300:]}")
 
 
 def options_args(options: Sequence[str]) -> list[str]:
@@ -135,4 +138,7 @@ def plan_json(run: CheckRun, name: str, adapter: str, *args: str) -> dict[str, A
     done = orchestrator(run, name, "plan", *adapter_args(adapter), "--json", *args, timeout=120)
     if done.returncode != 0:
         return None
-    return json.loads(done.stdout)
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        return None

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from benchmarks.gpu_check_adapter import UndersizedForecaster
 from benchmarks.gpu_check_compare import (
     Check,
     GpuReading,
@@ -46,7 +47,7 @@ from benchmarks.gpu_check_run import (
     say,
 )
 
-UNDERSIZE = 0.1
+UNDERSIZE = UndersizedForecaster.options["undersize"]  # the memory model, 50 times too low
 CONTEXT_BATCHES = [64, 512]
 
 

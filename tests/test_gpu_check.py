@@ -588,7 +588,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], words: str, tmp_path)
 @pytest.mark.slow
 def test_the_study_step_on_a_simulated_gpu_catches_ooms_and_keeps_the_budget(tmp_path) -> None:
     done = run_script(
-        "--simulate", "1000", "--sim-memory-scale", "8", "--swarm-size", "4", "--trials", "6",
+        "--simulate", "1000", "--sim-memory-scale", "40", "--swarm-size", "4", "--trials", "6",
         "--epochs", "1", "--skip-tests", "--work-dir", str(tmp_path / "work"),
         "--results", str(tmp_path / "gpu.json"), "--docs", str(tmp_path / "gpu.md"),
         "--copy-to", str(tmp_path / "out"),
@@ -680,3 +680,18 @@ def test_docs_gpu_md_has_one_results_section_for_a_gpu_run_to_replace() -> None:
     assert "Not yet run on a GPU" not in updated and "| NVIDIA H200 (143,771 MB) |" in updated
     assert updated.split(gpu_check_report.START)[0] == page.split(gpu_check_report.START)[0]
     assert updated.split(gpu_check_report.END)[1] == page.split(gpu_check_report.END)[1]
+
+
+def test_a_command_that_outlives_its_time_is_stopped_and_logged(tmp_path) -> None:
+    import argparse
+    import time
+
+    from benchmarks.gpu_check_run import CheckRun, run_logged
+
+    run = CheckRun(argparse.Namespace(budget_seconds=60), tmp_path, time.monotonic())
+    started = time.monotonic()
+    sleeper = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+    done = run_logged(run, "sleeper", sleeper, timeout=2)
+    assert time.monotonic() - started < 30 and done.returncode != 0
+    log = (tmp_path / "sleeper.log").read_text()
+    assert "started" in log and "[gpu_check] stopped: it ran out of time" in log
