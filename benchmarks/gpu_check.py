@@ -290,7 +290,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="MB",
         help="run the study on a simulated GPU of MB (no GPU needed)",
     )
-    parser.add_argument("--sim-memory-scale", type=float, default=40.0, metavar="F")
+    parser.add_argument("--sim-memory-scale", type=float, default=60.0, metavar="F")
     parser.add_argument("--skip-tests", action="store_true", help="leave out step 5")
     parser.add_argument(
         "--results",

@@ -12,8 +12,6 @@ happen, and checks that the pool catches them, re-runs the trials and records wh
 - `part_mb` (default 0: the whole GPU) is the part of the GPU a trial process may use: `train`
   calls `torch.cuda.set_per_process_memory_fraction` before it allocates anything, so a trial
   that needs more gets a real `torch.cuda.OutOfMemoryError` from CUDA's caching allocator.
-- `suggest` records the trial process's id as the user attribute `pid`: the orchestrator records
-  the supervisor's pid (orch_workers) but not a trial's, and NVML reports memory per process.
 
     python -m orchestrator run --adapter-path benchmarks.gpu_check_adapter:adapter --gpus 0 \\
         --option part_mb=24576 --option max_width=512 --option max_window=256 --option max_depth=4
@@ -21,7 +19,6 @@ happen, and checks that the pool catches them, re-runs the trials and records wh
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +64,6 @@ class UndersizedForecaster(SupervisedForecasterAdapter):
         super().check_options(options)
 
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
-        trial.set_user_attr("pid", os.getpid())
         sizes = _sizes(options)
         return {
             "learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-2, log=True),

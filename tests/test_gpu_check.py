@@ -508,13 +508,12 @@ def test_the_part_of_the_gpu_as_a_fraction(part_mb, total_bytes, fraction) -> No
     assert gpu_check_adapter.memory_fraction(part_mb, total_bytes) == fraction
 
 
-def test_suggest_records_the_pid_and_keeps_the_largest_model() -> None:
+def test_suggest_keeps_the_largest_model_and_searches_the_rest() -> None:
     adapter = gpu_check_adapter.adapter
     options = parse_options(adapter, SMALL)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     trial = study.ask()
     params = adapter.suggest(trial, options)
-    assert trial.user_attrs["pid"] == os.getpid()
     assert (params["width"], params["window"], params["depth"]) == (32, 24, 2)
     assert set(trial.params) == {"learning_rate", "batch_size", "dropout", "weight_decay"}
     value = adapter.train(
@@ -588,7 +587,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], words: str, tmp_path)
 @pytest.mark.slow
 def test_the_study_step_on_a_simulated_gpu_catches_ooms_and_keeps_the_budget(tmp_path) -> None:
     done = run_script(
-        "--simulate", "1000", "--sim-memory-scale", "40", "--swarm-size", "4", "--trials", "6",
+        "--simulate", "1000", "--sim-memory-scale", "60", "--swarm-size", "4", "--trials", "6",
         "--epochs", "1", "--skip-tests", "--work-dir", str(tmp_path / "work"),
         "--results", str(tmp_path / "gpu.json"), "--docs", str(tmp_path / "gpu.md"),
         "--copy-to", str(tmp_path / "out"),
