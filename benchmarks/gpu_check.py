@@ -33,8 +33,10 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as a script: find the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -250,7 +252,7 @@ def write_docs(run: CheckRun) -> Path:
 
 
 def _log_rank(path: Path) -> tuple[int, str]:
-    first = ("study", "tests", "calibrate-tft", "calibrate-dqn", "child-context", "child-probe")
+    first = ("crash", "study", "tests", "calibrate-tft", "calibrate-dqn", "child-context")
     return (first.index(path.stem) if path.stem in first else len(first), path.name)
 
 
@@ -349,7 +351,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ["benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]
     )
     run.results["started_at"] = f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
-    gpu = stage_probe(run)
+    found: list[GpuReading | None] = []
+    guarded(run, lambda r: found.append(stage_probe(r)))
+    gpu = found[0] if found else None
     on_gpu = gpu is not None
     if not on_gpu:
         say("no GPU here (NVML and torch see none): running the CPU-side checks only")
@@ -365,9 +369,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if on_gpu or args.simulate:
         steps.append(lambda r: stage_study(r, gpu))
     for step in steps:
-        step(run)
+        guarded(run, step)
         write_results(run)
     return finish(run)
+
+
+def guarded(run: CheckRun, step: Any) -> None:
+    """Run one step; one that breaks fails a check, with its traceback in WORK/crash.log, and the
+    other steps still run: on a machine lent for minutes, a partial answer beats none."""
+    try:
+        step(run)
+    except Exception as error:
+        with open(run.work / "crash.log", "a") as log:
+            log.write(traceback.format_exc() + "\n")
+        run.add(
+            [Check("check", "a step ran to its end", False, f"{type(error).__name__}: {error}")]
+        )
 
 
 def finish(run: CheckRun) -> int:

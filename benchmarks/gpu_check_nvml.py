@@ -77,10 +77,24 @@ def process_used_mb(pid: int, uuid: str | None = None) -> float | None:
     return None
 
 
+def device_used_mb() -> float | None:
+    """What NVML says is in use on the first GPU, by every process; None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used / MIB
+    except Exception:
+        return None
+
+
 def context_reading(adapter_path: str, options: Mapping[str, Any], batch_sizes: list[int]) -> dict:
     """The memory a CUDA process holds outside torch's allocator (context, loaded kernels): one
     epoch of the study's model at each batch size, then NVML's figure for this process less
-    torch's reserved memory. The trials' kernels are then loaded here too."""
+    torch's reserved memory. The trials' kernels are then loaded here too. Where NVML does not
+    list this process under its own pid (a container), the GPU's memory in use, less what it was
+    before this process touched CUDA, stands in (nothing else runs on the GPU meanwhile)."""
+    before = device_used_mb()  # before the first CUDA call of this process
     import torch
 
     import adapters
@@ -93,12 +107,16 @@ def context_reading(adapter_path: str, options: Mapping[str, Any], batch_sizes: 
     for batch_size in batch_sizes:
         calibration_epoch(adapter, options, batch_size, device)
         torch.cuda.synchronize(device)
-        used = process_used_mb(os.getpid())
         reserved = torch.cuda.memory_reserved(device) / MIB
+        used, source = process_used_mb(os.getpid()), "process"
+        if used is None and before is not None:
+            after = device_used_mb()
+            used, source = (None, "") if after is None else (after - before, "device")
         readings.append(
             {
                 "batch_size": batch_size,
                 "nvml_used_mb": used,
+                "source": source,
                 "reserved_mb": reserved,
                 "context_mb": None if used is None else used - reserved,
             }

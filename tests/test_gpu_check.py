@@ -694,3 +694,21 @@ def test_a_command_that_outlives_its_time_is_stopped_and_logged(tmp_path) -> Non
     assert time.monotonic() - started < 30 and done.returncode != 0
     log = (tmp_path / "sleeper.log").read_text()
     assert "started" in log and "[gpu_check] stopped: it ran out of time" in log
+
+
+def test_a_step_that_breaks_fails_a_check_and_the_run_goes_on(tmp_path) -> None:
+    import argparse
+    import time
+
+    from benchmarks.gpu_check import guarded
+    from benchmarks.gpu_check_run import CheckRun
+
+    run = CheckRun(argparse.Namespace(budget_seconds=60), tmp_path, time.monotonic())
+    guarded(run, lambda r: {}["calibration"])
+    guarded(run, lambda r: r.add([Check("tests", "after it", True, "ran")]))
+    assert [(c.name, c.ok) for c in run.checks] == [
+        ("a step ran to its end", False),
+        ("after it", True),
+    ]
+    assert "KeyError: 'calibration'" in run.checks[0].detail
+    assert "Traceback" in (tmp_path / "crash.log").read_text()
