@@ -169,6 +169,7 @@ def stage_calibrate(run: CheckRun) -> None:
             run.add([Check("calibrate", f"{adapter}: calibrated", False, "time budget spent")])
             continue
         common = ["--gpus", "0", "--storage", storage, *options_args(options)]
+        say(f"calibrate: plan {adapter} --calibrate {' '.join(options)}")
         done = orchestrator(
             run, f"calibrate-{adapter}", "plan", adapter, "--calibrate", *common, timeout=240
         )
@@ -209,6 +210,7 @@ def stage_tests(run: CheckRun, on_gpu: bool) -> None:
     if budget < 30:
         run.add([Check("tests", "gpu-marked tests pass", False, "time budget spent")])
         return
+    say(f"tests: python -m pytest -m gpu {' '.join(files)}")
     started = time.monotonic()
     done = run_logged(run, "tests", pytest, timeout=budget)
     counts = parse_pytest_summary(done.stdout)
@@ -355,7 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     guarded(run, lambda r: found.append(stage_probe(r)))
     gpu = found[0] if found else None
     on_gpu = gpu is not None
-    if not on_gpu:
+    if on_gpu:
+        say(f"{gpu.name}, {gpu.total_mb:,.0f} MB: probing, calibrating, testing, then the study")
+    else:
         say("no GPU here (NVML and torch see none): running the CPU-side checks only")
     args.results = args.results or (
         ROOT / "benchmarks/results/gpu.json" if on_gpu else work / "gpu.json"
