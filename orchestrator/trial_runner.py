@@ -109,6 +109,19 @@ def oom_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+# When the GPU is truly full, cuBLAS, cuDNN or the context itself can fail with a RuntimeError
+# instead of torch's OutOfMemoryError: the same event, and it gets the same treatment.
+CUDA_OOM_MARKS = (
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
+
+
+def is_cuda_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, RuntimeError) and any(mark in str(error) for mark in CUDA_OOM_MARKS)
+
+
 CUDA_ERROR_MARKS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error", "NCCL error")
 
 
@@ -274,11 +287,12 @@ def run_objective(
     except Interrupted as caught:
         result.interrupted, result.error = True, str(caught)
     except Exception as caught:
-        result.error, result.cuda_error = (
-            f"{type(caught).__name__}: {caught}",
-            is_cuda_error(caught),
-        )
-        logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
+        if is_cuda_out_of_memory(caught):
+            result.oom, result.error = True, f"out of memory: {str(caught).splitlines()[0]}"
+        else:
+            result.error = f"{type(caught).__name__}: {caught}"
+            result.cuda_error = is_cuda_error(caught)
+            logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
     result.peak_mb = _peak_mb(ctx)
     _release_memory(ctx)
     return result

@@ -169,3 +169,20 @@ def test_recycle_reason_without_limits_keeps_the_process():
         baseline_mb=1.0,
     )
     assert reason is None
+
+
+@pytest.mark.parametrize(
+    ("error", "oom", "cuda"),
+    [
+        (RuntimeError("CUDA error: out of memory"), True, True),
+        (RuntimeError("CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate(handle)"), True, True),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False, True),
+        (RuntimeError("shapes cannot be multiplied"), False, False),
+        (ValueError("CUDA error: out of memory"), False, False),
+    ],
+)
+def test_cuda_failures_are_told_apart(error, oom, cuda):
+    from orchestrator.trial_runner import is_cuda_error, is_cuda_out_of_memory
+
+    assert is_cuda_out_of_memory(error) is oom
+    assert is_cuda_error(error) is cuda
