@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
-    from optuna.storages import BaseStorage, RDBStorage
+    from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
     from orchestrator.records import ConcurrencyEvent
+    from orchestrator.study import BudgetCount
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 # A study with more than one objective has no single best trial; its `direction` reads this.
@@ -340,15 +341,14 @@ def study_row(
     name: str,
     user_attrs: dict[str, Any],
     directions: Sequence[str],
-    trials: Sequence[FrozenTrial],
+    count: BudgetCount,
+    best: BestTrial | None,
 ) -> StudyRow:
-    from orchestrator.study import SPEC_ATTR, StudySpec, count_trials
+    from orchestrator.study import SPEC_ATTR, StudySpec
 
     spec_attr = user_attrs.get(SPEC_ATTR)
     spec = StudySpec.from_attr(spec_attr) if isinstance(spec_attr, dict) else None
-    count = count_trials(trials)
     direction = direction_of(directions)
-    best = best_of(trials, direction)
     return StudyRow(
         name=name,
         adapter=spec.adapter if spec else None,
@@ -453,14 +453,30 @@ def _guarded(storage: RDBStorage):  # noqa: ANN202
     return guard()
 
 
-def list_studies(storage: BaseStorage) -> list[StudyRow]:
+def list_studies(storage: RDBStorage) -> list[StudyRow]:
+    """Every study with its counts and best trial: aggregate queries, no trial read in full."""
+    from orchestrator.trial_counts import stored_count
+
     rows = []
     with _guarded(storage):
         for study in sorted(storage.get_all_studies(), key=lambda s: s.study_name):
-            trials = storage.get_all_trials(study._study_id, deepcopy=False)
             directions = [d.name.lower() for d in study.directions]
-            rows.append(study_row(study.study_name, dict(study.user_attrs), directions, trials))
+            count = stored_count(storage.engine, study._study_id)
+            best = _stored_best(storage, study._study_id, direction_of(directions))
+            rows.append(
+                study_row(study.study_name, dict(study.user_attrs), directions, count, best)
+            )
     return rows
+
+
+def _stored_best(storage: RDBStorage, study_id: int, direction: str) -> BestTrial | None:
+    if direction == MULTI_OBJECTIVE:
+        return None
+    try:
+        trial = storage.get_best_trial(study_id)  # one ordered query, one trial read
+    except ValueError:
+        return None
+    return best_of([trial], direction)
 
 
 def _has_table(storage: RDBStorage, name: str) -> bool:
@@ -526,11 +542,12 @@ def study_detail(storage: RDBStorage, name: str, storage_label: str) -> StudyDet
         load_spec,
         retried_trial_numbers,
     )
+    from orchestrator.trial_reader import read_trials
 
     with _guarded(storage):
         study = load_existing_study(storage, name, storage_label)
         spec = load_spec(study)
-        trials = study.get_trials(deepcopy=False)
+        trials = read_trials(storage.engine, study._study_id)
         # `study.direction` raises on a multi-objective study: read `directions`.
         directions = [d.name.lower() for d in study.directions]
         direction = direction_of(directions)
