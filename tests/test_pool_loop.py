@@ -1,0 +1,86 @@
+"""The pool's loop itself, on simulated trials and a virtual clock: no processes, no database,
+no sleeping. The same `Pool` that `run` drives; `orchestrator.simulated_backend` plays the rest."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapters.base import MemoryModel
+from orchestrator.gpu.base import Device
+from orchestrator.planner import plan_node
+from orchestrator.pool import Pool
+from orchestrator.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
+from orchestrator.stopping import Step, Stop, next_step
+
+GPU = Device(0, "Simulated GPU", "sim-0", 10_000.0, kind="sim")
+
+
+def _pool(trials: list[SimTrial], *, budget: int | None = None, **options):
+    model = MemoryModel(1000.0, 0.0)
+    (plan,) = plan_node([GPU], model, cpu_bound=False, cpu_cores=8, swarm_size=20).gpus
+    study = SimulatedStudy(budget=budget or len(trials))
+    backend = SimulatedTrials(study, trials, [GPU])
+    pool = Pool(
+        study=study, plans=[plan], probe=backend, backend=backend, clock=backend.clock, **options
+    )
+    return pool, study, backend
+
+
+def test_every_trial_of_the_budget_runs_and_no_more():
+    pool, study, backend = _pool([SimTrial(64, 1000.0, 60.0)] * 30, budget=12)
+    result = pool.run()
+    assert study.complete == 12 and study.running == 0
+    assert result.trials_run == 12 and result.ooms == 0
+    # 8 GB usable at 1 GB a trial: 8 slots, started at 4, ramped up after the first wave.
+    reasons = [(e.reason, e.from_slots, e.to_slots) for e in study.events]
+    assert reasons[:2] == [("start", 0, 4), ("rampup", 4, 8)]
+
+
+def test_trials_that_need_three_times_the_estimate_halve_the_slots_and_are_re_run():
+    pool, study, backend = _pool([SimTrial(64, 3000.0, 60.0)] * 10)
+    result = pool.run()
+    assert study.complete == 10 and study.failed == 0  # every OOM'd trial was re-run
+    assert result.ooms == backend.ooms > 0
+    halvings = [e for e in study.events if e.reason in ("oom", "degrade")]
+    assert halvings and all(e.to_slots == max(1, e.from_slots // 2) for e in halvings)
+
+
+def test_the_timeout_starts_nothing_new_and_running_trials_finish():
+    pool, study, backend = _pool([SimTrial(64, 1000.0, 100.0)] * 20, timeout_s=150.0)
+    result = pool.run()
+    assert not result.interrupted
+    # 4 started at 0 s, 8 more at 100 s (ramped up); at 150 s nothing new, the 8 finish at 200 s.
+    assert study.complete == 12 and study.running == 0
+    assert backend.now == pytest.approx(200.0)
+
+
+def test_a_signal_drains_then_stops_after_the_grace_period():
+    pool, study, backend = _pool([SimTrial(64, 1000.0, 100.0)] * 20, grace_s=30.0)
+    pool.signals = 1  # as if Ctrl-C came before the first pass
+    result = pool.run()
+    assert result.interrupted and result.trials_run == 0 and study.running == 0
+
+
+@pytest.mark.parametrize(
+    ("stop", "now", "running", "finished", "step"),
+    [
+        (Stop(0.0), 10.0, 3, False, Step.START),
+        (Stop(0.0), 10.0, 0, True, Step.DONE),
+        (Stop(0.0), 10.0, 2, True, Step.START),  # ours still run: a lost one may come back
+        (Stop(0.0, timeout_s=5.0), 10.0, 2, False, Step.DRAIN),
+        (Stop(0.0, timeout_s=5.0), 10.0, 0, False, Step.DONE),
+        (Stop(0.0, grace_s=30.0, signalled_at=5.0), 10.0, 2, False, Step.DRAIN),
+        (Stop(0.0, grace_s=30.0, signalled_at=5.0), 40.0, 2, False, Step.STOP_RUNNING),
+        (Stop(0.0, grace_s=30.0, signalled_at=5.0), 10.0, 0, False, Step.DONE),
+    ],
+)
+def test_next_step(stop, now, running, finished, step):
+    assert next_step(stop, now=now, running=running, budget_finished=finished)[1] is step
+
+
+def test_a_second_signal_ends_the_grace_period():
+    stop = Stop(0.0, grace_s=30.0).signalled(5.0)
+    assert stop.signalled_at == 5.0 and stop.grace_s == 30.0
+    again = stop.signalled(6.0)
+    assert again.signalled_at == 5.0 and again.grace_s == 0.0
+    assert next_step(again, now=6.0, running=1, budget_finished=False)[1] is Step.STOP_RUNNING
