@@ -1,23 +1,24 @@
-"""How many trials an hour a GPU gets through, and how many it loses, under four ways of filling it.
+"""How many trials an hour one GPU gets through, and how many OOMs and lost trials it costs.
 
-A discrete-event simulation of one simulated 24 GB GPU fed a stream of trials whose true memory
-differs from the memory model's estimate by a random factor (log-normal, `--spread`). Each way
-of filling the GPU sees the same trials in the same order:
+A simulated 24 GB GPU is fed a stream of trials whose batch sizes are drawn over the search
+space's whole range (64..4096, log scale) and whose true memory differs from the memory model's
+estimate by a random factor (log-normal, `--spread`). Every strategy sees the same trials in the
+same order. A trial takes its memory 5 s after it starts (model and first batch); one that does
+not fit runs out of memory then, and the time until then is lost.
 
-- sequential: one trial at a time;
+- sequential: one trial at a time (the pool with --concurrency 1);
 - fixed: as many at once as the node has CPU cores (the seed's starting point), no protection:
   a trial that runs out of memory is lost;
-- pool: this project's supervisor itself: `orchestrator.pool.Pool`, the loop `run` uses, on
-  a simulated backend and a virtual clock (`orchestrator.simulated_backend`), with its plan from
-  `orchestrator.planner` (ramp-up from half, halving on OOM, the free-VRAM watchdog, re-queueing
-  an OOM'd trial up to twice);
-- oracle: knows every trial's true memory and starts a trial whenever it fits, up to the same
-  swarm-size cap; it never runs out of memory. It fills the GPU to the last MB, which a real
-  allocator cannot; "oracle 80%" knows the same but keeps the planner's 20% for the allocator,
-  so the gap between the two is the price of that reserve, not of the estimate being wrong.
-
-A trial that does not fit runs out of memory a few seconds after it starts; the time until then
-is lost. The simulation measures the policy, not process start-up (see tests for the processes).
+- equal slots: the pool as it was before admission by bytes (`benchmarks/_equal_slots.py`): N
+  slots sized at the smallest batch, ramp-up, halving, watchdog, OOM'd trials re-run twice;
+- bytes, fixed: this project's pool, `orchestrator.pool.Pool` itself on a simulated backend and
+  a virtual clock (`orchestrator.simulated_backend`), admitting trials by their estimate, with
+  the estimate never refined;
+- bytes, learning: the same, refining the estimate from each finished trial (`footprint`) as
+  `run` does;
+- oracle: knows every trial's true memory and starts a trial whenever it fits, up to the swarm;
+  it never runs out of memory, and fills the GPU to the last MB, which a real allocator cannot;
+  "oracle 80%" knows the same but keeps the planner's 20% for the allocator.
 
     python benchmarks/bench_pool.py                # 200 trials, spreads 0.1 0.25 0.5, 10 seeds
     python benchmarks/bench_pool.py --seeds 3      # quicker
@@ -35,15 +36,28 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from _equal_slots import SlotPolicy, after_trial, before_spawn
+
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
-from orchestrator.planner import GpuPlan, plan_node
+from orchestrator.planner import GpuPlan, HardwareBudget, plan_node
 from orchestrator.pool import Pool
 from orchestrator.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
 
 GPU_MB = 24576
-OOM_AFTER_S = 5.0  # an allocation fails early in a trial: model and first batch
+ALLOCATE_AFTER_S = 5.0  # a trial takes its memory early: model and first batch
 MAX_RETRIES = 2
+BATCHES = (64, 4096)  # the search space's range, which every adapter declares
+WARM_UP = 10  # OOMs of the first trials are the price of learning; later ones are counted apart
+STRATEGIES = (
+    "sequential",
+    "fixed",
+    "equal slots",
+    "bytes, fixed",
+    "bytes, learning",
+    "oracle80",
+    "oracle",
+)
 
 
 @dataclass(frozen=True)
@@ -54,19 +68,14 @@ class Trial:
     seconds: float
 
 
-def make_trials(
-    n: int, model: MemoryModel, bounds: tuple[int, int], spread: float, rng: random.Random
-) -> list[Trial]:
+def make_trials(n: int, model: MemoryModel, spread: float, rng: random.Random) -> list[Trial]:
+    low, high = BATCHES
     trials = []
-    low, high = bounds
     for _ in range(n):
         batch = int(round(math.exp(rng.uniform(math.log(low), math.log(high)))))
         estimate = model.planned_mb(batch)
-        trials.append(
-            Trial(
-                batch, estimate, estimate * math.exp(rng.gauss(0.0, spread)), rng.uniform(60, 180)
-            )
-        )
+        true = estimate * math.exp(rng.gauss(0.0, spread))
+        trials.append(Trial(batch, estimate, true, rng.uniform(60, 180)))
     return trials
 
 
@@ -74,6 +83,7 @@ def make_trials(
 class Result:
     completed: int = 0
     ooms: int = 0
+    late_ooms: int = 0  # OOMs of trials after the first WARM_UP
     lost: int = 0
     hours: float = 0.0
 
@@ -82,70 +92,143 @@ class Result:
         return self.completed / self.hours if self.hours else 0.0
 
 
-def simulate(
-    trials: list[Trial], strategy: str, *, max_slots: int, cpu_count: int, swarm: int
-) -> Result:
-    """The reference strategies' event loop: (finish time, sequence, trial index, oom?) in a
-    heap, a virtual clock. (The pool itself runs in `run_pool`.)"""
-    queue = [(i, 0) for i in range(len(trials))]  # (trial index, retries so far)
-    # Only the pool re-runs what ran out of memory; every other strategy loses it.
-    queue.reverse()
-    running: list[tuple[float, int, int, bool, float]] = []
-    used = 0.0
-    now = 0.0
-    result = Result()
-    sequence = 0
-
-    def limit() -> int:
-        return {
-            "sequential": 1,
-            "fixed": cpu_count,
-            "oracle": swarm,
-            "oracle80": swarm,
-        }[strategy]
-
-    while queue or running:
-        while queue and len(running) < limit():
-            index, _ = queue[-1]
-            trial = trials[index]
-            if strategy == "oracle" and used + trial.true_mb > GPU_MB:
-                break
-            if strategy == "oracle80" and used + trial.true_mb > GPU_MB * 0.8:
-                break
-            queue.pop()
-            oom = used + trial.true_mb > GPU_MB
-            if not oom:
-                used += trial.true_mb
-            finish = now + (OOM_AFTER_S if oom else trial.seconds)
-            sequence += 1
-            heapq.heappush(running, (finish, sequence, index, oom, trial.true_mb))
-        finish, _, index, oom, true_mb = heapq.heappop(running)
-        now = finish
-        if oom:
-            result.ooms += 1
-            result.lost += 1
-        else:
-            used -= true_mb
-            result.completed += 1
-    result.hours = now / 3600
-    return result
+# --- this project's pool: the real loop -------------------------------------------------------
 
 
-def run_pool(trials: list[Trial], plan: GpuPlan) -> Result:
-    """The supervisor's own loop on simulated trials and a virtual clock."""
+def run_pool(trials: list[Trial], plan: GpuPlan, *, learn: bool) -> Result:
     study = SimulatedStudy(budget=len(trials), max_retries=MAX_RETRIES)
     backend = SimulatedTrials(
         study,
         [SimTrial(t.batch_size, t.true_mb, t.seconds) for t in trials],
         [plan.device],
-        oom_after_s=OOM_AFTER_S,
+        allocate_after_s=ALLOCATE_AFTER_S,
     )
-    Pool(
-        study=study, plans=[plan], probe=backend, backend=backend, clock=backend.clock, grace_s=0
-    ).run()
+    pool = Pool(
+        study=study,
+        plans=[plan],
+        probe=backend,
+        backend=backend,
+        clock=backend.clock,
+        grace_s=0,
+        learn=learn,
+    )
+    pool.run()
     return Result(
-        completed=study.complete, ooms=backend.ooms, lost=study.failed, hours=backend.now / 3600
+        completed=study.complete,
+        ooms=backend.ooms,
+        late_ooms=sum(1 for index in backend.oomed if index >= WARM_UP),
+        lost=study.failed,
+        hours=backend.now / 3600,
     )
+
+
+# --- reference strategies: their own small event loop ----------------------------------------
+
+
+def simulate(trials: list[Trial], strategy: str, *, slots: int, cores: int, swarm: int) -> Result:
+    """Start trials in order while the strategy allows; (end, seq, index, oom, held) in a heap."""
+    queue = [(i, 0) for i in range(len(trials))][::-1]  # (trial index, retries so far)
+    running: list[tuple] = []
+    used, now, sequence, result = 0.0, 0.0, 0, Result()
+    policy = SlotPolicy.start(slots)
+
+    def limit() -> int:
+        return {"fixed": cores, "equal slots": policy.slots}.get(strategy, swarm)
+
+    while queue or running:
+        while queue and len(running) < limit():
+            index, retries = queue[-1]
+            true = trials[index].true_mb
+            if strategy == "oracle" and used + true > GPU_MB:
+                break
+            if strategy == "oracle80" and used + true > GPU_MB * 0.8:
+                break
+            if strategy == "equal slots":
+                policy, _ = before_spawn(policy, free_mb=GPU_MB - used, total_mb=GPU_MB)
+                if len(running) >= policy.slots:
+                    break
+            queue.pop()
+            oom = used + true > GPU_MB  # what the oracles never let happen
+            used += 0.0 if oom else true
+            end = now + (ALLOCATE_AFTER_S if oom else trials[index].seconds)
+            sequence += 1
+            started, at_start = policy.started, policy.slots
+            heapq.heappush(running, (end, sequence, index, oom, true, retries, started, at_start))
+            policy = policy.trial_started()
+        end, _, index, oom, true, retries, started, at_start = heapq.heappop(running)
+        now = end
+        if oom:
+            result.ooms += 1
+            result.late_ooms += index >= WARM_UP
+            if strategy == "equal slots" and retries < MAX_RETRIES:
+                queue.append((index, retries + 1))
+            else:
+                result.lost += 1
+        else:
+            used -= true
+            result.completed += 1
+        if strategy == "equal slots":
+            policy, _ = after_trial(policy, oom=oom, started_index=started, slots_at_start=at_start)
+    result.hours = now / 3600
+    return result
+
+
+# --- the table ------------------------------------------------------------------------------
+
+
+def run_all(args: argparse.Namespace) -> tuple[list[dict], dict]:
+    model = MemoryModel(args.overhead_mb, args.per_sample_mb)
+    device = Device(0, "Simulated GPU", "sim-0", GPU_MB, kind="sim")
+    plan_args = {"cpu_bound": False, "cpu_cores": args.cpu_count, "swarm_size": args.swarm}
+    (plan,) = plan_node([device], model, **plan_args).gpus
+    (one,) = plan_node([device], model, concurrency=1, **plan_args).gpus
+    old = HardwareBudget(GPU_MB).plan_hyperopt(
+        model.model_overhead_mb, model.per_sample_mb, *BATCHES, args.swarm
+    )
+    rows = []
+    for spread in args.spreads:
+        per: dict[str, list[Result]] = {name: [] for name in STRATEGIES}
+        for seed in range(args.seeds):
+            trials = make_trials(args.trials, model, spread, random.Random(seed))
+            per["sequential"].append(run_pool(trials, one, learn=True))
+            per["bytes, fixed"].append(run_pool(trials, plan, learn=False))
+            per["bytes, learning"].append(run_pool(trials, plan, learn=True))
+            for name in ("fixed", "equal slots", "oracle80", "oracle"):
+                per[name].append(
+                    simulate(
+                        trials,
+                        name,
+                        slots=old.max_concurrent_trials,
+                        cores=args.cpu_count,
+                        swarm=args.swarm,
+                    )
+                )
+        oracle = statistics.median(r.per_hour for r in per["oracle"])
+        oracle80 = statistics.median(r.per_hour for r in per["oracle80"])
+        for name in STRATEGIES:
+            results = per[name]
+            rate = statistics.median(r.per_hour for r in results)
+            rows.append(
+                {
+                    "spread": spread,
+                    "strategy": name,
+                    "trials_per_hour": round(rate, 1),
+                    "vs_oracle": round(rate / oracle, 3),
+                    "vs_oracle80": round(rate / oracle80, 3),
+                    "ooms": statistics.median(r.ooms for r in results),
+                    "late_ooms": statistics.median(r.late_ooms for r in results),
+                    "late_ooms_max": max(r.late_ooms for r in results),
+                    "lost": statistics.median(r.lost for r in results),
+                    "lost_max": max(r.lost for r in results),
+                }
+            )
+    setup = {
+        "model": [model.model_overhead_mb, model.per_sample_mb],
+        "plan_max_trials": plan.slots,
+        "plan_batch_bounds": list(plan.batch_bounds),
+        "equal_slots": old.max_concurrent_trials,
+    }
+    return rows, setup
 
 
 def main() -> None:
@@ -163,70 +246,29 @@ def main() -> None:
     parser.add_argument("--swarm", type=int, default=20)
     parser.add_argument("--out", default="benchmarks/results/pool.json")
     args = parser.parse_args()
-
     logging.getLogger("orchestrator").setLevel(logging.ERROR)  # the pool's own log lines
-    model = MemoryModel(args.overhead_mb, args.per_sample_mb)
-    device = Device(0, "Simulated GPU", "sim-0", GPU_MB, kind="sim")
-    (gpu_plan,) = plan_node(
-        [device], model, cpu_bound=False, cpu_cores=args.cpu_count, swarm_size=args.swarm
-    ).gpus
-    plan = gpu_plan.strategy
-    strategies = ("sequential", "fixed", "pool", "oracle80", "oracle")
-    rows = []
-    for spread in args.spreads:
-        per = {name: [] for name in strategies}
-        for seed in range(args.seeds):
-            trials = make_trials(
-                args.trials, model, gpu_plan.batch_bounds, spread, random.Random(seed)
-            )
-            for name in strategies:
-                if name == "pool":
-                    per[name].append(run_pool(trials, gpu_plan))
-                    continue
-                per[name].append(
-                    simulate(
-                        trials,
-                        name,
-                        max_slots=plan.max_concurrent_trials,
-                        cpu_count=args.cpu_count,
-                        swarm=args.swarm,
-                    )
-                )
-        oracle = statistics.median(r.per_hour for r in per["oracle"])
-        for name in strategies:
-            results = per[name]
-            rate = statistics.median(r.per_hour for r in results)
-            rows.append(
-                {
-                    "vs_oracle80": round(
-                        rate / statistics.median(r.per_hour for r in per["oracle80"]), 3
-                    ),
-                    "spread": spread,
-                    "strategy": name,
-                    "trials_per_hour": round(rate, 1),
-                    "vs_oracle": round(rate / oracle, 3),
-                    "ooms": statistics.median(r.ooms for r in results),
-                    "lost": statistics.median(r.lost for r in results),
-                    "lost_max": max(r.lost for r in results),
-                }
-            )
-    header = f"{'spread':>6} {'strategy':<10} {'trials/h':>9} {'vs oracle':>9} {'vs 80%':>7} {'OOMs':>6} {'lost':>5} {'lost max':>8}"
+
+    rows, setup = run_all(args)
     print(
-        f"GPU {GPU_MB} MB; model {model.model_overhead_mb:.0f} MB + {model.per_sample_mb} MB/sample; "
-        f"plan {plan.max_concurrent_trials} slots, batch {plan.batch_size_bounds}; "
-        f"{args.trials} trials, median of {args.seeds} seeds"
+        f"GPU {GPU_MB} MB; model {setup['model'][0]:.0f} MB + {setup['model'][1]} MB/sample; "
+        f"batch sizes {BATCHES[0]}..{BATCHES[1]} (log); bytes: at most {setup['plan_max_trials']}"
+        f" at once, batch bounds {tuple(setup['plan_batch_bounds'])}; equal slots: "
+        f"{setup['equal_slots']}; {args.trials} trials, median of {args.seeds} seeds"
+    )
+    header = (
+        f"{'spread':>6} {'strategy':<16} {'trials/h':>9} {'vs oracle':>9} {'vs 80%':>7} "
+        f"{'OOMs':>6} {'late OOMs':>9} {'max':>4} {'lost':>5} {'max':>4}"
     )
     print(header)
     for row in rows:
         print(
-            f"{row['spread']:>6} {row['strategy']:<10} {row['trials_per_hour']:>9} {row['vs_oracle']:>9.0%} {row['vs_oracle80']:>7.0%} "
-            f"{row['ooms']:>6} {row['lost']:>5} {row['lost_max']:>8}"
+            f"{row['spread']:>6} {row['strategy']:<16} {row['trials_per_hour']:>9} "
+            f"{row['vs_oracle']:>9.0%} {row['vs_oracle80']:>7.0%} {row['ooms']:>6} "
+            f"{row['late_ooms']:>9} {row['late_ooms_max']:>4} {row['lost']:>5} {row['lost_max']:>4}"
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
-        json.dumps(
-            {"args": vars(args), "plan_slots": plan.max_concurrent_trials, "rows": rows}, indent=2
-        )
+        json.dumps({"args": vars(args), "setup": setup, "rows": rows}, indent=2)
     )
     print(f"wrote {args.out}")
 

@@ -178,6 +178,7 @@ def plan_host(
     swarm_size: int,
     args: argparse.Namespace,
     sim_dir: str | None = None,
+    budget_trials: int | None = None,
 ) -> HostPlan:
     """Find this host's GPUs and plan them for the adapter; a model that fits nowhere is a UserError."""
     from adapters.base import memory_model_of
@@ -197,6 +198,7 @@ def plan_host(
         cpu_cores=usable_cpu_cores(),
         swarm_size=swarm_size,
         concurrency=args.concurrency,
+        budget_trials=budget_trials,
         gpu_memory_models=measured,
     )
     for gpu in plan.gpus:
@@ -229,16 +231,7 @@ def run_pool(
 
     adapter = resolve_adapter(spec)
     for gpu in host.plan.gpus:
-        where = gpu.device.label if gpu.device else "no GPU (CPU only)"
-        at_once = "1 trial at a time" if gpu.slots == 1 else f"up to {gpu.slots} trials at once"
-        logger.info(
-            "%s: %s (limited by %s), batch sizes %d..%d, memory model %s",
-            where,
-            at_once,
-            gpu.limited_by,
-            *gpu.batch_bounds,
-            gpu.memory_model_source,
-        )
+        log_plan(gpu)
 
     progress = _progress(args)
     pool = Pool.on_storage(
@@ -253,6 +246,7 @@ def run_pool(
         sim_memory_scale=args.sim_memory_scale,
         recycling=recycling_of(args),
         spare=spare,
+        adapter_name=adapter.name,
         timeout_s=args.timeout,
         grace_s=args.grace,
         metric=metric_name(adapter, spec.options),
@@ -297,6 +291,30 @@ def run_pool(
     )
 
 
+def log_plan(gpu: Any) -> None:
+    """One line per GPU: how it admits trials, and what a trial may be."""
+    if gpu.device is None:
+        at_once = "1 trial at a time" if gpu.slots == 1 else f"up to {gpu.slots} trials at once"
+        logger.info(
+            "no GPU (CPU only): %s (limited by %s), batch sizes %d..%d",
+            at_once,
+            gpu.limited_by,
+            *gpu.batch_bounds,
+        )
+        return
+    logger.info(
+        "%s: trials admitted by their memory, %.0f MB usable, at most %d at once (limited by %s); "
+        "batch sizes %d..%d; about %d at once at the typical size; memory model %s",
+        gpu.device.label,
+        gpu.usable_mb,
+        gpu.slots,
+        gpu.limited_by,
+        *gpu.batch_bounds,
+        gpu.trials_at_once(gpu.typical_trial_mb),
+        gpu.memory_model_source,
+    )
+
+
 def plan_and_run(
     *,
     url: str,
@@ -317,6 +335,7 @@ def plan_and_run(
             swarm_size=spec.swarm_size,
             args=args,
             sim_dir=sim_dir,
+            budget_trials=spec.trials,
         )
         study = open_study()
         outcome = run_pool(

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 SAFETY_MARGIN = 0.20
 
 # What bound a GPU's concurrency, in the words the plan prints.
-LIMITS = ("vram", "swarm", "cpu", "user", "no gpu")
+LIMITS = ("vram", "swarm", "cpu", "user", "budget", "no gpu")
 
 
 @dataclass(frozen=True)
@@ -130,12 +130,14 @@ def _check_inputs(
 
 @dataclass(frozen=True)
 class GpuPlan:
-    """What one GPU runs: `slots` trials at once, each with a batch size inside `batch_bounds`.
+    """What one GPU runs: at most `slots` trials at once, each with a batch size in `batch_bounds`.
 
-    `strategy` is the seed's VRAM-only plan for this GPU. `slots` is the final concurrency after
-    the CPU cap and the user's override; `batch_bounds` is re-derived for `slots`, so a GPU capped
-    below what VRAM allows gives each trial a larger share (and larger batches). `limited_by` names
-    the limit that bound `slots`: vram, swarm, cpu, user, or "no gpu" (the CPU-only plan).
+    `strategy` is the seed's VRAM-only plan for this GPU. `slots` is a cap on trials at once: how
+    many of the smallest fit its usable VRAM, lowered by the swarm, the CPU cores for CPU-bound
+    work, the user's --concurrency and the study's budget; beneath it the supervisor admits each
+    trial by its own footprint. `batch_bounds` is what fits on this GPU alone, so the sampler can
+    try every batch size that fits. `limited_by` names the limit that bound `slots`: vram, swarm,
+    cpu, user, budget, or "no gpu" (the CPU-only plan).
     """
 
     device: Device | None
@@ -165,8 +167,20 @@ class GpuPlan:
 
     @property
     def largest_trial_mb(self) -> float:
-        """A trial's estimate at the upper batch bound: every slot at it still fits the usable VRAM."""
+        """A trial's estimate at the upper batch bound: it fits the usable VRAM alone."""
         return self.memory_model.planned_mb(self.batch_bounds[1])
+
+    @property
+    def typical_trial_mb(self) -> float:
+        """A trial's estimate at the middle of the batch range (log scale)."""
+        low, high = self.batch_bounds
+        return self.memory_model.planned_mb(round(math.sqrt(low * high)))
+
+    def trials_at_once(self, trial_mb: float) -> int:
+        """How many trials of `trial_mb` fit the usable VRAM together, within `slots`."""
+        if self.device is None or trial_mb <= 0:
+            return self.slots
+        return max(1, min(self.slots, int(self.usable_mb // trial_mb)))
 
     @property
     def fits(self) -> bool:
@@ -198,6 +212,12 @@ class GpuPlan:
             "batch_bounds": list(self.batch_bounds),
             "reserved_mb": self.reserved_mb,
             "largest_trial_mb": self.largest_trial_mb,
+            "typical_trial_mb": self.typical_trial_mb,
+            "at_once": {
+                "smallest": self.trials_at_once(self.per_trial_mb),
+                "typical": self.trials_at_once(self.typical_trial_mb),
+                "largest": self.trials_at_once(self.largest_trial_mb),
+            },
             "fits": self.fits,
         }
 
@@ -233,13 +253,17 @@ def plan_node(
     memory_model_source: str = "declared",
     concurrency: int | None = None,
     gpu_memory_models: Mapping[str, tuple[MemoryModel, str]] | None = None,
+    budget_trials: int | None = None,
 ) -> NodePlan:
     """One plan per GPU of a host (or one CPU-only plan when there is no GPU: a slot per core for
     CPU-bound work, one slot otherwise).
 
     For CPU-bound work the slots of all GPUs add up to at most `cpu_cores`, shared fairly (each GPU
     keeps at least 1 slot, so a host with fewer cores than GPUs still uses every GPU once).
-    `concurrency` is a user's cap per GPU: it lowers a plan, never raises it past VRAM.
+    `concurrency` is a user's cap per GPU: it lowers a plan, never raises it past VRAM;
+    `budget_trials` (the study's budget) caps it too: a 12-trial study never runs 39 at once.
+    A GPU's batch bounds are what fits on it alone: the supervisor admits trials by their own
+    footprint (`orchestrator.admission`), so no batch size is given up to run more at once.
     `gpu_memory_models` maps a GPU name to a (model, source) measured on that kind of GPU; it
     replaces `memory_model` on devices of that name.
     """
@@ -257,7 +281,9 @@ def plan_node(
             max_batch,
             swarm_size,
         )
-        slots, limited_by = _cpu_only_slots(cpu_bound, cpu_cores, swarm_size, concurrency)
+        slots, limited_by = _cpu_only_slots(
+            cpu_bound, cpu_cores, swarm_size, concurrency, budget_trials
+        )
         only = GpuPlan(
             None,
             strategy,
@@ -283,11 +309,9 @@ def plan_node(
         strategies.append(strategy)
         vram_limits.append("swarm" if fit > swarm_size else "vram")
 
+    caps = {"user": concurrency, "budget": budget_trials}
     wants = [
-        min(
-            s.max_concurrent_trials,
-            concurrency if concurrency is not None else s.max_concurrent_trials,
-        )
+        min([s.max_concurrent_trials, *(cap for cap in caps.values() if cap is not None)])
         for s in strategies
     ]
     shares = share_cores(wants, cpu_cores) if cpu_bound else wants
@@ -299,12 +323,12 @@ def plan_node(
         if slots < want:
             limited_by = "cpu"
         elif want < strategy.max_concurrent_trials:
-            limited_by = "user"
+            limited_by = "user" if want == concurrency else "budget"
         else:
             limited_by = vram_limit
         upper = batch_upper_bound(
             HardwareBudget(device.total_mb).available_mb,
-            slots,
+            1,
             model.model_overhead_mb,
             model.per_sample_mb,
             min_batch,
@@ -317,7 +341,11 @@ def plan_node(
 
 
 def _cpu_only_slots(
-    cpu_bound: bool, cpu_cores: int, swarm_size: int, concurrency: int | None
+    cpu_bound: bool,
+    cpu_cores: int,
+    swarm_size: int,
+    concurrency: int | None,
+    budget_trials: int | None,
 ) -> tuple[int, str]:
     """Without a GPU, CPU-bound trials (RL: one torch thread each) get a core each; other work
     runs one at a time, its torch threads using every core."""
@@ -326,6 +354,8 @@ def _cpu_only_slots(
     limits = {"cpu": cpu_cores, "swarm": swarm_size}
     if concurrency is not None:
         limits["user"] = concurrency
+    if budget_trials is not None:
+        limits["budget"] = budget_trials
     limited_by = min(limits, key=lambda name: limits[name])
     return limits[limited_by], limited_by
 
@@ -348,6 +378,15 @@ def share_cores(wants: Sequence[int], cores: int) -> list[int]:
         if not progressed:
             break
     return given
+
+
+def threads_per_trial(cpu_cores: int, total_slots: int, *, cpu_bound: bool = False) -> int:
+    """Torch threads for one trial. CPU-bound work (RL: small networks, environment steps) runs
+    fastest on one thread each, the planner already keeping trials within the cores; other work
+    shares the host's cores among the trials that run at once."""
+    if cpu_bound:
+        return 1
+    return max(1, cpu_cores // max(1, total_slots))
 
 
 # --- reading the machine (not pure) -------------------------------------------------------

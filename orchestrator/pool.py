@@ -1,7 +1,8 @@
-"""Per-GPU supervisors: as many trials at once as the slot policy allows, protected from OOM.
+"""The pool loop: fills every GPU of a host with trials of one study, admitted by their bytes.
 
-The loop decides and the parts around it act: the slot policy (`orchestrator.slots`) says how
-many trials each GPU runs and why, the stop conditions (`orchestrator.stopping`) say when to
+The loop decides and the parts around it act: each GPU's supervisor (`orchestrator.supervisor`,
+with the pure rules of `orchestrator.admission` and `orchestrator.footprint`) says which trial
+may train now and learns from each one, the stop conditions (`orchestrator.stopping`) say when to
 start nothing new and when to end, a backend (`orchestrator.processes`) runs the trials, and the
 study (`orchestrator.stored_study`) counts the budget and keeps the records. Every one of them
 is given to `Pool`, with the clock, so the same loop runs real processes on real or simulated
@@ -11,19 +12,21 @@ GPUs and, in the benchmark, simulated trials on a virtual clock.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
-from orchestrator.slots import SlotChange, SlotPolicy, after_trial, before_spawn
+from orchestrator.admission import Change
 from orchestrator.snapshot import GpuSnapshot, PoolSnapshot
 from orchestrator.stopping import Step, Stop, next_step
+from orchestrator.supervisor import RunningTrial, Supervisor
 
 if TYPE_CHECKING:
     import optuna
@@ -42,34 +45,6 @@ logger = logging.getLogger(__name__)
 STALE_CHECK_S = 5.0  # how often this worker looks for trials whose process went silent
 TOUCH_S = 10.0  # how often it says it is alive in orch_workers
 WAIT_S = 0.5  # the longest the loop sleeps when nothing happens
-
-
-@dataclass
-class RunningTrial:
-    handle: int
-    started_index: int
-    slots_at_start: int
-    number: int | None = None  # known once the trial process has asked
-
-
-@dataclass
-class Supervisor:
-    """One GPU (or the CPU, when there is none): its plan, policy and running trials."""
-
-    index: int
-    plan: GpuPlan
-    policy: SlotPolicy
-    worker_id: int | None = None
-    running: dict[int, RunningTrial] = field(default_factory=dict)
-    ooms: int = 0
-
-    @property
-    def label(self) -> str:
-        return self.plan.device.label if self.plan.device else "cpu"
-
-    @property
-    def gpu_name(self) -> str:
-        return self.plan.device.name if self.plan.device else "cpu"
 
 
 @dataclass(frozen=True)
@@ -105,6 +80,7 @@ class Pool:
         on_update: Callable[[PoolSnapshot], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         host: str | None = None,
+        learn: bool = True,
     ) -> None:
         self.study = study
         self.probe = probe
@@ -114,8 +90,7 @@ class Pool:
         self.clock = clock
         self.host = host or socket.gethostname()
         self.supervisors = [
-            Supervisor(index, plan, SlotPolicy.start(plan.slots))
-            for index, plan in enumerate(plans)
+            Supervisor.for_plan(index, plan, learn=learn) for index, plan in enumerate(plans)
         ]
         self.stop = Stop(started_at=clock(), timeout_s=timeout_s, grace_s=grace_s)
         self.signals = 0  # stop signals received, acted on at the top of the loop
@@ -139,12 +114,13 @@ class Pool:
         sim_memory_scale: float = 1.0,
         recycling: Recycling | None = None,
         spare: list[Any] | None = None,
+        adapter_name: str | None = None,
         **options: Any,
     ) -> Pool:
         """The real pool: the study in its database, trials in warm processes on this host
         (`spare`: processes from `orchestrator.processes.prestarted`, taken first)."""
+        from orchestrator.planner import threads_per_trial
         from orchestrator.processes import WarmProcesses
-        from orchestrator.slots import threads_per_trial
         from orchestrator.stored_study import StoredStudy
         from orchestrator.trial_context import Recycling, WorkerConfig
 
@@ -163,7 +139,13 @@ class Pool:
             for index, plan in enumerate(plans)
         }
         return cls(
-            study=StoredStudy(storage_url=storage_url, engine=engine, study=study, spec=spec),
+            study=StoredStudy(
+                storage_url=storage_url,
+                engine=engine,
+                study=study,
+                spec=spec,
+                adapter_name=adapter_name,
+            ),
             plans=plans,
             probe=probe,
             backend=WarmProcesses(configs, spare=spare if spare is not None else []),
@@ -206,13 +188,15 @@ class Pool:
         )
         if self.stop.timed_out and not was_draining:
             logger.info("--timeout reached: no new trials; running ones finish")
-            self._interrupt_not_asked()
+            self._interrupt_not_admitted()
         if step in (Step.DONE, Step.STOP_RUNNING):
             return False  # leaving stops what still runs (the grace period is over)
-        if step is Step.START and count.may_ask(self.study.budget):
-            self._fill(count)
+        if step is Step.START:
+            if count.may_ask(self.study.budget):
+                self._fill(count)
+            self._admit_waiting()
         for supervisor in self.supervisors:
-            idle = supervisor.policy.slots - len(supervisor.running)
+            idle = supervisor.budget.max_trials - len(supervisor.running)
             self.backend.keep_idle(supervisor.index, idle)
         return True
 
@@ -252,16 +236,17 @@ class Pool:
                     "stopped and re-queued (again to stop now)",
                     self.stop.grace_s,
                 )
-                self._interrupt_not_asked()
+                self._interrupt_not_admitted()
 
-    def _interrupt_not_asked(self) -> None:
-        """Trials that have no number yet are still starting: stop them before they ask."""
+    def _interrupt_not_admitted(self) -> None:
+        """Trials still starting or waiting to be admitted: stop them before they train (one
+        that has asked is failed and re-queued, one that has not asks for nothing)."""
         for supervisor in self.supervisors:
             for trial in supervisor.running.values():
-                if trial.number is None:
+                if not trial.admitted:
                     self.backend.interrupt(trial.handle)
 
-    # -- starting trials ------------------------------------------------------------------
+    # -- starting and admitting trials ----------------------------------------------------
 
     def _fill(self, count: BudgetCount) -> None:
         # Each ask takes a waiting trial or a new one: the room is what is neither counted nor
@@ -269,46 +254,44 @@ class Pool:
         not_asked = sum(1 for s in self.supervisors for t in s.running.values() if t.number is None)
         room = self.study.budget - count.counted - count.running - not_asked
         for supervisor in self.supervisors:
-            while len(supervisor.running) < supervisor.policy.slots and room > 0:
-                device = supervisor.plan.device
-                if device is not None:
-                    supervisor.policy, change = before_spawn(
-                        supervisor.policy,
-                        free_mb=self.probe.free_mb(device),
-                        total_mb=device.total_mb,
-                    )
-                    self._record(supervisor, change)
-                    if len(supervisor.running) >= supervisor.policy.slots:
-                        break
+            while room > 0 and supervisor.wants_another():
                 self._start(supervisor)
                 room -= 1
 
     def _start(self, supervisor: Supervisor) -> None:
         from orchestrator.trial_runner import TrialJob
 
-        job = TrialJob(
-            batch_bounds=self.batch_bounds(supervisor), concurrency=supervisor.policy.slots
-        )
+        job = TrialJob(batch_bounds=self.batch_bounds(supervisor))
         handle = self.backend.start(supervisor.index, job)
-        policy = supervisor.policy
-        supervisor.running[handle] = RunningTrial(handle, policy.started, policy.slots)
-        supervisor.policy = policy.trial_started()
-        if len(supervisor.running) > 1:
-            for other in supervisor.running:
-                self.backend.share(other)
+        supervisor.running[handle] = RunningTrial(handle)
         self.trials_run += 1
 
+    def _admit_waiting(self) -> None:
+        """Admit, on each GPU, every waiting trial that fits, in turn."""
+        from orchestrator.trial_runner import Go
+
+        for supervisor in self.supervisors:
+            while True:
+                device = supervisor.device
+                free = self.probe.free_mb(device) if device is not None else None
+                trial, changes = supervisor.next_admission(free)
+                for change in changes:
+                    self._record(supervisor, change)
+                if trial is None:
+                    break
+                admitted = supervisor.admitted()
+                self.backend.admit(trial.handle, Go(trial.planned_mb, len(admitted)))
+                if len(admitted) > 1:
+                    for other in admitted:
+                        self.backend.share(other.handle)
+
     def batch_bounds(self, supervisor: Supervisor) -> tuple[int, int]:
-        low, high = supervisor.plan.batch_bounds
-        limit = self.study.batch_limit(supervisor.gpu_name)
-        if limit is not None:
-            high = max(low, min(high, limit))
-        return low, high
+        return supervisor.batch_bounds(self.study.batch_limit(supervisor.gpu_name))
 
     # -- outcomes -------------------------------------------------------------------------
 
     def _handle(self, events: list[Event]) -> None:
-        from orchestrator.processes import Asked
+        from orchestrator.processes import Asked, Sized, Using
 
         for event in events:
             for supervisor in self.supervisors:
@@ -317,6 +300,10 @@ class Pool:
                     continue
                 if isinstance(event, Asked):
                     trial.number = event.number
+                elif isinstance(event, Sized):
+                    trial.sized, trial.batch_size = True, event.batch_size
+                elif isinstance(event, Using):
+                    trial.using_mb = event.mb
                 else:
                     del supervisor.running[event.handle]
                     self._finished(supervisor, trial, event.outcome)
@@ -345,14 +332,10 @@ class Pool:
                 )
             return
         self._log_outcome(supervisor, outcome)
-        supervisor.policy, change = after_trial(
-            supervisor.policy,
-            oom=outcome.oom,
-            started_index=trial.started_index,
-            slots_at_start=trial.slots_at_start,
-            detail=f"trial {outcome.trial_number} ran out of memory with batch size {outcome.batch_size}",
-        )
-        self._record(supervisor, change)
+        learnt_before = supervisor.footprint
+        self._record(supervisor, supervisor.finished(trial, outcome))
+        if supervisor.footprint != learnt_before:
+            self.study.save_footprint(supervisor.gpu_name, supervisor.footprint)
         self._publish(force=True)
 
     def _log_outcome(self, supervisor: Supervisor, outcome: TrialOutcome) -> None:
@@ -383,15 +366,19 @@ class Pool:
                 f"the last said: {outcome.error}"
             )
 
-    def _record(self, supervisor: Supervisor, change: SlotChange | None) -> None:
+    def _record(self, supervisor: Supervisor, change: Change | None) -> None:
         if change is None:
             return
-        device = supervisor.plan.device
+        device = supervisor.device
+        before = supervisor.trials_that_fit(change.from_mb) if change.from_mb > 0 else 0
+        after = supervisor.trials_that_fit(change.to_mb)
         logger.info(
-            "%s: slots %d -> %d (%s: %s)",
+            "%s: memory for trials %s -> %s (about %d -> %d at once; %s: %s)",
             supervisor.label,
-            change.from_slots,
-            change.to_slots,
+            mb_words(change.from_mb),
+            mb_words(change.to_mb),
+            before,
+            after,
             change.reason,
             change.detail,
         )
@@ -401,10 +388,12 @@ class Pool:
                 host=self.host,
                 gpu_index=device.index if device else None,
                 gpu_name=supervisor.gpu_name,
-                from_slots=change.from_slots,
-                to_slots=change.to_slots,
+                from_slots=before,
+                to_slots=after,
                 reason=change.reason,
                 detail=change.detail,
+                from_mb=_finite(change.from_mb),
+                to_mb=_finite(change.to_mb),
             )
         )
 
@@ -418,11 +407,11 @@ class Pool:
             gpu_name=supervisor.gpu_name,
             pid=os.getpid(),
         )
-        plan = supervisor.plan
-        detail = f"plan allows {plan.slots} (limited by {plan.limited_by})"
-        if supervisor.policy.slots < plan.slots:
+        plan, budget = supervisor.plan, supervisor.budget
+        detail = f"at most {plan.slots} at once (limited by {plan.limited_by})"
+        if budget.allowance_mb < budget.usable_mb:
             detail += "; starting at half"
-        self._record(supervisor, SlotChange(0, supervisor.policy.slots, "start", detail))
+        self._record(supervisor, Change(0.0, budget.allowance_mb, "start", detail))
 
     def _touch_workers(self) -> None:
         for supervisor in self.supervisors:
@@ -444,9 +433,9 @@ class Pool:
             gpus.append(
                 GpuSnapshot(
                     label=supervisor.label,
-                    slots=supervisor.policy.slots,
-                    max_slots=supervisor.policy.max_slots,
-                    running=len(supervisor.running),
+                    slots=supervisor.trials_that_fit(supervisor.budget.allowance_mb),
+                    max_slots=supervisor.budget.max_trials,
+                    running=len(supervisor.admitted()),
                     vram_used_mb=used,
                     vram_total_mb=total,
                     ooms=supervisor.ooms,
@@ -478,3 +467,12 @@ class Pool:
             return
         self._last["publish"] = now
         self.on_update(self.snapshot())
+
+
+def mb_words(mb: float) -> str:
+    """'9,830 MB', or 'no limit' for the CPU's allowance."""
+    return f"{mb:,.0f} MB" if math.isfinite(mb) else "no limit"
+
+
+def _finite(mb: float) -> float | None:
+    return mb if math.isfinite(mb) else None

@@ -1,8 +1,8 @@
 """Where trials run: the small interface the pool drives, and its real backend of warm processes.
 
 The pool (`orchestrator.pool`) decides; a backend runs. `TrialBackend` is all the pool needs:
-start a trial on a GPU, hear what happened (`events`), stop a trial, wait for something to
-happen, keep at most so many idle processes. `WarmProcesses` runs each trial in a long-lived
+start a trial on a GPU, hear what happened (`events`: asked, sized, using, finished), admit a sized
+trial, stop a trial, wait for something to happen, keep at most so many idle processes. `WarmProcesses` runs each trial in a long-lived
 `spawn`ed process of that GPU (`orchestrator.trial_worker`), starting a fresh one when none is
 idle. `orchestrator.simulated_backend` runs the same loop on a virtual clock for the benchmark.
 """
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.trial_runner import TrialJob, TrialOutcome
+from orchestrator.trial_runner import Go, TrialJob, TrialOutcome
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -38,6 +38,23 @@ class Asked:
 
 
 @dataclass(frozen=True)
+class Sized:
+    """A trial drew its parameters: its batch size (None for a model without one) is known, so
+    its footprint is, and it waits to be admitted."""
+
+    handle: int
+    batch_size: int | None
+
+
+@dataclass(frozen=True)
+class Using:
+    """A training trial's peak memory so far, as it measured it."""
+
+    handle: int
+    mb: float
+
+
+@dataclass(frozen=True)
 class Finished:
     """A started trial ended; `outcome` says how (a lost process gives a FAIL with no report)."""
 
@@ -45,12 +62,15 @@ class Finished:
     outcome: TrialOutcome
 
 
-Event = Asked | Finished
+Event = Asked | Sized | Using | Finished
 
 
 class TrialBackend(Protocol):
     def start(self, gpu: int, job: TrialJob) -> int:
         """Run `job` on GPU `gpu` (the pool's index); returns the trial's handle."""
+
+    def admit(self, handle: int, go: Go) -> None:
+        """Let a sized trial train."""
 
     def share(self, handle: int) -> None:
         """Another trial joined this one's GPU while it runs."""
@@ -155,6 +175,12 @@ class WarmProcesses:
         self.processes.append(worker)
         return worker
 
+    def admit(self, handle: int, go: Go) -> None:
+        for worker in self.processes:
+            if worker.trial == handle:
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    worker.conn.send(go)
+
     def share(self, handle: int) -> None:
         for worker in self.processes:
             if worker.trial == handle:
@@ -172,9 +198,13 @@ class WarmProcesses:
         try:
             while worker.conn.poll():
                 message = worker.conn.recv()
-                if isinstance(message, tuple) and message[0] == "asked":
-                    if worker.trial is not None:
+                if isinstance(message, tuple) and worker.trial is not None:
+                    if message[0] == "asked":
                         self._pending.append(Asked(worker.trial, int(message[1])))
+                    elif message[0] == "sized":
+                        self._pending.append(Sized(worker.trial, message[1]))
+                    elif message[0] == "using":
+                        self._pending.append(Using(worker.trial, float(message[1])))
                 elif isinstance(message, TrialOutcome):
                     if message.recycle or message.setup_failed:
                         worker.ending = True

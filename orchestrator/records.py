@@ -69,6 +69,9 @@ concurrency_events = sa.Table(
     sa.Column("to_slots", sa.Integer, nullable=False),
     sa.Column("reason", sa.String(16), nullable=False),  # start | rampup | oom | watchdog | degrade
     sa.Column("detail", sa.Text, nullable=True),
+    # The memory our trials on that GPU may plan to hold at once, before and after (None: no limit).
+    sa.Column("from_mb", sa.Float, nullable=True),
+    sa.Column("to_mb", sa.Float, nullable=True),
 )
 
 memory_models = sa.Table(
@@ -153,10 +156,12 @@ class ConcurrencyEvent:
     host: str
     gpu_index: int | None
     gpu_name: str
-    from_slots: int
+    from_slots: int  # trials of the typical footprint that the memory allowed, before and after
     to_slots: int
     reason: str
     detail: str | None
+    from_mb: float | None = None
+    to_mb: float | None = None
 
 
 def record_concurrency_event(engine: Engine, *, study_name: str, event: ConcurrencyEvent) -> None:
@@ -172,6 +177,8 @@ def record_concurrency_event(engine: Engine, *, study_name: str, event: Concurre
                 to_slots=event.to_slots,
                 reason=event.reason,
                 detail=event.detail,
+                from_mb=event.from_mb,
+                to_mb=event.to_mb,
             )
         )
 
@@ -193,6 +200,8 @@ def list_concurrency_events(engine: Engine, study_name: str) -> list[Concurrency
                 to_slots=row.to_slots,
                 reason=row.reason,
                 detail=row.detail,
+                from_mb=row.from_mb,
+                to_mb=row.to_mb,
             )
             for row in conn.execute(query)
         ]

@@ -4,7 +4,8 @@
 duration) and whose GPUs are memory ledgers; `SimulatedStudy` counts the budget as the database
 would. `orchestrator.pool.Pool` runs on them unchanged, with the backend's clock, so
 `benchmarks/bench_pool.py` measures the very loop `run` uses, in seconds for hours of trials.
-A trial that does not fit runs out of memory `oom_after_s` after it starts; its time is lost.
+A trial takes its memory a few seconds after it starts and, if it does not fit, runs out of
+memory then; the time until then is lost.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.processes import Asked, Event, Finished
+from orchestrator.processes import Asked, Event, Finished, Sized, Using
 from orchestrator.study import BudgetCount
-from orchestrator.trial_runner import TrialJob, TrialOutcome
+from orchestrator.trial_runner import Go, TrialJob, TrialOutcome
 
 if TYPE_CHECKING:
     from orchestrator import records
+    from orchestrator.footprint import Footprint
     from orchestrator.gpu.base import Device
     from orchestrator.stored_study import Best
 
@@ -45,6 +47,7 @@ class SimulatedStudy:
     running: int = 0
     waiting: list[tuple[int, int]] = field(default_factory=list)  # (trial index, retries)
     events: list[records.ConcurrencyEvent] = field(default_factory=list)
+    footprints: dict[str, Footprint] = field(default_factory=dict)
     next_new: int = 0  # the next trial of the list that was never asked
 
     def count(self) -> BudgetCount:
@@ -86,6 +89,9 @@ class SimulatedStudy:
     def batch_limit(self, gpu_name: str) -> int | None:
         return None
 
+    def save_footprint(self, gpu_name: str, footprint: Footprint) -> None:
+        self.footprints[gpu_name] = footprint
+
     def record_change(self, event: records.ConcurrencyEvent) -> None:
         self.events.append(event)
 
@@ -98,17 +104,22 @@ class SimulatedStudy:
 
 @dataclass(order=True)
 class _Running:
-    ends_at: float
+    at: float  # when its next step happens: it allocates its memory, or it ends
     handle: int
     gpu: int = field(compare=False)
     index: int = field(compare=False)
     retries: int = field(compare=False)
-    held_mb: float = field(compare=False)  # 0 for a trial that is going to run out of memory
-    oom: bool = field(compare=False)
+    allocated: bool = field(compare=False, default=False)
+    held_mb: float = field(compare=False, default=0.0)
+    oom: bool = field(compare=False, default=False)
 
 
 class SimulatedTrials:
-    """A TrialBackend of simulated trials on simulated GPUs, with a virtual clock."""
+    """A TrialBackend of simulated trials on simulated GPUs, with a virtual clock.
+
+    A trial takes its memory `allocate_after_s` after it is admitted (the model and the first
+    batch, as on a real GPU: free memory does not show a trial that has just started), and runs
+    out of memory then if it does not fit."""
 
     def __init__(
         self,
@@ -116,18 +127,23 @@ class SimulatedTrials:
         trials: list[SimTrial],
         devices: list[Device],
         *,
-        oom_after_s: float = 5.0,
+        allocate_after_s: float = 5.0,
     ) -> None:
         self.study = study
         self.trials = trials
         self.devices = devices
-        self.oom_after_s = oom_after_s
+        self.allocate_after_s = allocate_after_s
         self.now = 0.0
         self.used_mb = [0.0 for _ in devices]
-        self.ooms = 0
+        self.oomed: list[int] = []  # the list index of every trial that ran out of memory
         self._queue: list[_Running] = []
         self._pending: list[Event] = []
         self._handles = itertools.count(1)
+        self._asked: dict[int, tuple[int, int, int]] = {}  # sized, not yet admitted
+
+    @property
+    def ooms(self) -> int:
+        return len(self.oomed)
 
     def clock(self) -> float:
         return self.now
@@ -137,19 +153,22 @@ class SimulatedTrials:
         return device.total_mb - self.used_mb[device.index]
 
     def start(self, gpu: int, job: TrialJob) -> int:
+        """Ask for the next trial: it is sized at once (its batch size is in the list)."""
         handle = next(self._handles)
         if self.study.next_new >= len(self.trials) and not self.study.waiting:
             self._pending.append(Finished(handle, TrialOutcome(None, "NONE")))
             return handle
         index, retries = self.study.ask()
+        self._asked[handle] = (gpu, index, retries)
         self._pending.append(Asked(handle, index))
-        trial = self.trials[index]
-        oom = self.used_mb[gpu] + trial.true_mb > self.devices[gpu].total_mb
-        held = 0.0 if oom else trial.true_mb
-        self.used_mb[gpu] += held
-        ends = self.now + (self.oom_after_s if oom else trial.seconds)
-        heapq.heappush(self._queue, _Running(ends, handle, gpu, index, retries, held, oom))
+        self._pending.append(Sized(handle, self.trials[index].batch_size))
         return handle
+
+    def admit(self, handle: int, go: Go) -> None:
+        """It trains: a little later it takes its true memory, or runs out of it."""
+        gpu, index, retries = self._asked.pop(handle)
+        at = self.now + self.allocate_after_s
+        heapq.heappush(self._queue, _Running(at, handle, gpu, index, retries))
 
     def share(self, handle: int) -> None:
         pass
@@ -159,22 +178,46 @@ class SimulatedTrials:
         return events
 
     def interrupt(self, handle: int) -> None:
-        pass  # simulated trials are never stopped early
+        """Only a trial still waiting to be admitted is stopped: it goes back to the queue."""
+        if handle in self._asked:
+            _, index, retries = self._asked.pop(handle)
+            self.study.running -= 1
+            self.study.waiting.insert(0, (index, retries))
+            self._pending.append(
+                Finished(handle, TrialOutcome(index, "FAIL", interrupted=True, requeued=True))
+            )
 
     def wait(self, timeout: float) -> None:
-        """Move the clock to the next trial's end (or by `timeout`) and finish what ended."""
+        """Move the clock to the next step of a trial (or by `timeout`) and take what is due."""
         if self._pending:
             return
         until = self.now + timeout
-        if self._queue and self._queue[0].ends_at <= until:
-            until = self._queue[0].ends_at
+        if self._queue and self._queue[0].at <= until:
+            until = self._queue[0].at
         self.now = until
-        while self._queue and self._queue[0].ends_at <= self.now:
-            self._finish(heapq.heappop(self._queue))
+        while self._queue and self._queue[0].at <= self.now:
+            trial = heapq.heappop(self._queue)
+            if trial.allocated:
+                self._finish(trial)
+            else:
+                self._allocate(trial)
+
+    def _allocate(self, trial: _Running) -> None:
+        true_mb = self.trials[trial.index].true_mb
+        trial.allocated = True
+        if self.used_mb[trial.gpu] + true_mb > self.devices[trial.gpu].total_mb:
+            trial.oom = True  # ends now: the time until here is lost
+        else:
+            trial.held_mb = true_mb
+            self.used_mb[trial.gpu] += true_mb
+            self._pending.append(Using(trial.handle, true_mb))
+            trial.at = self.now + max(0.0, self.trials[trial.index].seconds - self.allocate_after_s)
+        heapq.heappush(self._queue, trial)
 
     def _finish(self, trial: _Running) -> None:
         self.used_mb[trial.gpu] -= trial.held_mb
-        self.ooms += trial.oom
+        if trial.oom:
+            self.oomed.append(trial.index)
         requeued = self.study.tell(trial.index, trial.retries, oom=trial.oom)
         outcome = TrialOutcome(
             trial.index,
@@ -182,6 +225,7 @@ class SimulatedTrials:
             oom=trial.oom,
             batch_size=self.trials[trial.index].batch_size,
             requeued=requeued,
+            vram_peak_mb=None if trial.oom else trial.held_mb,
         )
         self._pending.append(Finished(trial.handle, outcome))
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import optuna
     from sqlalchemy.engine import Engine
 
+    from orchestrator.footprint import Footprint
     from orchestrator.study import BudgetCount, StudySpec
 
 
@@ -27,9 +28,16 @@ class Best:
 
 class StoredStudy:
     def __init__(
-        self, *, storage_url: str, engine: Engine, study: optuna.Study, spec: StudySpec
+        self,
+        *,
+        storage_url: str,
+        engine: Engine,
+        study: optuna.Study,
+        spec: StudySpec,
+        adapter_name: str | None = None,
     ) -> None:
         self.storage_url = storage_url
+        self.adapter_name = adapter_name  # the key of its memory models
         self.engine = engine
         self.study = study
         self.spec = spec
@@ -77,3 +85,19 @@ class StoredStudy:
 
     def touch_worker(self, worker_id: int, *, stopped: bool = False) -> None:
         records.touch_worker(self.engine, worker_id, stopped=stopped)
+
+    def save_footprint(self, gpu_name: str, footprint: Footprint) -> None:
+        """What this kind of GPU taught us about the adapter's memory, for the next admissions
+        of every node (they read it when they plan) and for later runs."""
+        from orchestrator.memory import save_measured
+
+        if self.adapter_name is None:
+            return
+        save_measured(
+            self.engine,
+            adapter=self.adapter_name,
+            gpu_name=gpu_name,
+            model=footprint.effective_model(),
+            source="trials",
+            samples=len(footprint.peaks),
+        )

@@ -14,14 +14,15 @@ import os
 import signal
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import TrialState
 
+    from adapters.base import Report
     from orchestrator.study import StudySpec
     from orchestrator.trial_context import TrialContext
 
@@ -32,8 +33,15 @@ logger = logging.getLogger(__name__)
 class TrialJob:
     """What the supervisor says about the next trial, picklable."""
 
-    batch_bounds: tuple[int, int]  # this GPU's bounds now
-    concurrency: int  # slots on this GPU when the trial started
+    batch_bounds: tuple[int, int]  # the batch sizes that fit this GPU alone, now
+
+
+@dataclass(frozen=True)
+class Go:
+    """The supervisor's admission of a trial whose size it heard: train now."""
+
+    planned_mb: float  # its estimate, which admitted it
+    concurrency: int  # trials on the GPU with it, itself included
 
 
 @dataclass(frozen=True)
@@ -151,29 +159,37 @@ class RunResult:
     batch_size: int | None = None
     planned_mb: float | None = None
     peak_mb: float | None = None
+    concurrency: int | None = None
 
 
-def run_trial(
-    ctx: TrialContext, job: TrialJob, notify: Callable[[Any], None], company: Any
-) -> TrialOutcome:
-    """Ask for a trial and run it to the end. `notify` tells the supervisor the trial's number
-    as soon as it has one; `company.value` says whether another trial shared the GPU meanwhile."""
+class Channel(Protocol):
+    """The trial process's end of its pipe to the supervisor."""
+
+    def send(self, message: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+
+def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
+    """Ask for a trial and run it to the end. The supervisor hears its number as soon as it has
+    one (("asked", n)) and its batch size once drawn (("sized", batch)), and answers with a `Go`
+    when the trial fits the GPU; `company.value` says whether another trial shared the GPU."""
     spec = ctx.refresh_spec()
     ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
     ctx.study.pruner = ctx.pruner
     trial, lock = ask(ctx, spec)
     if trial is None:
         return TrialOutcome(None, "NONE")
-    notify(("asked", trial.number))
+    channel.send(("asked", trial.number))
     if spec.sampler != "pso":
         ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
     fit_fixed_batch_size(trial, job.batch_bounds)
     with _heartbeat(ctx, trial):
-        result = run_objective(ctx, job, spec, trial)
+        result = run_objective(ctx, job, spec, trial, channel)
         alone = result.oom and not company.value
         requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
         tell(ctx, trial, result)
-        record(ctx, job, trial, result, lock)
+        record(ctx, trial, result, lock)
     return TrialOutcome(
         trial.number,
         result.state.name,
@@ -256,9 +272,9 @@ def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> Iterator[None]:
 
 
 def run_objective(
-    ctx: TrialContext, job: TrialJob, spec: StudySpec, trial: optuna.Trial
+    ctx: TrialContext, job: TrialJob, spec: StudySpec, trial: optuna.Trial, channel: Channel
 ) -> RunResult:
-    """Draw the parameters and train; every way it can end becomes a RunResult."""
+    """Draw the parameters, wait to be admitted, train; every way it can end is a RunResult."""
     import optuna
     from optuna.trial import TrialState
 
@@ -270,14 +286,21 @@ def run_objective(
     try:
         with interruptible():  # only this part can be interrupted: the outcome is written whole
             params = ctx.adapter.suggest(trial, spec.options)
-            _plan_memory(ctx, trial, params, result)
+            batch = params.get("batch_size")
+            result.batch_size = None if batch is None else int(batch)
+            channel.send(("sized", result.batch_size))
+            go = channel.recv()
+            if not isinstance(go, Go):
+                raise Interrupted("stopped before it was admitted")
+            _admitted(ctx, trial, go, result)
             value = ctx.adapter.train(
                 params,
                 epochs=spec.epochs,
                 device=ctx.torch_device,
                 options=spec.options,
-                report=reporter(trial),
+                report=_reporting_memory(ctx, result, channel, reporter(trial)),
             )
+            _hold_simulated(ctx, result)  # a model that never reports still held it all
         result.state, result.value = TrialState.COMPLETE, float(value)
     except optuna.TrialPruned:
         result.state = TrialState.PRUNED
@@ -304,24 +327,55 @@ def _placement_attrs(ctx: TrialContext, job: TrialJob, trial: optuna.Trial) -> N
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr("gpu", ctx.gpu_name)
     trial.set_user_attr("gpu_index", device.index if device else None)
-    trial.set_user_attr("concurrency", job.concurrency)
     trial.set_user_attr("batch_bounds", list(job.batch_bounds))
 
 
-def _plan_memory(
-    ctx: TrialContext, trial: optuna.Trial, params: dict[str, Any], result: RunResult
-) -> None:
-    """The trial's planned VRAM at its batch size; a simulated GPU holds it (or OOMs) now."""
+def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
+    """Admitted by its estimate: record it. A simulated GPU now holds the trial's model overhead;
+    the rest of what it really needs comes with its first report (see `_simulated_growth`)."""
     from orchestrator.gpu.sim import process_holder
 
-    batch = params.get("batch_size")
-    if batch is not None:
-        result.batch_size = int(batch)
-        result.planned_mb = ctx.memory.planned_mb(int(batch))
-        trial.set_user_attr("vram_planned_mb", round(result.planned_mb, 1))
+    result.planned_mb = go.planned_mb
+    trial.set_user_attr("vram_planned_mb", round(go.planned_mb, 1))
+    trial.set_user_attr("concurrency", go.concurrency)
+    result.concurrency = go.concurrency
     if ctx.ledger is not None:
-        held = (result.planned_mb or ctx.memory.model_overhead_mb) * ctx.config.sim_memory_scale
+        held = ctx.memory.model_overhead_mb * ctx.config.sim_memory_scale
         ctx.ledger.allocate(process_holder(), held)
+
+
+def _reporting_memory(
+    ctx: TrialContext, result: RunResult, channel: Channel, report: Report
+) -> Report:
+    """Each epoch, tell the supervisor what the trial really holds (its peak so far), so it
+    counts a running trial at that instead of its estimate. On a simulated GPU the trial's
+    batches take their memory at its first report, as a real trial's memory grows over its first
+    steps: free memory does not show a trial that has just started."""
+    if ctx.ledger is None and ctx.torch_device.type != "cuda":
+        return report
+
+    def reporting(epoch: int, value: float) -> None:
+        _hold_simulated(ctx, result)
+        peak = _peak_mb(ctx)
+        if peak is not None:
+            channel.send(("using", peak))
+        report(epoch, value)
+
+    return reporting
+
+
+def _hold_simulated(ctx: TrialContext, result: RunResult) -> None:
+    """Hold, on a simulated GPU, all the trial really needs: the adapter's declared model at its
+    batch size times --sim-memory-scale (raises CUDA's OOM error if it does not fit)."""
+    from orchestrator.gpu.sim import process_holder
+
+    if ctx.ledger is None:
+        return
+    holder = process_holder()
+    need = ctx.memory.planned_mb(result.batch_size or 0) * ctx.config.sim_memory_scale
+    more = need - ctx.ledger.held_mb(holder)
+    if more > 0:
+        ctx.ledger.allocate(holder, more)
 
 
 def _reset_memory(ctx: TrialContext) -> None:
@@ -418,7 +472,6 @@ def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
 
 def record(
     ctx: TrialContext,
-    job: TrialJob,
     trial: optuna.Trial,
     result: RunResult,
     lock: LockTiming | None,
@@ -436,7 +489,7 @@ def record(
         batch_size=result.batch_size,
         vram_planned_mb=result.planned_mb,
         vram_peak_mb=result.peak_mb,
-        concurrency=job.concurrency,
+        concurrency=result.concurrency,
         oom=result.oom,
         state=result.state.name,
         pid=os.getpid(),

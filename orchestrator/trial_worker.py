@@ -107,7 +107,7 @@ def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
         if job is None:
             return
         try:
-            outcome = run_trial(ctx, job, conn.send, company)
+            outcome = run_trial(ctx, job, conn, company)
         except BaseException as error:  # the trial's own errors are outcomes; this is the process
             logger.error("trial process failed: %s", traceback.format_exc())
             _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), recycle="crashed"))

@@ -152,9 +152,11 @@ def test_node_plans_respect_cpu_user_and_vram(
             assert one.slots <= user
         low, high = one.batch_bounds
         assert 64 == low <= high <= 4096
-        assert one.limited_by in ("vram", "swarm", "cpu", "user")
-        if one.fits:  # every slot at the upper batch still fits in the usable VRAM
-            assert one.slots * one.largest_trial_mb <= one.usable_mb * (1 + 1e-9)
+        assert one.limited_by in ("vram", "swarm", "cpu", "user", "budget")
+        if one.fits:  # one trial at the upper batch fits the usable VRAM alone
+            assert one.largest_trial_mb <= one.usable_mb * (1 + 1e-9)
+            if high < 4096:  # and the bound is the largest that does
+                assert one.memory_model.planned_mb(high + 1) > one.usable_mb
 
 
 @settings(max_examples=200, deadline=None)
@@ -178,14 +180,28 @@ def test_cores_are_shared_fairly(wants, cores) -> None:
 def test_two_gpus_of_different_sizes_get_different_plans() -> None:
     plan = plan_node([gpu(0, 24576), gpu(1, 49152)], TFT, cpu_bound=False, cpu_cores=2)
     small, large = plan.gpus
-    assert (small.slots, large.slots) == (9, 19)
-    assert small.batch_bounds == (64, 3690)
-    assert large.batch_bounds == (
-        64,
-        1391,
-    )  # 39321.6 / 19 - 2000 = 69.56 MB: more slots, smaller shares
+    assert (small.slots, large.slots) == (9, 19)  # 2,003.2 MB at the smallest batch
+    # Both fit the whole range alone: 2000 + 4096 x 0.05 = 2,204.8 MB.
+    assert small.batch_bounds == large.batch_bounds == (64, 4096)
     assert small.limited_by == large.limited_by == "vram"
     assert plan.total_slots == 28
+    assert small.as_dict()["at_once"] == {"smallest": 9, "typical": 9, "largest": 8}
+
+
+def test_a_large_model_is_bounded_by_what_fits_alone() -> None:
+    model = MemoryModel(1500.0, 10.0)  # 10 MB per sample
+    (one,) = plan_node([gpu(0, 24576)], model, cpu_bound=False, cpu_cores=2).gpus
+    # (19,660.8 - 1,500) / 10 = 1,816 samples fit one trial alone; 9 of the smallest fit at once.
+    assert one.batch_bounds == (64, 1816)
+    assert one.slots == 9
+    assert one.trials_at_once(one.largest_trial_mb) == 1
+
+
+def test_the_study_s_budget_caps_the_trials_at_once() -> None:
+    (one,) = plan_node([gpu(0, 81920)], DQN, cpu_bound=False, cpu_cores=2, budget_trials=12).gpus
+    assert (one.slots, one.limited_by) == (12, "budget")
+    (cpu,) = plan_node([], DQN, cpu_bound=True, cpu_cores=16, budget_trials=3).gpus
+    assert (cpu.slots, cpu.limited_by) == (3, "budget")
 
 
 def test_no_gpu_gives_cpu_bound_work_a_slot_per_core() -> None:
@@ -216,12 +232,12 @@ def test_cpu_bound_work_is_capped_by_cores_and_shared() -> None:
     assert [g.limited_by for g in free.gpus] == ["swarm"] * 3
 
 
-def test_capped_slots_give_each_trial_larger_batches() -> None:
+def test_a_cap_on_trials_at_once_never_shrinks_the_batch_range() -> None:
     model = MemoryModel(1000.0, 1.0)  # 1 MB per sample: the batch bound is VRAM-bound
     vram_only = plan_node([gpu(0, 40960)], model, cpu_bound=False, cpu_cores=1)
     capped = plan_node([gpu(0, 40960)], model, cpu_bound=True, cpu_cores=4)
-    assert vram_only.gpus[0].slots == 20 and vram_only.gpus[0].batch_bounds == (64, 638)
-    assert capped.gpus[0].slots == 4 and capped.gpus[0].batch_bounds == (64, 4096)
+    assert vram_only.gpus[0].slots == 20 and capped.gpus[0].slots == 4
+    assert vram_only.gpus[0].batch_bounds == capped.gpus[0].batch_bounds == (64, 4096)
 
 
 def test_user_concurrency_lowers_but_never_raises() -> None:
@@ -263,7 +279,7 @@ def test_plan_as_dict_round_trips_the_numbers() -> None:
     data = plan.as_dict()
     assert isinstance(plan, NodePlan)
     assert data["total_slots"] == 9
-    assert data["gpus"][0]["batch_bounds"] == [64, 3690]
+    assert data["gpus"][0]["batch_bounds"] == [64, 4096]
     assert data["gpus"][0]["memory_model"]["source"] == "declared"
 
 

@@ -31,18 +31,22 @@ def test_every_trial_of_the_budget_runs_and_no_more():
     result = pool.run()
     assert study.complete == 12 and study.running == 0
     assert result.trials_run == 12 and result.ooms == 0
-    # 8 GB usable at 1 GB a trial: 8 slots, started at 4, ramped up after the first wave.
-    reasons = [(e.reason, e.from_slots, e.to_slots) for e in study.events]
-    assert reasons[:2] == [("start", 0, 4), ("rampup", 4, 8)]
+    # 8 GB usable at 1 GB a trial: half of it at first (4 trials), all once the first wave is done.
+    reasons = [(e.reason, e.from_slots, e.to_slots, e.from_mb, e.to_mb) for e in study.events]
+    assert reasons[:2] == [("start", 0, 4, 0.0, 4000.0), ("rampup", 4, 8, 4000.0, 8000.0)]
 
 
-def test_trials_that_need_three_times_the_estimate_halve_the_slots_and_are_re_run():
+def test_trials_that_need_three_times_the_estimate_cut_the_memory_and_are_re_run():
     pool, study, backend = _pool([SimTrial(64, 3000.0, 60.0)] * 10)
     result = pool.run()
     assert study.complete == 10 and study.failed == 0  # every OOM'd trial was re-run
     assert result.ooms == backend.ooms > 0
-    halvings = [e for e in study.events if e.reason in ("oom", "degrade")]
-    assert halvings and all(e.to_slots == max(1, e.from_slots // 2) for e in halvings)
+    cuts = [e for e in study.events if e.reason in ("oom", "degrade")]
+    assert cuts and all(e.to_mb <= e.from_mb / 2 + 1e-9 or e.reason == "degrade" for e in cuts)
+    # It learnt: 3x the estimate costs one or two OOMs, not one per ramp-up.
+    assert backend.ooms <= 2
+    (footprint,) = study.footprints.values()
+    assert footprint.planned_mb(64) >= 3000.0
 
 
 def test_the_timeout_starts_nothing_new_and_running_trials_finish():

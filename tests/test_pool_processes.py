@@ -57,13 +57,16 @@ def _assert_every_trial_recorded(url, name):
     return study, rows
 
 
-def test_oom_halves_the_slots_and_every_oomed_trial_is_re_run(sqlite_url):
-    # 6000 MB, trials hold 3x their ~0.5 GB estimate: the plan's 9 slots (starting at 5) cannot fit.
+def test_an_oom_fails_only_its_trial_which_is_re_run(sqlite_url):
+    # Seed 0's first trial draws batch 2746: 3 x (50 + 2746) MB cannot fit a 6000 MB GPU even
+    # alone. It fails, that batch size becomes the GPU's limit, and it is re-run at half of it.
     done = run_cli(
         "run",
         "synthetic",
         "--trials",
-        "12",
+        "8",
+        "--seed",
+        "0",
         "--storage",
         sqlite_url,
         "--gpus",
@@ -71,7 +74,11 @@ def test_oom_halves_the_slots_and_every_oomed_trial_is_re_run(sqlite_url):
         "--sim-memory-scale",
         "3",
         "--option",
-        "trial_seconds=4",
+        "overhead_mb=50",
+        "--option",
+        "per_sample_mb=1.0",
+        "--option",
+        "trial_seconds=2",
         "--epochs",
         "2",
         "--pruner",
@@ -81,18 +88,9 @@ def test_oom_halves_the_slots_and_every_oomed_trial_is_re_run(sqlite_url):
     assert done.returncode == 0, done.stderr
     study, rows = _assert_every_trial_recorded(sqlite_url, "synthetic")
     count = count_trials(study.trials)
-    assert count.counted == 12 and count.running == 0 and count.waiting == 0
-
-    events = records.list_concurrency_events(_engine(sqlite_url), "synthetic")
-    reasons = [e.reason for e in events]
-    assert reasons[0] == "start"
-    halvings = [e for e in events if e.reason in ("oom", "degrade")]
-    assert halvings, reasons
-    assert all(e.to_slots == max(1, e.from_slots // 2) for e in halvings)
-
+    assert count.counted == 8 and count.running == 0 and count.waiting == 0
     oomed = [t for t in study.trials if t.user_attrs.get("oom")]
-    assert oomed
-    assert all(t.state == TrialState.FAIL for t in oomed)
+    assert oomed and all(t.state == TrialState.FAIL for t in oomed)
     reruns = {
         t.system_attrs["retry_history"][-1]: t
         for t in study.trials
@@ -105,11 +103,13 @@ def test_oom_halves_the_slots_and_every_oomed_trial_is_re_run(sqlite_url):
             k: v for k, v in trial.params.items() if k != "batch_size"
         }
     assert any(row["oom"] for row in rows)
+    limit = records.load_batch_limit(
+        _engine(sqlite_url), study_name="synthetic", gpu_name="Simulated GPU 5.86 GB"
+    )
+    assert limit is not None and limit < oomed[0].params["batch_size"]
 
 
-def test_watchdog_halves_before_spawning_when_another_process_holds_the_memory(
-    tmp_path, sqlite_url
-):
+def test_the_watchdog_halves_the_memory_when_another_process_holds_it(tmp_path, sqlite_url):
     devices = make_sim_devices([6000], str(tmp_path))
     ledger = SimLedger(devices[0].ledger_path, 6000)
     ledger.allocate("another process", 5500)  # 500 MB free: under 10%
@@ -143,7 +143,7 @@ def test_watchdog_halves_before_spawning_when_another_process_holds_the_memory(
         e for e in events if e.reason in ("watchdog", "degrade") and "free" in (e.detail or "")
     ]
     assert watchdog, [(e.reason, e.detail) for e in events]
-    assert watchdog[0].from_slots == 2 and watchdog[0].to_slots == 1
+    assert (watchdog[0].from_mb, watchdog[0].to_mb) == (2400.0, 1200.0)  # half of 80% of 6000
     assert count_trials(study.trials).complete == 2
     assert ledger.held_mb("another process") == 5500  # ours came and went; theirs stayed
 

@@ -1,8 +1,7 @@
-"""How many trials a GPU runs at once, and why: the slot policy, as values and pure functions.
+"""The pool's former policy, equal slots: kept here as a baseline for `bench_pool.py` only.
 
-The supervisor (`orchestrator.pool`) asks it at three moments and gets back a new policy and,
-when the slots change, a `SlotChange` saying why; tests drive it without processes or sleeping.
-The five layers of seed 002:
+Before admission by bytes (`orchestrator.admission`), a GPU ran N equal slots, N sized at the
+smallest batch, and these functions moved N. The five layers of seed 002 as they were:
 
 1. conservative estimate: the plan sizes slots at the minimum batch with 20% of VRAM kept free;
 2. ramp-up: start at ceil(max/2), go to max once the first wave finished without an OOM
@@ -119,12 +118,3 @@ def before_spawn(
         return policy, None
     detail = f"only {free_mb:.0f} of {total_mb:.0f} MB free before starting a trial"
     return _halved(policy, "watchdog", detail)
-
-
-def threads_per_trial(cpu_cores: int, total_slots: int, *, cpu_bound: bool = False) -> int:
-    """Torch threads for one trial. CPU-bound work (RL: small networks, environment steps) runs
-    fastest on one thread each, the planner already keeping trials within the cores; other work
-    shares the host's cores among the trials that run at once."""
-    if cpu_bound:
-        return 1
-    return max(1, cpu_cores // max(1, total_slots))
