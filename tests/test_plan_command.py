@@ -44,7 +44,10 @@ def test_seed_numbers_on_an_l4_and_an_h100(capsys, storage) -> None:
     assert "20 trials at once" in out and "batch bounds  64..4096" in out
     code, out, _ = plan(capsys, "synthetic", "--gpus", "sim:24576", "--storage", storage, *TFT_LIKE)
     assert "9 trials at once, limited by VRAM" in out
-    assert "batch bounds  64..3690" in out
+    # The batch range is what fits the GPU alone, whatever runs beside it.
+    assert "batch bounds  64..4096 (what fits this GPU alone)" in out
+    assert "memory budget 19,661 MB; each trial admitted by its own footprint" in out
+    assert "at once       smallest 2,003 MB (batch 64): 9; typical 2,026 MB (batch 512): 9;" in out
 
 
 def test_two_gpus_show_different_bounds_in_json(capsys, storage) -> None:
@@ -62,7 +65,8 @@ def test_two_gpus_show_different_bounds_in_json(capsys, storage) -> None:
     data = json.loads(out)
     assert data["adapter"] == "synthetic" and data["cpu_bound"] is False
     assert [g["slots"] for g in data["gpus"]] == [9, 19]
-    assert [g["batch_bounds"] for g in data["gpus"]] == [[64, 3690], [64, 1391]]
+    assert [g["batch_bounds"] for g in data["gpus"]] == [[64, 4096], [64, 4096]]
+    assert [g["at_once"]["largest"] for g in data["gpus"]] == [8, 17]
     assert [g["device"]["total_mb"] for g in data["gpus"]] == [24576, 49152]
     assert data["total_slots"] == 28
     assert not Path(
@@ -92,7 +96,7 @@ def test_cpu_bound_work_is_capped_by_cores(capsys, storage, monkeypatch) -> None
         )
         == 2
     )
-    assert "in all: 6 trials at once on 2 GPUs" in out
+    assert "in all: at most 6 trials at once on 2 GPUs" in out
 
 
 def test_planning_for_a_host_with_more_cores(capsys, storage) -> None:

@@ -144,8 +144,13 @@ def render_plan(plan: NodePlan, adapter: Any, args: argparse.Namespace) -> list[
     if first.device is None:
         found = "no GPU" if args.gpus == "none" else "no GPU found"
         low, high = first.batch_bounds
+        at_once = (
+            "1 trial at a time"
+            if first.slots == 1
+            else f"up to {first.slots} trials at once (one per CPU core)"
+        )
         return [
-            f"{found} (--gpus {args.gpus}): {adapter.name} runs 1 trial at a time on the CPU, "
+            f"{found} (--gpus {args.gpus}): {adapter.name} runs {at_once} on the CPU, "
             f"batch sizes {low}..{high} (memory model {describe_model(first.memory_model, first.memory_model_source)})"
         ]
     cores = plan.cpu_cores
@@ -162,7 +167,7 @@ def render_plan(plan: NodePlan, adapter: Any, args: argparse.Namespace) -> list[
     lines.append("")
     count = len(plan.gpus)
     lines.append(
-        f"in all: {_trials(plan.total_slots)} at once on {count} GPU{'s' if count > 1 else ''}"
+        f"in all: at most {_trials(plan.total_slots)} at once on {count} GPU{'s' if count > 1 else ''}"
     )
     return lines
 
@@ -182,6 +187,8 @@ def _limit_words(gpu: GpuPlan, plan: NodePlan, args: argparse.Namespace) -> str:
         return f"CPU cores ({plan.cpu_cores} usable{shared}; VRAM fits {vram})"
     if gpu.limited_by == "user":
         return f"--concurrency {args.concurrency} (VRAM fits {vram})"
+    if gpu.limited_by == "budget":
+        return f"the study's budget (VRAM fits {vram})"
     return gpu.limited_by
 
 
@@ -189,17 +196,24 @@ def _render_gpu(gpu: GpuPlan, plan: NodePlan, args: argparse.Namespace) -> list[
     device = gpu.device
     assert device is not None
     low, high = gpu.batch_bounds
+    typical_batch = round((low * high) ** 0.5)
+    sizes = [
+        ("smallest", gpu.per_trial_mb, low),
+        ("typical", gpu.typical_trial_mb, typical_batch),
+        ("largest", gpu.largest_trial_mb, high),
+    ]
+    at_once = "; ".join(
+        f"{name} {mb:,.0f} MB (batch {batch}): {gpu.trials_at_once(mb)}"
+        for name, mb, batch in sizes
+    )
     rows = [
         (f"GPU {device.index}", f"{device.name} ({device.kind})"),
         ("total VRAM", f"{gpu.total_mb:,.0f} MB ({gpu.usable_mb:,.0f} MB usable, 20% kept free)"),
         ("memory model", describe_model(gpu.memory_model, gpu.memory_model_source)),
-        (
-            "per trial",
-            f"{gpu.per_trial_mb:,.1f} MB at batch {low}, {gpu.largest_trial_mb:,.1f} MB at {high}",
-        ),
-        ("slots", f"{_trials(gpu.slots)} at once, limited by {_limit_words(gpu, plan, args)}"),
-        ("batch bounds", f"{low}..{high}"),
-        ("reserved", f"{gpu.reserved_mb:,.0f} MB at the minimum batch"),
+        ("memory budget", f"{gpu.usable_mb:,.0f} MB; each trial admitted by its own footprint"),
+        ("batch bounds", f"{low}..{high} (what fits this GPU alone)"),
+        ("at once", at_once),
+        ("at most", f"{_trials(gpu.slots)} at once, limited by {_limit_words(gpu, plan, args)}"),
     ]
     lines = [rows[0][0] + "  " + rows[0][1]] + [f"  {key:<13} {value}" for key, value in rows[1:]]
     if not gpu.fits:
