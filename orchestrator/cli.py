@@ -18,6 +18,7 @@ COMMANDS = (
     "status",
     "best",
     "report",
+    "logs",
     "dashboard",
     "adapters",
     "manifests",

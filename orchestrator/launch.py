@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +78,12 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         help="run every trial in a fresh process, for models that leak (slower: each trial pays "
         "for the imports, the storage connection and the CUDA context)",
     )
+    parser.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="each trial's stdout and stderr go to DIR/STUDY/trial-N.log (default: beside an SQLite "
+        "file, e.g. study-logs/ for study.db; else orchestrator-logs/ in the current directory)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
@@ -104,6 +111,14 @@ def check_pool_arguments(args: argparse.Namespace) -> None:
         raise UserError(f"--recycle-after {args.recycle_after} must be at least 1")
     if not args.recycle_memory_mb > 0:
         raise UserError(f"--recycle-memory-mb {args.recycle_memory_mb} must be more than 0")
+
+
+def log_dir_of(url: str, args: argparse.Namespace) -> str:
+    """Where trials' logs go: --log-dir, else beside the study's SQLite file or here."""
+    from orchestrator.trial_logs import default_log_dir
+
+    chosen = getattr(args, "log_dir", None)
+    return str(chosen) if chosen else str(default_log_dir(url))
 
 
 def recycling_of(args: argparse.Namespace) -> Any:
@@ -245,6 +260,7 @@ def run_pool(
         cpu_bound=host.cpu_bound,
         sim_memory_scale=args.sim_memory_scale,
         recycling=recycling_of(args),
+        log_dir=log_dir_of(url, args),
         spare=spare,
         adapter_name=adapter.name,
         timeout_s=args.timeout,
@@ -365,6 +381,17 @@ def _best(study: optuna.Study) -> Any:
 
 
 def print_outcome(outcome: Outcome, *, metric: str, as_json: bool) -> None:
+    out = _RESULT[0] if _RESULT else sys.stdout
+    try:
+        _print_outcome(outcome, metric=metric, as_json=as_json, out=out)
+    finally:
+        out.flush()
+
+
+def _print_outcome(outcome: Outcome, *, metric: str, as_json: bool, out: Any) -> None:
+    def print(*parts: Any) -> None:  # noqa: A001 - the result's lines, to the result stream
+        out.write(" ".join(str(part) for part in parts) + "\n")
+
     if as_json:
         print(json.dumps(outcome.as_dict(), indent=2, default=str))
         return
@@ -383,8 +410,19 @@ def print_outcome(outcome: Outcome, *, metric: str, as_json: bool) -> None:
         print(f"  {name} = {shown}")
 
 
+_RESULT: list[Any] = []  # the stream `run` and `worker` print their result to (see configure)
+
+
 def configure(args: argparse.Namespace) -> None:
+    """Logging as the flags ask, and stdout kept for the result: whatever else writes to it from
+    here on (an adapter's module, a library) goes to stderr, so `--json` output stays JSON."""
     from orchestrator.cli import configure_logging
+    from orchestrator.trial_logs import reserve_stdout
+
+    if not _RESULT:
+        stream = reserve_stdout()
+        if stream is not sys.stdout:  # a real file: keep it for the result (once a process)
+            _RESULT.append(stream)
 
     configure_logging(
         verbose=getattr(args, "verbose", False),

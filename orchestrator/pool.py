@@ -113,6 +113,7 @@ class Pool:
         cpu_bound: bool = False,
         sim_memory_scale: float = 1.0,
         recycling: Recycling | None = None,
+        log_dir: str | None = None,
         spare: list[Any] | None = None,
         adapter_name: str | None = None,
         **options: Any,
@@ -135,6 +136,7 @@ class Pool:
                 threads=threads,
                 sim_memory_scale=sim_memory_scale,
                 recycling=recycling or Recycling(),
+                log_dir=log_dir,
             )
             for index, plan in enumerate(plans)
         }
@@ -351,7 +353,11 @@ class Pool:
             )
         elif outcome.error and outcome.state == "FAIL":
             logger.warning(
-                "%s: trial %s failed: %s", supervisor.label, outcome.trial_number, outcome.error
+                "%s: trial %s failed: %s%s",
+                supervisor.label,
+                outcome.trial_number,
+                outcome.error,
+                _tail(outcome.log_file),
             )
 
     def _count_failed_start(self, outcome: TrialOutcome, *, asked: bool) -> None:
@@ -476,3 +482,15 @@ def mb_words(mb: float) -> str:
 
 def _finite(mb: float) -> float | None:
     return mb if math.isfinite(mb) else None
+
+
+def _tail(log_file: str | None) -> str:
+    """A failed trial's last lines, indented under the log line that says it failed."""
+    from orchestrator.trial_logs import last_lines
+
+    if log_file is None:
+        return ""
+    lines = last_lines(log_file)
+    if not lines:
+        return f" (log: {log_file})"
+    return f"; the end of {log_file}:\n" + "\n".join(f"    {line}" for line in lines)

@@ -42,6 +42,7 @@ class WorkerConfig:
     threads: int  # torch threads for this process
     sim_memory_scale: float = 1.0
     recycling: Recycling = Recycling()
+    log_dir: str | None = None  # each trial's stdout and stderr go to a file under it
 
 
 def pin_device(device: Device | None) -> None:

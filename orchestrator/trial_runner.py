@@ -16,6 +16,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class TrialOutcome:
     error: str | None = None
     requeued: bool = False
     interrupted: bool = False  # stopped by the supervisor: says nothing about memory
+    log_file: str | None = None  # where its stdout and stderr went
     cuda_error: bool = False  # a CUDA error other than out-of-memory: the context may be broken
     recycle: str | None = None  # why the process ends after this trial, if it does
     setup_failed: bool = False  # the process could not open the study or the adapter
@@ -184,7 +186,8 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     if spec.sampler != "pso":
         ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
     fit_fixed_batch_size(trial, job.batch_bounds)
-    with _heartbeat(ctx, trial):
+    log_file = _log_file(ctx, trial)
+    with _output_to(log_file), _heartbeat(ctx, trial):
         result = run_objective(ctx, job, spec, trial, channel)
         alone = result.oom and not company.value
         requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
@@ -202,7 +205,24 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         requeued=requeued,
         interrupted=result.interrupted,
         cuda_error=result.cuda_error,
+        log_file=None if log_file is None else str(log_file),
     )
+
+
+def _log_file(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
+    from orchestrator.trial_logs import trial_log_path
+
+    if ctx.config.log_dir is None:
+        return None
+    path = trial_log_path(ctx.config.log_dir, ctx.config.study_name, trial.number)
+    trial.set_user_attr("log_file", str(path))
+    return path
+
+
+def _output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
+    from orchestrator.trial_logs import captured
+
+    return contextlib.nullcontext() if path is None else captured(path)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,10 @@ def serve(conn: Connection, company: Any) -> None:
 
     The first message is the process's WorkerConfig: a process can start (and import torch and
     Optuna, most of its start-up) before the supervisor knows which GPU it will serve."""
+    from orchestrator.trial_logs import keep_stdout_clean
+
     install_signal_handlers()
+    keep_stdout_clean()
     _import_what_every_trial_needs()
     config = _next_job(conn)
     if not isinstance(config, WorkerConfig):

@@ -1,0 +1,71 @@
+"""Each trial's output in a log file of its own; `run`'s stdout holds its result and nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import optuna
+
+from orchestrator.trial_logs import default_log_dir, last_lines, trial_log_path
+from tests.cli_helpers import cli_env, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env():
+    return cli_env(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def test_a_noisy_trial_writes_its_own_log_and_run_json_stays_json(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    done = run_cli(
+        "run", "--adapter-path", "tests.noisy_adapter:adapter", "--trials", "3", "--epochs", "1",
+        "--gpus", "none", "--option", "trial_seconds=0", "--pruner", "none", "--storage", url,
+        "--json", env=_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)  # nothing but the result
+    assert result["counted"] == 3
+    assert "noisy:" not in done.stdout
+    study = optuna.load_study(study_name="noisy", storage=url)
+    for trial in study.trials:
+        path = Path(trial.user_attrs["log_file"])
+        assert path == tmp_path / "study-logs" / "noisy" / f"trial-{trial.number}.log"
+        text = path.read_text()
+        assert f"noisy: training batch {trial.params['batch_size']}" in text
+        assert "noisy: a warning on stderr" in text and "noisy: from C" in text
+        shown = run_cli("logs", "--study", "noisy", "--trial", str(trial.number), "--storage", url)
+        assert shown.returncode == 0 and shown.stdout == text
+
+
+def test_a_failed_trial_s_last_lines_are_in_run_s_log(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    done = run_cli(
+        "run", "--adapter-path", "tests.noisy_adapter:adapter", "--trials", "1", "--epochs", "1",
+        "--gpus", "none", "--option", "fail=1", "--pruner", "none", "--storage", url,
+        "--log-dir", str(tmp_path / "logs"), env=_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "trial 0 failed: RuntimeError: noisy: this model does not train" in done.stderr
+    assert f"the end of {tmp_path / 'logs' / 'noisy' / 'trial-0.log'}:" in done.stderr
+    assert "    RuntimeError: noisy: this model does not train" in done.stderr  # its traceback
+
+
+def test_logs_for_a_trial_that_is_not_there_is_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="empty", storage=url)
+    shown = run_cli("logs", "--study", "empty", "--trial", "7", "--storage", url)
+    assert shown.returncode == 2
+    assert shown.stderr.count("\n") == 1 and "has no trial 7" in shown.stderr
+
+
+def test_where_logs_go(tmp_path):
+    assert default_log_dir("sqlite:////data/runs/dqn.db") == Path("/data/runs/dqn-logs")
+    assert default_log_dir("postgresql://u@h/db", cwd=tmp_path) == tmp_path / "orchestrator-logs"
+    assert trial_log_path("/logs", "my study/1", 3) == Path("/logs/my_study_1/trial-3.log")
+    log = tmp_path / "t.log"
+    log.write_text("one\n\ntwo\nthree\n")
+    assert last_lines(log, 2) == ["two", "three"]
+    assert last_lines(tmp_path / "missing.log") == []
