@@ -65,7 +65,11 @@ def register(subparsers) -> None:  # noqa: ANN001
     parser.add_argument(
         "--swarm-size", type=int, metavar="N", help="particles in the swarm (default 20)"
     )
-    parser.add_argument("--pruner", choices=PRUNERS, help="stop poor trials early (default median)")
+    parser.add_argument(
+        "--pruner",
+        choices=PRUNERS,
+        help=f"stop poor trials early: {', '.join(PRUNERS)} (default median; docs/pruners.md)",
+    )
     parser.add_argument(
         "--max-retries", type=int, metavar="N", help="re-runs of an OOM'd or lost trial (default 2)"
     )

@@ -36,7 +36,7 @@ def worker_command(args: argparse.Namespace) -> int:
     from orchestrator.processes import prestart
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import describe_location, resolve_storage_url, sqlite_path
-    from orchestrator.study import load_existing_study, load_spec
+    from orchestrator.study import load_existing_study, load_spec, pruner_for
 
     configure(args)
     check_pool_arguments(args)
@@ -57,6 +57,7 @@ def worker_command(args: argparse.Namespace) -> int:
             f"study {args.study!r} has no orchestrator settings: start it with "
             f"`python -m orchestrator run ADAPTER --study {args.study}`"
         )
+    pruner_for(spec)  # a pruner this version lacks is one line here, not a failure per trial
     return plan_and_run(
         url=url,
         storage=storage,
