@@ -35,6 +35,7 @@ class StudySpec:
     swarm_size: int = 20
     max_retries: int = 2  # how often an OOM'd or lost trial's parameters are re-run
     pruner: str = "median"  # one of PRUNERS; see pruner_for and docs/pruners.md
+    mlflow_uri: str | None = None  # where trials are logged as MLflow runs (orchestrator.tracking)
 
     def to_attr(self) -> dict[str, Any]:
         return asdict(self)
