@@ -101,13 +101,19 @@ class TrialTracker:
     """Logs finished trials of one study to an MLflow tracking store (a server, a database, files)."""
 
     def __init__(self, tracking_uri: str, *, experiment: str, metric: str = "value") -> None:
-        from mlflow.tracking import MlflowClient
-
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.metric = metric
-        self._client = MlflowClient(tracking_uri=tracking_uri)
-        self._experiment_id: str | None = None
+        self._mlflow: Any = None  # MlflowClient, opened on first use: a store that is down
+        self._experiment_id: str | None = None  # then costs a warning, never the constructor
+
+    @property
+    def _client(self) -> Any:
+        if self._mlflow is None:
+            from mlflow.tracking import MlflowClient
+
+            self._mlflow = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._mlflow
 
     def experiment_id(self) -> str:
         """The study's experiment, made on first use (by whichever process gets there first)."""
