@@ -4,23 +4,18 @@ headless Chromium after a real `run`."""
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import optuna
 import pytest
+from cdp import Browser
 from optuna.distributions import IntDistribution
 from optuna.trial import TrialState, create_trial
 from optuna_dashboard._note import get_note_from_system_attrs
 from test_dashboard_browser import (
     ARTIFACTS,
-    CHROMIUM_FLAGS,
     REPO,
     free_port,
     require_chromium,
@@ -126,73 +121,6 @@ def test_notes_written_by_another_process_are_the_dashboards_notes(storage_url):
     assert get_note_from_system_attrs(attrs, first._trial_id)["version"] == 3
 
 
-def visible_on_first_screen(
-    chromium: str, url: str, needles: list[str], shot: Path, profile: Path
-) -> dict:
-    """For each needle: is an element showing it drawn inside the first screen of the page?"""
-    import websocket
-
-    width, height = 1400, 1000
-    browser = subprocess.Popen(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
-         f"--window-size={width},{height}", "about:blank"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while not (port_file.exists() and port_file.read_text().strip()):
-            assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
-            time.sleep(0.1)
-        port = int(port_file.read_text().split()[0])
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
-            page = next(t for t in json.load(answer) if t["type"] == "page")
-        ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=30)
-        ids = iter(range(1, 1_000_000))
-
-        def call(method: str, **params: object) -> dict:
-            ident = next(ids)
-            ws.send(json.dumps({"id": ident, "method": method, "params": params}))
-            while True:
-                message = json.loads(ws.recv())
-                if message.get("id") == ident:
-                    return message.get("result", {})
-
-        def evaluate(expression: str):  # noqa: ANN202
-            return call("Runtime.evaluate", expression=expression, returnByValue=True)[
-                "result"
-            ].get("value")
-
-        call(
-            "Emulation.setDeviceMetricsOverride",
-            width=width,
-            height=height,
-            deviceScaleFactor=1,
-            mobile=False,
-        )
-        call("Page.navigate", url=url)
-        deadline = time.monotonic() + 40
-        while needles[-1] not in (evaluate("document.body ? document.body.innerText : ''") or ""):
-            assert time.monotonic() < deadline, "the note never appeared on the page"
-            time.sleep(0.3)
-        seen = {}
-        for needle in needles:  # the innermost element holding the text, and where it is drawn
-            seen[needle] = evaluate(
-                "(() => { const all = [...document.querySelectorAll('body *')].filter("
-                f"e => e.innerText && e.innerText.includes({json.dumps(needle)}));"
-                "const e = all[all.length - 1]; if (!e) return false;"
-                "const r = e.getBoundingClientRect();"
-                "return r.height > 0 && r.top >= 0 && r.bottom <= window.innerHeight; })()"
-            )
-        shot.write_bytes(base64.b64decode(call("Page.captureScreenshot", format="png")["data"]))
-        ws.close()
-        return seen
-    finally:
-        browser.terminate()
-        browser.wait(timeout=10)
-
-
 @pytest.mark.browser
 def test_the_note_is_on_the_first_screen_of_a_trial_page_after_a_real_run(sqlite_url, tmp_path):
     chromium = require_chromium()
@@ -227,10 +155,11 @@ def test_the_note_is_on_the_first_screen_of_a_trial_page_after_a_real_run(sqlite
     try:
         wait_for_port(port, dashboard)
         url = f"http://127.0.0.1:{port}/dashboard/studies/{study._study_id}/trials?numbers={trial.number}"
-        ARTIFACTS.mkdir(exist_ok=True)
-        seen = visible_on_first_screen(
-            chromium, url, needles, ARTIFACTS / "dashboard-note.png", tmp_path / "p"
-        )
+        with Browser(chromium, tmp_path / "profile") as browser:
+            browser.open(url)
+            browser.wait_for_text(needles[-1])
+            seen = {needle: browser.on_first_screen(needle) for needle in needles}
+            browser.screenshot(ARTIFACTS / "dashboard-note.png")
     finally:
         dashboard.terminate()
         dashboard.wait(timeout=10)

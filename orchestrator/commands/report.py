@@ -48,6 +48,8 @@ def report_command(args: argparse.Namespace) -> int:
     print(f"report of {args.study!r}: {files.page}")
     for png in files.pngs:
         print(f"  {png}")
+    if files.csv is not None:
+        print(f"  {files.csv}")
     for note in files.notes:
         print(f"  ({note})")
     return 0
