@@ -29,7 +29,9 @@ def trial_note(trial: FrozenTrial, *, metric: str = "value") -> str:
     lines.append(f"- **batch size**: {_batch(trial.params, attrs)}")
     if attrs.get("concurrency") is not None:
         slots = int(attrs["concurrency"])
-        lines.append(f"- **slots**: {slots} {'trial' if slots == 1 else 'trials'} at once on this GPU")
+        lines.append(
+            f"- **slots**: {slots} {'trial' if slots == 1 else 'trials'} at once on this GPU"
+        )
     lines.append(f"- **out of memory**: {_oom(attrs)}")
     if attrs.get("error") and not attrs.get("oom"):
         lines.append(f"- **error**: {_short(attrs['error'])}")
@@ -114,12 +116,12 @@ def write_trial_note(study: optuna.Study, trial: FrozenTrial, *, metric: str = "
 
 def save_trial_note(study: optuna.Study, trial_id: int, body: str) -> None:
     """Store a note as optuna-dashboard does (`optuna_dashboard.save_note` takes a live Trial,
-    which a finished trial no longer is): one read of the study's system attributes, then the
-    version and the chunks; chunks of a longer earlier note are blanked, as the dashboard does."""
+    which a finished trial no longer is): read this trial's note keys, then write the version and
+    the chunks; chunks of a longer earlier note are blanked, as the dashboard does."""
     from optuna_dashboard._note import note_str_key_prefix, note_ver_key, split_body
 
     storage, study_id = study._storage, study._study_id
-    existing = storage.get_study_system_attrs(study_id)
+    existing = _note_attrs(storage, study_id, trial_id)
     version = int(existing.get(note_ver_key(trial_id), 0)) + 1
     storage.set_study_system_attr(study_id, note_ver_key(trial_id), version)
     chunks = split_body(body, trial_id)
@@ -129,6 +131,29 @@ def save_trial_note(study: optuna.Study, trial_id: int, body: str) -> None:
     old = sum(1 for key in existing if key.startswith(prefix))
     for i in range(len(chunks), old):
         storage.set_study_system_attr(study_id, f"{prefix}{i}", "")
+
+
+def _note_attrs(storage: Any, study_id: int, trial_id: int) -> dict[str, Any]:
+    """This trial's note keys among the study's system attributes. On a database only its own
+    rows are read, so the cost stays flat as the study (and its notes) grow; elsewhere, all."""
+    import json
+
+    from optuna.storages import RDBStorage
+
+    backend = getattr(storage, "_backend", storage)  # load_study wraps an RDBStorage in a cache
+    prefix = f"dashboard:{trial_id}:"
+    if not isinstance(backend, RDBStorage):
+        attrs = storage.get_study_system_attrs(study_id)
+        return {k: v for k, v in attrs.items() if k.startswith(prefix)}
+    import sqlalchemy as sa
+
+    query = sa.text(  # Optuna's own table; the prefix holds no LIKE wildcard but ':'
+        "SELECT key, value_json FROM study_system_attributes "
+        "WHERE study_id = :study AND key LIKE :prefix"
+    )
+    with backend.engine.connect() as conn:
+        rows = conn.execute(query, {"study": study_id, "prefix": prefix + "%"}).all()
+    return {key: json.loads(value) for key, value in rows if key.startswith(prefix)}
 
 
 def read_trial_note(study: optuna.Study, trial_id: int) -> str:
