@@ -116,3 +116,18 @@ def test_a_password_in_the_flag_is_one_line_and_never_shown(sqlite_url):
     assert done.returncode == 2
     assert "must not hold a password" in done.stderr and "s3cret" not in done.stderr
     assert done.stderr.count("\n") == 1
+
+
+def test_without_the_extra_the_flag_says_what_to_install(monkeypatch, caplog):
+    import orchestrator.tracking as tracking
+    from orchestrator.study import StudySpec
+
+    monkeypatch.setattr(tracking, "mlflow_installed", lambda: False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(
+        UserError, match=r'--mlflow-uri needs MLflow: pip install -e "\.\[mlflow\]"'
+    ):
+        tracking_uri_to_store("sqlite:///mlflow.db")
+    spec = StudySpec(adapter="synthetic", trials=1, epochs=1, direction="minimize", mlflow_uri="x")
+    assert tracker_for(spec, "s", metric="loss") is None  # a worker without it: a warning, no crash
+    assert "MLflow is not installed" in caplog.text
