@@ -44,12 +44,12 @@ def trial_note(trial: FrozenTrial, *, metric: str = "value") -> str:
 
 def _outcome(trial: FrozenTrial, metric: str) -> str:
     state = trial.state.name
-    if trial.value is not None:
-        return f"{state}, {metric} {trial.value:.6g}"
-    if state == "PRUNED" and trial.intermediate_values:
+    if state == "PRUNED" and trial.intermediate_values:  # its value, if any, is this epoch's
         last = max(trial.intermediate_values)
         value = trial.intermediate_values[last]
         return f"PRUNED at epoch {last} ({metric} {value:.6g})"
+    if trial.value is not None:
+        return f"{state}, {metric} {trial.value:.6g}"
     return state
 
 

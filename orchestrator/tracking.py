@@ -183,8 +183,8 @@ def run_params(trial: FrozenTrial) -> dict[str, str]:
 def run_metrics(trial: FrozenTrial, metric: str) -> list[tuple[str, float, int]]:
     """(name, value, step): the value per epoch, the final value, and the VRAM figures."""
     rows = [(metric, float(v), int(step)) for step, v in sorted(trial.intermediate_values.items())]
-    if trial.value is not None:
-        rows.append((f"final_{metric}", float(trial.value), 0))
+    if trial.state.name == "COMPLETE" and trial.value is not None:  # a pruned trial's value is
+        rows.append((f"final_{metric}", float(trial.value), 0))  # only its last epoch's
     for name in VRAM_METRICS:
         value = trial.user_attrs.get(name)
         if isinstance(value, int | float) and not isinstance(value, bool):

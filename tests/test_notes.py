@@ -76,6 +76,9 @@ def test_an_oom_note_says_why_in_one_line_and_names_the_log_file():
 def test_a_pruned_or_failed_trial_and_missing_records():
     pruned = trial_note(frozen(TrialState.PRUNED, None, steps={0: 9.0, 1: 8.5}), metric="loss")
     assert "PRUNED at epoch 1 (loss 8.5)" in pruned
+    # Optuna gives a pruned trial its last epoch's value: still said as where it was stopped
+    pruned = trial_note(frozen(TrialState.PRUNED, 8.5, steps={0: 9.0, 1: 8.5}), metric="loss")
+    assert pruned.startswith("### Trial 7: PRUNED at epoch 1 (loss 8.5)")
     failed = trial_note(frozen(TrialState.FAIL, None, {"error": "ValueError: bad"}))
     assert "- **error**: ValueError: bad" in failed
     assert "- **GPU**: not recorded" in failed and "- **VRAM**: not measured" in failed
