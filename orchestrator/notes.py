@@ -9,12 +9,15 @@ version per note), from any process, on SQLite or PostgreSQL.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
+
+logger = logging.getLogger(__name__)
 
 LOG_FILE_ATTR = "log_file"  # the user attribute that holds a trial's log file, where it has one
 MAX_REASON = 300  # characters of an error shown in the note; the whole one is in `error`
@@ -107,10 +110,19 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def write_trial_note(study: optuna.Study, trial: FrozenTrial, *, metric: str = "value") -> str:
-    """Build the trial's note and save it as its optuna-dashboard note; the markdown written."""
-    body = trial_note(trial, metric=metric)
-    save_trial_note(study, trial._trial_id, body)
+def write_trial_note(
+    study: optuna.Study, trial: FrozenTrial, *, metric: str = "value"
+) -> str | None:
+    """Build the trial's note and save it as its optuna-dashboard note; the markdown written.
+
+    Called by the trial process after `tell`, when the trial's outcome is already stored: a note
+    that cannot be written (the storage gone for a moment) costs a warning, never the trial."""
+    try:
+        body = trial_note(trial, metric=metric)
+        save_trial_note(study, trial._trial_id, body)
+    except Exception as error:  # SQLAlchemyError, or a record the note cannot read
+        logger.warning("no dashboard note for trial %d: %s", trial.number, error)
+        return None
     return body
 
 

@@ -167,3 +167,22 @@ def test_the_note_is_on_the_first_screen_of_a_trial_page_after_a_real_run(sqlite
         dashboard.terminate()
         dashboard.wait(timeout=10)
     assert seen == dict.fromkeys(needles, True)
+
+
+def test_a_note_that_cannot_be_stored_costs_a_warning_not_the_trial(
+    sqlite_url, caplog, monkeypatch
+):
+    import sqlalchemy as sa
+
+    from orchestrator.migrate import open_storage
+
+    study = optuna.create_study(study_name="notes", storage=open_storage(sqlite_url))
+    study.add_trial(frozen(number=0))
+    trial = study.get_trials()[0]
+
+    def lost(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise sa.exc.OperationalError("UPDATE", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(study._storage, "set_study_system_attr", lost)
+    assert write_trial_note(study, trial) is None
+    assert "no dashboard note for trial 0" in caplog.text and "database is locked" in caplog.text
