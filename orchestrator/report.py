@@ -602,6 +602,7 @@ def render_page(
         "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}"
         ".note{color:#666;font-style:italic}"
         "table.trials{font-size:13px}table.trials th{cursor:pointer;background:#f4f4f4}"
+        "table.trials td,table.trials th{white-space:nowrap}.wide{overflow-x:auto}"
         "table.trials th[aria-sort=ascending]::after{content:' \\25B2'}"
         "table.trials th[aria-sort=descending]::after{content:' \\25BC'}</style>",
         "</head><body>",
@@ -646,7 +647,7 @@ def render_page(
     if table is not None:
         where = f" (also in <a href='{esc(csv.name)}'>{esc(csv.name)}</a>)" if csv else ""
         parts.append(f"<h2>Trials</h2><p class='note'>click a column to sort by it{where}</p>")
-        parts.append(table_html(table))
+        parts.append(f"<div class='wide'>{table_html(table)}</div>")
         parts.append(SORT_SCRIPT)
     parts.append("</body></html>")
     return "\n".join(parts)
