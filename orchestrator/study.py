@@ -49,18 +49,10 @@ class StudySpec:
         return replace(self, **{key: val for key, val in changes.items() if val is not None})
 
 
-# What `--pruner` accepts, and what each one does in a line (run's --help and docs/pruners.md).
+# What `--pruner` accepts; docs/pruners.md says when to use which.
 PRUNERS = ("median", "hyperband", "halving", "patient", "wilcoxon", "none")
-PRUNER_HELP = {
-    "median": "stop a trial whose value is worse than the median of earlier trials at that epoch",
-    "hyperband": "successive halving over several brackets; the resource is the adapter's epochs",
-    "halving": "asynchronous successive halving (ASHA): keep the best third at epochs 1, 3, 9...",
-    "patient": "the median rule, but only once a trial has stopped improving for a few epochs",
-    "wilcoxon": "stop a trial that a signed-rank test says is worse than the best, epoch by epoch",
-    "none": "run every trial to its last epoch",
-}
 # Each rung of Hyperband and successive halving keeps the best 1/3 of the trials that reach it
-# (Hyperband's paper and Optuna's Hyperband use 3; ASHA's 4 prunes harder with few epochs).
+# (Hyperband's paper and Optuna's HyperbandPruner use 3; Ray Tune's ASHA defaults to 4).
 REDUCTION_FACTOR = 3
 MEDIAN_STARTUP_TRIALS = 5  # trials that finish before the median rule judges anyone
 
