@@ -75,7 +75,8 @@ class BaseAdapter:
     description: str = ""
     # Option name -> default value; `--option KEY=VALUE` is parsed to the default's type.
     options: Mapping[str, Any] = {}
-    # A good starting point, all parameters but batch_size (calibration trains with these).
+    # A known-good value for every searched parameter, batch_size too: `run --enqueue-defaults`
+    # runs it as the first trial, and calibration trains with it.
     default_params: Mapping[str, Any] = {}
 
     def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:

@@ -46,6 +46,9 @@ def build_parser() -> Parser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--version", action="version", version=f"gpu-study-orchestrator {package_version()}"
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     subparsers.required = True
     for name in COMMANDS:
@@ -57,6 +60,15 @@ def build_parser() -> Parser:
             raise
         module.register(subparsers)
     return parser
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpu-study-orchestrator")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
 
 
 def add_storage_argument(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +113,15 @@ def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from orchestrator.config_file import apply_config
+
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        apply_config(parser, argv)  # a --config file's values become the command's defaults
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)

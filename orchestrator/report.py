@@ -1,9 +1,11 @@
 """A study's report: one self-contained HTML page (plotly.js inline, opens with no network) and PNGs.
 
-Charts: optimisation history, parameter importances and parallel coordinates from
-`optuna.visualization` (and `optuna.visualization.matplotlib` for the PNGs), then our own two:
-batch size against peak VRAM per kind of GPU beside the memory model's line, and slots over time
-per GPU with the out-of-memory failures marked.
+Charts, every axis named by the adapter's metric: optimisation history and parameter importances
+from `optuna.visualization` (and `optuna.visualization.matplotlib` for the PNGs), then our own:
+learning curves (the value per epoch of every trial, pruned ones marked), parallel coordinates of
+the most important parameters (orchestrator.report_parallel), batch size against peak VRAM per kind
+of GPU beside the memory model's line, and slots over time per GPU with the OOMs marked. Below
+them, every trial in a sortable table, also written as trials.csv (orchestrator.report_trials).
 """
 
 from __future__ import annotations
@@ -39,10 +41,29 @@ class ReportFiles:
     page: Path
     pngs: list[Path]
     notes: list[str]
+    csv: Path | None = None
 
 
-def write_report(study: optuna.Study, detail: StudyDetail, out_dir: Path) -> ReportFiles:
-    """Write index.html and one PNG per drawn chart into out_dir (created if missing)."""
+def study_metric(study: optuna.Study) -> str:
+    """What the study's value is, in the adapter's words; "value" when the adapter is unknown here."""
+    from orchestrator.launch import metric_name, resolve_adapter
+    from orchestrator.study import load_spec
+
+    spec = load_spec(study)
+    if spec is None:
+        return "value"
+    try:
+        return metric_name(resolve_adapter(spec), spec.options)
+    except Exception:  # an adapter not installed on this machine, or one that fails to import
+        return "value"
+
+
+def write_report(
+    study: optuna.Study, detail: StudyDetail, out_dir: Path, *, metric: str | None = None
+) -> ReportFiles:
+    """Write index.html, one PNG per drawn chart and trials.csv into out_dir (created if missing)."""
+    from orchestrator.report_trials import CSV_NAME, trial_table, write_csv
+
     out_dir = Path(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -54,12 +75,15 @@ def write_report(study: optuna.Study, detail: StudyDetail, out_dir: Path) -> Rep
             f"cannot write the report to {out_dir}: {error.strerror or error}; "
             "choose a writable directory with --out"
         ) from None
-    charts = plotly_charts(study, detail)
-    pngs = write_pngs(study, detail, charts, out_dir)
+    metric = metric or study_metric(study)
+    charts = plotly_charts(study, detail, metric)
+    pngs = write_pngs(study, detail, charts, out_dir, metric)
+    table = trial_table(study.get_trials(deepcopy=False), metric)
+    csv = write_csv(table, out_dir / CSV_NAME)
     page = out_dir / PAGE_NAME
-    page.write_text(render_page(detail, charts, pngs), encoding="utf-8")
+    page.write_text(render_page(detail, charts, pngs, table, csv), encoding="utf-8")
     notes = [f"{chart.title}: {chart.note}" for chart in charts if chart.figure is None]
-    return ReportFiles(page=page, pngs=pngs, notes=notes)
+    return ReportFiles(page=page, pngs=pngs, notes=notes, csv=csv)
 
 
 def completed_count(study: optuna.Study) -> int:
@@ -78,7 +102,7 @@ def importance_evaluator():  # noqa: ANN201
 # --- plotly charts (the page) ------------------------------------------------------------------
 
 
-def plotly_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
+def plotly_charts(study: optuna.Study, detail: StudyDetail, metric: str = "value") -> list[Chart]:
     import optuna.visualization as vis
 
     done = completed_count(study)
@@ -86,12 +110,13 @@ def plotly_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
     if done == 0:
         none = "no completed trial yet"
         charts.append(Chart("history", "Optimisation history", None, none))
+        charts.append(curves_chart(study, metric))
         charts.append(Chart("importances", "Parameter importances", None, none))
         charts.append(Chart("parallel", "Parallel coordinates", None, none))
     else:
-        charts.append(
-            Chart("history", "Optimisation history", vis.plot_optimization_history(study))
-        )
+        history = vis.plot_optimization_history(study, target_name=metric)
+        charts.append(Chart("history", "Optimisation history", history))
+        charts.append(curves_chart(study, metric))
         if done < MIN_TRIALS_FOR_IMPORTANCE:
             charts.append(
                 Chart("importances", "Parameter importances", None, importance_note(done))
@@ -99,14 +124,109 @@ def plotly_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                figure = vis.plot_param_importances(study, evaluator=importance_evaluator())
+                figure = vis.plot_param_importances(
+                    study, evaluator=importance_evaluator(), target_name=metric
+                )
             charts.append(Chart("importances", "Parameter importances", figure, "PED-ANOVA"))
-        charts.append(
-            Chart("parallel", "Parallel coordinates", vis.plot_parallel_coordinate(study))
-        )
+        charts.append(parallel_chart(study, metric))
     charts.append(vram_chart(detail))
     charts.append(slots_chart(detail))
     return charts
+
+
+def _completed(study: optuna.Study) -> list:
+    from optuna.trial import TrialState
+
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def parallel_chart(study: optuna.Study, metric: str) -> Chart:
+    from orchestrator.report_parallel import axes_for, plotly_parallel, rank_parameters
+
+    title = "Parallel coordinates"
+    trials = _completed(study)
+    ranking = rank_parameters(study, trials, min_for_importance=MIN_TRIALS_FOR_IMPORTANCE)
+    if not ranking.names:
+        return Chart("parallel", title, None, "the completed trials have no parameters")
+    axes = axes_for(trials, ranking.shown(), metric)
+    reverse = study.direction.name == "MINIMIZE"
+    figure = plotly_parallel(axes, metric=metric, reverse=reverse)
+    return Chart("parallel", title, figure, ranking.note())
+
+
+# --- learning curves ---------------------------------------------------------------------------
+
+CURVE_STYLES = {  # state -> (colour, dash, legend)
+    "COMPLETE": ("#1f77b4", "solid", "complete"),
+    "PRUNED": ("#999999", "dash", "pruned (x: where it was stopped)"),
+    "FAIL": ("#d62728", "dot", "failed"),
+    "RUNNING": ("#2ca02c", "dot", "running"),
+}
+
+
+def curve_groups(trials: list) -> dict[str, list]:
+    """Trials that reported a value per epoch, by state, each with its (epoch, value) points."""
+    groups: dict[str, list] = {}
+    for trial in sorted(trials, key=lambda t: t.number):
+        if trial.intermediate_values:
+            points = sorted(trial.intermediate_values.items())
+            state = trial.state.name if trial.state.name in CURVE_STYLES else "FAIL"
+            groups.setdefault(state, []).append((trial.number, points))
+    return groups
+
+
+def curves_chart(study: optuna.Study, metric: str) -> Chart:
+    import plotly.graph_objects as go
+
+    title = "Learning curves"
+    groups = curve_groups(study.get_trials(deepcopy=False))
+    if not groups:
+        return Chart("curves", title, None, "no trial has reported a value per epoch yet")
+    figure = go.Figure()
+    for state, curves in groups.items():
+        colour, dash, legend = CURVE_STYLES[state]
+        xs: list = []
+        ys: list = []
+        text: list = []
+        for number, points in curves:  # one trace per state: gaps (None) between trials
+            xs += [step for step, _ in points] + [None]
+            ys += [value for _, value in points] + [None]
+            text += [f"trial #{number}"] * len(points) + [None]
+        figure.add_trace(
+            go.Scatter(
+                x=xs, y=ys, text=text, mode="lines", name=legend,
+                line={"color": colour, "dash": dash, "width": 1.5}, connectgaps=False,
+            )
+        )  # fmt: skip
+        if state == "PRUNED":
+            ends = [points[-1] for _, points in curves]
+            figure.add_trace(
+                go.Scatter(
+                    x=[step for step, _ in ends], y=[value for _, value in ends],
+                    text=[f"trial #{number} pruned" for number, _ in curves], mode="markers",
+                    marker={"symbol": "x", "size": 9, "color": "#555555"}, name="pruned here",
+                )
+            )  # fmt: skip
+    best = _best_curve(study, groups)
+    if best is not None:
+        number, points = best
+        figure.add_trace(
+            go.Scatter(
+                x=[step for step, _ in points], y=[value for _, value in points], mode="lines",
+                line={"color": "#ff7f0e", "width": 3}, name=f"best trial #{number}",
+            )
+        )  # fmt: skip
+    figure.update_layout(title=title, xaxis_title="epoch", yaxis_title=metric)
+    pruned = len(groups.get("PRUNED", []))
+    return Chart("curves", title, figure, f"{metric} per epoch of every trial; {pruned} pruned")
+
+
+def _best_curve(study: optuna.Study, groups: dict[str, list]):  # noqa: ANN202
+    try:
+        number = study.best_trial.number
+    except ValueError:
+        return None
+    return next((c for c in groups.get("COMPLETE", []) if c[0] == number), None)
 
 
 def importance_note(done: int) -> str:
@@ -127,7 +247,9 @@ def vram_chart(detail: StudyDetail) -> Chart:
         return Chart("vram", title, None, "no trial has recorded its VRAM yet")
     figure = go.Figure()
     palette = _palette()
-    for i, gpu in enumerate(sorted({r.gpu for r in rows})):
+    gpus = sorted({r.gpu for r in rows})
+    styles = line_styles([ln for ln in detail.memory_lines if ln.gpu in gpus], base=2.0)
+    for i, gpu in enumerate(gpus):
         colour = palette[i % len(palette)]
         mine = [r for r in rows if r.gpu == gpu]
         fine = [r for r in mine if not r.oom]
@@ -150,13 +272,18 @@ def vram_chart(detail: StudyDetail) -> Chart:
                 )
         xs = _line_span(mine)
         for line in (ln for ln in detail.memory_lines if ln.gpu == gpu):
+            width, same_as = styles[(line.gpu, line.source)]
             figure.add_trace(
                 go.Scatter(
                     x=xs,
                     y=[line.at(x) for x in xs],
                     mode="lines",
-                    line={"color": colour, "dash": "solid" if line.source == "plan" else "dash"},
-                    name=f"{gpu} memory model ({line.source})",
+                    line={
+                        "color": colour,
+                        "dash": "solid" if line.source == "plan" else "dash",
+                        "width": width,
+                    },
+                    name=f"{gpu} memory model ({line.source}){same_as}",
                 )
             )
     figure.update_layout(
@@ -168,6 +295,37 @@ def vram_chart(detail: StudyDetail) -> Chart:
         figure,
         "points: measured peak per trial (an OOM at what it was planned to use); "
         "lines: the memory model the trials were planned with, and the one measured from them",
+    )
+
+
+def line_styles(lines: list, *, base: float) -> dict[tuple[str, str], tuple[float, str]]:
+    """(width, legend suffix) per (gpu, source) line. Where GPUs share one memory model their lines
+    coincide: the first drawn (GPUs in name order) is widest and each later one thinner on top of
+    it, so every GPU's colour shows, and the legend says which line it lies on."""
+    groups: list[list] = []
+    for line in sorted(lines, key=lambda ln: (ln.gpu, ln.source)):
+        group = next((g for g in groups if _same_line(g[0], line)), None)
+        if group is None:
+            groups.append([line])
+        else:
+            group.append(line)
+    styles: dict[tuple[str, str], tuple[float, str]] = {}
+    for group in groups:
+        for i, line in enumerate(group):
+            width = base * (1 + 1.5 * (len(group) - 1 - i))
+            suffix = f", on the same line as {group[0].gpu}" if i else ""
+            styles[(line.gpu, line.source)] = (width, suffix)
+    return styles
+
+
+def _same_line(a, b) -> bool:  # noqa: ANN001
+    def close(x: float, y: float) -> bool:
+        return abs(x - y) <= 0.005 * max(abs(x), abs(y)) + 1e-9
+
+    return (
+        a.source == b.source
+        and close(a.model_overhead_mb, b.model_overhead_mb)
+        and close(a.per_sample_mb, b.per_sample_mb)
     )
 
 
@@ -250,7 +408,11 @@ def _palette() -> list[str]:
 
 
 def write_pngs(
-    study: optuna.Study, detail: StudyDetail, charts: list[Chart], out_dir: Path
+    study: optuna.Study,
+    detail: StudyDetail,
+    charts: list[Chart],
+    out_dir: Path,
+    metric: str = "value",
 ) -> list[Path]:
     import matplotlib
 
@@ -260,9 +422,12 @@ def write_pngs(
 
     drawn = {chart.key for chart in charts if chart.figure is not None}
     makers = {
-        "history": lambda: mvis.plot_optimization_history(study),
-        "importances": lambda: mvis.plot_param_importances(study, evaluator=importance_evaluator()),
-        "parallel": lambda: mvis.plot_parallel_coordinate(study),
+        "history": lambda: mvis.plot_optimization_history(study, target_name=metric),
+        "curves": lambda: _curves_axes(study, metric),
+        "importances": lambda: mvis.plot_param_importances(
+            study, evaluator=importance_evaluator(), target_name=metric
+        ),
+        "parallel": lambda: _parallel_axes(study, metric),
         "vram": lambda: _vram_axes(detail),
         "slots": lambda: _slots_axes(detail),
     }
@@ -274,7 +439,7 @@ def write_pngs(
             warnings.simplefilter("ignore")
             axes = make()
         figure = _figure_of(axes)
-        figure.set_size_inches(9, 5)
+        figure.set_size_inches(11 if key == "parallel" else 9, 5.5 if key == "parallel" else 5)
         figure.tight_layout()
         path = out_dir / f"{key}.png"
         figure.savefig(path, dpi=100)
@@ -291,13 +456,57 @@ def _figure_of(axes: Any) -> Any:
     return axes.figure
 
 
+def _curves_axes(study: optuna.Study, metric: str) -> Any:
+    import matplotlib.pyplot as plt
+
+    figure, ax = plt.subplots()
+    groups = curve_groups(study.get_trials(deepcopy=False))
+    for state, curves in groups.items():
+        colour, dash, legend = CURVE_STYLES[state]
+        style = {"solid": "-", "dash": "--", "dot": ":"}[dash]
+        for i, (_, points) in enumerate(curves):
+            ax.plot(
+                [step for step, _ in points],
+                [value for _, value in points],
+                style,
+                color=colour,
+                linewidth=1.2,
+                alpha=0.8,
+                label=legend if i == 0 else None,
+            )
+        if state == "PRUNED":
+            ends = [points[-1] for _, points in curves]
+            ax.scatter(*zip(*ends, strict=True), marker="x", color="#555555", zorder=3)
+    best = _best_curve(study, groups)
+    if best is not None:
+        number, points = best
+        ax.plot(*zip(*points, strict=True), color="#ff7f0e", linewidth=2.5, label=f"best #{number}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(metric)
+    ax.set_title("Learning curves")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize="small")
+    return ax
+
+
+def _parallel_axes(study: optuna.Study, metric: str) -> Any:
+    from orchestrator.report_parallel import axes_for, matplotlib_parallel, rank_parameters
+
+    trials = _completed(study)
+    ranking = rank_parameters(study, trials, min_for_importance=MIN_TRIALS_FOR_IMPORTANCE)
+    axes = axes_for(trials, ranking.shown(), metric)
+    return matplotlib_parallel(axes, metric=metric, reverse=study.direction.name == "MINIMIZE")
+
+
 def _vram_axes(detail: StudyDetail) -> Any:
     import matplotlib.pyplot as plt
 
     figure, ax = plt.subplots()
     rows = vram_points(detail)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, gpu in enumerate(sorted({r.gpu for r in rows})):
+    gpus = sorted({r.gpu for r in rows})
+    styles = line_styles([ln for ln in detail.memory_lines if ln.gpu in gpus], base=1.5)
+    for i, gpu in enumerate(gpus):
         colour = colours[i % len(colours)]
         mine = [r for r in rows if r.gpu == gpu]
         fine = [r for r in mine if not r.oom]
@@ -321,12 +530,14 @@ def _vram_axes(detail: StudyDetail) -> Any:
         xs = _line_span(mine)
         for line in (ln for ln in detail.memory_lines if ln.gpu == gpu):
             style = "-" if line.source == "plan" else "--"
+            width, same_as = styles[(line.gpu, line.source)]
             ax.plot(
                 xs,
                 [line.at(x) for x in xs],
                 style,
                 color=colour,
-                label=f"{gpu} memory model ({line.source})",
+                linewidth=width,
+                label=f"{gpu} memory model ({line.source}){same_as}",
             )
     ax.set_xscale("log")
     ax.set_xlabel("batch size")
@@ -367,9 +578,17 @@ def _slots_axes(detail: StudyDetail) -> Any:
 # --- the page ----------------------------------------------------------------------------------
 
 
-def render_page(detail: StudyDetail, charts: list[Chart], pngs: list[Path]) -> str:
-    """The HTML page: a summary, the best parameters, then each chart (plotly.js inline once)."""
+def render_page(
+    detail: StudyDetail,
+    charts: list[Chart],
+    pngs: list[Path],
+    table: Any = None,
+    csv: Path | None = None,
+) -> str:
+    """The HTML page: a summary, the best parameters, each chart (plotly.js inline once), then
+    every trial in a table that sorts by the column clicked."""
     from orchestrator.inspect import mb_text
+    from orchestrator.report_trials import SORT_SCRIPT, table_html
 
     esc = html.escape
     png_names = {p.stem: p.name for p in pngs}
@@ -381,7 +600,11 @@ def render_page(detail: StudyDetail, charts: list[Chart], pngs: list[Path]) -> s
         f"<title>Study {esc(detail.name)}</title>",
         "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}"
         "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}"
-        ".note{color:#666;font-style:italic}</style>",
+        ".note{color:#666;font-style:italic}"
+        "table.trials{font-size:13px}table.trials th{cursor:pointer;background:#f4f4f4}"
+        "table.trials td,table.trials th{white-space:nowrap}.wide{overflow-x:auto}"
+        "table.trials th[aria-sort=ascending]::after{content:' \\25B2'}"
+        "table.trials th[aria-sort=descending]::after{content:' \\25BC'}</style>",
         "</head><body>",
         f"<h1>Study {esc(detail.name)}</h1>",
         f"<p>Adapter <b>{esc(detail.adapter or '?')}</b>, {esc(detail.direction)}, "
@@ -421,6 +644,11 @@ def render_page(detail: StudyDetail, charts: list[Chart], pngs: list[Path]) -> s
         if chart.key in png_names:
             name = esc(png_names[chart.key])
             parts.append(f"<p><a href='{name}'>{name}</a></p>")
+    if table is not None:
+        where = f" (also in <a href='{esc(csv.name)}'>{esc(csv.name)}</a>)" if csv else ""
+        parts.append(f"<h2>Trials</h2><p class='note'>click a column to sort by it{where}</p>")
+        parts.append(f"<div class='wide'>{table_html(table)}</div>")
+        parts.append(SORT_SCRIPT)
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -34,7 +34,8 @@ class StudySpec:
     seed: int | None = None
     swarm_size: int = 20
     max_retries: int = 2  # how often an OOM'd or lost trial's parameters are re-run
-    pruner: str = "median"  # "median" stops trials below the median of earlier ones; "none"
+    pruner: str = "median"  # one of PRUNERS; see pruner_for and docs/pruners.md
+    mlflow_uri: str | None = None  # where trials are logged as MLflow runs (orchestrator.tracking)
 
     def to_attr(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,17 +49,48 @@ class StudySpec:
         return replace(self, **{key: val for key, val in changes.items() if val is not None})
 
 
-PRUNERS = ("median", "none")
+# What `--pruner` accepts; docs/pruners.md says when to use which.
+PRUNERS = ("median", "hyperband", "halving", "patient", "wilcoxon", "none")
+# Each rung of Hyperband and successive halving keeps the best 1/3 of the trials that reach it
+# (Hyperband's paper and Optuna's HyperbandPruner use 3; Ray Tune's ASHA defaults to 4).
+REDUCTION_FACTOR = 3
+MEDIAN_STARTUP_TRIALS = 5  # trials that finish before the median rule judges anyone
+
+
+def patience_for(epochs: int) -> int:
+    """Epochs without improvement that the patient pruner waits: a fifth of them, at least 1."""
+    return max(1, epochs // 5)
 
 
 def pruner_for(spec: StudySpec) -> optuna.pruners.BasePruner:
-    """The pruner named in the spec (pruners hold no state in the storage, so every process builds one)."""
+    """The pruner named in the spec. Pruners hold no state in the storage, so every process
+    builds its own from the spec; epochs are the resource (the adapter reports once per epoch)."""
     import optuna
 
-    if spec.pruner == "none":
-        return optuna.pruners.NopPruner()
-    # Let a few trials finish and a quarter of the epochs pass before judging anyone.
-    return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=max(1, spec.epochs // 4))
+    if spec.pruner not in PRUNERS:
+        raise UserError(
+            f"study's pruner {spec.pruner!r} is unknown to this version; "
+            f"choose one with --pruner {'|'.join(PRUNERS)}"
+        )
+    epochs = max(1, spec.epochs)
+    warmup = max(1, epochs // 4)  # a quarter of the epochs pass before the median judges
+    pruners = optuna.pruners
+    if spec.pruner == "median":
+        return pruners.MedianPruner(n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=warmup)
+    if spec.pruner == "hyperband":
+        return pruners.HyperbandPruner(
+            min_resource=1, max_resource=epochs, reduction_factor=REDUCTION_FACTOR
+        )
+    if spec.pruner == "halving":
+        return pruners.SuccessiveHalvingPruner(
+            min_resource=1, reduction_factor=REDUCTION_FACTOR, min_early_stopping_rate=0
+        )
+    if spec.pruner == "patient":
+        median = pruners.MedianPruner(n_startup_trials=MEDIAN_STARTUP_TRIALS, n_warmup_steps=warmup)
+        return pruners.PatientPruner(median, patience=patience_for(epochs), min_delta=0.0)
+    if spec.pruner == "wilcoxon":
+        return pruners.WilcoxonPruner(p_threshold=0.1, n_startup_steps=2)
+    return pruners.NopPruner()
 
 
 def load_spec(study: optuna.Study) -> StudySpec | None:

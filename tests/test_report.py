@@ -53,6 +53,9 @@ def test_report_writes_a_page_and_pngs(storage_url, tmp_path, capsys):
     ):
         assert words in text
     assert text.count('class="plotly-graph-div"') == 5
+    # these trials reported no value per epoch: the learning curves say so instead of drawing
+    assert "Learning curves" in text and "no trial has reported a value per epoch yet" in text
+    assert "Objective Value" not in text  # every axis is named by the metric
     assert "importances need at least" not in text
 
 

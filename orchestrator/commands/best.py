@@ -19,7 +19,9 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="write the best trial's parameters as JSON or YAML",
         example="python -m orchestrator best --study dqn --format yaml --out dqn-best.yaml",
     )
-    parser.add_argument("--study", metavar="NAME", required=True, help="the study to read")
+    parser.add_argument(
+        "--study", metavar="NAME", help="the study to read (default: the storage's only study)"
+    )
     add_storage_argument(parser)
     parser.add_argument(
         "--format", choices=("json", "yaml"), default="json", help="output format (default json)"
@@ -37,12 +39,36 @@ def format_params(params: dict[str, Any], fmt: str) -> str:
     return json.dumps(params, indent=2) + "\n"
 
 
+def the_study(storage: Any, name: str | None, label: str, command: str) -> str:
+    """The study named, or the storage's only one; one line when it holds none, or several."""
+    if name:
+        return name
+    from orchestrator.inspect import _guarded
+    from orchestrator.study import study_names
+
+    with _guarded(storage):
+        names = study_names(storage)
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise UserError(
+            f"no study in {label} yet: start one with `python -m orchestrator run ADAPTER`"
+        )
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    raise UserError(
+        f"{label} holds {len(names)} studies ({shown}): choose one with "
+        f"`python -m orchestrator {command} --study NAME`"
+    )
+
+
 def best_command(args: argparse.Namespace) -> int:
     from orchestrator.inspect import open_for_reading, require_single_objective, study_detail
     from orchestrator.storage import describe_location, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
-    detail = study_detail(open_for_reading(url), args.study, describe_location(url))
+    storage = open_for_reading(url)
+    args.study = the_study(storage, args.study, describe_location(url), "best")
+    detail = study_detail(storage, args.study, describe_location(url))
     require_single_objective(detail, "best")
     if detail.best is None:
         raise UserError(

@@ -15,7 +15,9 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="write an HTML page (opens offline) and PNG charts of a study",
         example="python -m orchestrator report --study dqn --out reports/dqn",
     )
-    parser.add_argument("--study", metavar="NAME", required=True, help="the study to report on")
+    parser.add_argument(
+        "--study", metavar="NAME", help="the study to report on (default: the storage's only study)"
+    )
     add_storage_argument(parser)
     parser.add_argument(
         "--out", metavar="DIR", required=True, help="directory for index.html and the PNGs"
@@ -24,6 +26,7 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def report_command(args: argparse.Namespace) -> int:
+    from orchestrator.commands.best import the_study
     from orchestrator.inspect import (
         load_study_trials,
         open_for_reading,
@@ -36,6 +39,7 @@ def report_command(args: argparse.Namespace) -> int:
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)
     label = describe_location(url)
+    args.study = the_study(storage, args.study, label, "report")
     detail = study_detail(storage, args.study, label)
     # Optuna's history, importance and parallel-coordinate charts need one objective.
     require_single_objective(detail, "report")
@@ -44,6 +48,8 @@ def report_command(args: argparse.Namespace) -> int:
     print(f"report of {args.study!r}: {files.page}")
     for png in files.pngs:
         print(f"  {png}")
+    if files.csv is not None:
+        print(f"  {files.csv}")
     for note in files.notes:
         print(f"  ({note})")
     return 0

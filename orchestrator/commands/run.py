@@ -10,6 +10,7 @@ from orchestrator.errors import UserError
 
 
 def register(subparsers) -> None:  # noqa: ANN001
+    from orchestrator.config_file import add_config_argument
     from orchestrator.launch import SAMPLERS, add_pool_arguments
     from orchestrator.study import PRUNERS
 
@@ -65,10 +66,30 @@ def register(subparsers) -> None:  # noqa: ANN001
     parser.add_argument(
         "--swarm-size", type=int, metavar="N", help="particles in the swarm (default 20)"
     )
-    parser.add_argument("--pruner", choices=PRUNERS, help="stop poor trials early (default median)")
+    parser.add_argument(
+        "--pruner",
+        choices=PRUNERS,
+        help=f"stop poor trials early: {', '.join(PRUNERS)} (default median; docs/pruners.md)",
+    )
     parser.add_argument(
         "--max-retries", type=int, metavar="N", help="re-runs of an OOM'd or lost trial (default 2)"
     )
+    parser.add_argument(
+        "--enqueue-defaults",
+        action="store_true",
+        help="run the adapter's known-good parameters (its default_params) as the first trial",
+    )
+    parser.add_argument(
+        "--enqueue",
+        metavar="PARAMS.yaml",
+        help="run these parameters first: a YAML mapping, or a list of mappings (once per study)",
+    )
+    parser.add_argument(
+        "--mlflow-uri",
+        metavar="URI",
+        help="log every trial as an MLflow run (default: $MLFLOW_TRACKING_URI; needs the mlflow extra)",
+    )
+    add_config_argument(parser)
     add_pool_arguments(parser)
     add_output_arguments(parser)
     parser.set_defaults(handler=run_command)
@@ -77,6 +98,7 @@ def register(subparsers) -> None:  # noqa: ANN001
 def run_command(args: argparse.Namespace) -> int:
     import adapters
     from adapters.base import parse_options
+    from orchestrator.enqueue import planned_queue
     from orchestrator.launch import (
         check_pool_arguments,
         check_storage_for_workers,
@@ -87,6 +109,7 @@ def run_command(args: argparse.Namespace) -> int:
     from orchestrator.processes import prestart
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import describe_location, parse_url, resolve_storage_url
+    from orchestrator.tracking import tracking_uri_to_store
 
     configure(args)
     # Everything the user typed is checked before anything is stored.
@@ -116,10 +139,14 @@ def run_command(args: argparse.Namespace) -> int:
     if callable(check_options):
         check_options(options)
     check_storage_for_workers(url)
+    queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
+    mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
 
     spare = prestart(1)  # its imports overlap opening the storage and planning
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
+    spec = spec.updated(mlflow_uri=mlflow_uri)
+    queue = _fitting_queue(queue, existing, spec)
     return plan_and_run(
         url=url,
         storage=storage,
@@ -127,8 +154,25 @@ def run_command(args: argparse.Namespace) -> int:
         spec=spec,
         args=args,
         spare=spare,
-        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name),
+        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue),
     )
+
+
+def _fitting_queue(queue, existing, spec):  # noqa: ANN001, ANN202
+    """The sets not queued before in this study, if the budget has room for them (else a UserError)."""
+    from orchestrator.enqueue import not_yet_queued
+    from orchestrator.study import count_trials
+
+    trials = existing.get_trials(deepcopy=False) if existing is not None else []
+    fresh = not_yet_queued(queue, trials)
+    count = count_trials(trials)
+    room = spec.trials - count.counted - count.running - count.waiting
+    if len(fresh) > max(0, room):
+        raise UserError(
+            f"{len(fresh)} parameter sets to enqueue but the budget has room for {max(0, room)} "
+            f"more trials: raise --trials to {spec.trials - room + len(fresh)} or more"
+        )
+    return fresh
 
 
 def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN202
@@ -189,16 +233,19 @@ def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN2
     return existing, spec
 
 
-def _store(storage, existing, spec, name):  # noqa: ANN001, ANN202
-    """Create the study (or take the one resumed) and store this run's spec with it."""
+def _store(storage, existing, spec, name, queue=()):  # noqa: ANN001, ANN202
+    """Create the study (or take the one resumed), store this run's spec with it, and queue the
+    parameter sets to run first."""
     import optuna
 
+    from orchestrator.enqueue import enqueue
     from orchestrator.study import save_spec
 
     study = existing or optuna.create_study(
         study_name=name, storage=storage, direction=spec.direction, load_if_exists=True
     )
     save_spec(study, spec)
+    enqueue(study, queue)
     return study
 
 

@@ -8,6 +8,7 @@ from orchestrator.cli import add_output_arguments, add_storage_argument, command
 
 
 def register(subparsers) -> None:  # noqa: ANN001
+    from orchestrator.config_file import add_config_argument
     from orchestrator.launch import add_pool_arguments
 
     parser = command_parser(
@@ -16,8 +17,10 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="join an existing study and run its trials on this node's GPUs until its budget is used",
         example="python -m orchestrator worker --study dqn --storage postgresql://user@db:5432/studies",
     )
-    parser.add_argument("--study", required=True, metavar="NAME", help="the study to join")
+    # Not required by argparse: it may come from --config, and is checked once that is read.
+    parser.add_argument("--study", metavar="NAME", help="the study to join (required)")
     add_storage_argument(parser)
+    add_config_argument(parser)
     add_pool_arguments(parser)
     add_output_arguments(parser)
     parser.set_defaults(handler=worker_command)
@@ -36,8 +39,10 @@ def worker_command(args: argparse.Namespace) -> int:
     from orchestrator.processes import prestart
     from orchestrator.retry import stale_trial_callback
     from orchestrator.storage import describe_location, resolve_storage_url, sqlite_path
-    from orchestrator.study import load_existing_study, load_spec
+    from orchestrator.study import load_existing_study, load_spec, pruner_for
 
+    if not args.study:
+        raise UserError('name the study to join: --study NAME (or study = "NAME" in --config)')
     configure(args)
     check_pool_arguments(args)
     url = resolve_storage_url(args.storage)
@@ -57,6 +62,7 @@ def worker_command(args: argparse.Namespace) -> int:
             f"study {args.study!r} has no orchestrator settings: start it with "
             f"`python -m orchestrator run ADAPTER --study {args.study}`"
         )
+    pruner_for(spec)  # a pruner this version lacks is one line here, not a failure per trial
     return plan_and_run(
         url=url,
         storage=storage,

@@ -1,0 +1,114 @@
+"""Every trial in one table: the report page's sortable table, and the same rows as trials.csv."""
+
+from __future__ import annotations
+
+import csv
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+CSV_NAME = "trials.csv"
+# Recorded by every trial that ran on a device (DESIGN.md), in the order a person reads them.
+RECORD_COLUMNS = (
+    ("gpu", "gpu"),
+    ("vram_planned_mb", "vram_planned_mb"),
+    ("vram_peak_mb", "vram_peak_mb"),
+    ("concurrency", "slots"),
+    ("oom", "oom"),
+)
+
+
+@dataclass(frozen=True)
+class TrialTable:
+    header: list[str]
+    rows: list[list[Any]]  # None where a trial has no value for a column
+
+
+def trial_table(trials: Sequence[FrozenTrial], metric: str) -> TrialTable:
+    """One row per trial: number, state, value, epochs reported, duration, records, parameters."""
+    params: list[str] = []
+    for trial in trials:  # declared order, as the adapter's suggest drew them
+        params += [name for name in trial.params if name not in params]
+    header = ["trial", "state", metric, "epochs", "seconds"]
+    header += [label for _, label in RECORD_COLUMNS] + params
+    rows = []
+    for trial in sorted(trials, key=lambda t: t.number):
+        seconds = round(trial.duration.total_seconds(), 2) if trial.duration is not None else None
+        row = [trial.number, trial.state.name, trial.value, len(trial.intermediate_values), seconds]
+        row += [trial.user_attrs.get(attr) for attr, _ in RECORD_COLUMNS]
+        row += [trial.params.get(name) for name in params]
+        rows.append(row)
+    return TrialTable(header, rows)
+
+
+def write_csv(table: TrialTable, path: Path) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out)
+        writer.writerow(table.header)
+        writer.writerows([["" if v is None else v for v in row] for row in table.rows])
+    return path
+
+
+SORT_SCRIPT = """<script>
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  table.querySelectorAll('th').forEach(function (th, column) {
+    th.addEventListener('click', function () {
+      var up = th.getAttribute('aria-sort') !== 'ascending';
+      table.querySelectorAll('th').forEach(function (h) { h.removeAttribute('aria-sort'); });
+      th.setAttribute('aria-sort', up ? 'ascending' : 'descending');
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      function key(row) {
+        var v = row.cells[column].getAttribute('data-v');
+        var n = parseFloat(v);
+        return v === '' ? null : (isNaN(n) ? v : n);
+      }
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b);
+        if (x === null) return 1;  // empty cells last, either way
+        if (y === null) return -1;
+        var c = (typeof x === typeof y) ? (x < y ? -1 : x > y ? 1 : 0) : (typeof x === 'number' ? -1 : 1);
+        return up ? c : -c;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+</script>"""
+
+
+def table_html(table: TrialTable) -> str:
+    """The table as HTML that sorts by a column when its header is clicked (script inline)."""
+    esc = html.escape
+    head = "".join(f"<th title='sort by {esc(h)}'>{esc(h)}</th>" for h in table.header)
+    body = []
+    for row in table.rows:
+        cells = "".join(
+            f"<td data-v='{esc(_raw(v), quote=True)}'>{esc(_shown(v))}</td>" for v in row
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return (
+        "<table class='sortable trials'>"
+        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def _raw(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
