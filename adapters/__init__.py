@@ -8,6 +8,7 @@ A broken third-party adapter is reported by name and never stops the others.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
@@ -131,3 +132,11 @@ def load_path(target: str) -> Any:
 def resolve(ref: str, *, is_path: bool) -> Any:
     """The adapter a study names: a registered name, or `module:attribute` when `is_path`."""
     return load_path(ref) if is_path else get(ref)
+
+
+def metric_name(adapter: Any, options: Mapping[str, Any]) -> str:
+    """What the objective's value is, in the user's words (it may depend on the options)."""
+    metric_for = getattr(adapter, "metric_for", None)
+    if callable(metric_for):
+        return str(metric_for(options))
+    return str(getattr(adapter, "metric", "value"))

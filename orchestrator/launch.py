@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from adapters import metric_name
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -161,14 +162,6 @@ class Outcome:
         }
 
 
-def metric_name(adapter: Any, options: dict[str, Any]) -> str:
-    """What the objective's value is, in the user's words (it may depend on the options)."""
-    metric_for = getattr(adapter, "metric_for", None)
-    if callable(metric_for):
-        return str(metric_for(options))
-    return str(getattr(adapter, "metric", "value"))
-
-
 def resolve_adapter(spec: StudySpec) -> Any:
     import adapters
 
@@ -247,6 +240,7 @@ def run_pool(
     adapter = resolve_adapter(spec)
     for gpu in host.plan.gpus:
         log_plan(gpu)
+    _prepare_tracking(spec, study.study_name, metric_name(adapter, spec.options))
 
     progress = _progress(args)
     pool = Pool.on_storage(
@@ -305,6 +299,14 @@ def run_pool(
         pruned=count.pruned,
         failed=count.failed,
     )
+
+
+def _prepare_tracking(spec: StudySpec, study_name: str, metric: str) -> None:
+    from orchestrator.tracking import tracker_for
+
+    tracker = tracker_for(spec, study_name, metric=metric)
+    if tracker is not None:
+        tracker.prepare()
 
 
 def log_plan(gpu: Any) -> None:

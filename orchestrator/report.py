@@ -46,7 +46,8 @@ class ReportFiles:
 
 def study_metric(study: optuna.Study) -> str:
     """What the study's value is, in the adapter's words; "value" when the adapter is unknown here."""
-    from orchestrator.launch import metric_name, resolve_adapter
+    from adapters import metric_name
+    from orchestrator.launch import resolve_adapter
     from orchestrator.study import load_spec
 
     spec = load_spec(study)

@@ -140,6 +140,17 @@ class TrialTracker:
         )
         return runs[0].info.run_id if runs else None
 
+    def prepare(self) -> bool:
+        """Make the store's schema and the study's experiment now, once, before trial processes
+        log to it at the same moment (an SQLite store would have them race to create tables).
+        Never raises: False and one warning when the store is away."""
+        try:
+            self.experiment_id()
+            return True
+        except Exception as error:  # any store error, as in log_trial
+            logger.warning("MLflow at %s is not ready: %s", self.tracking_uri, error)
+            return False
+
     def log_trial(self, trial: FrozenTrial) -> str | None:
         """Log one finished trial as a run; its run id. Never raises: tracking that is down must
         not cost a trial, so a failure is one warning and None."""

@@ -105,7 +105,11 @@ class TrialContext:
         if spec is None:
             raise RuntimeError(f"study {self.config.study_name!r} has no orchestrator settings")
         if spec != self.spec:
+            from orchestrator.tracking import tracker_for
+
             self.adapter = adapters.resolve(spec.adapter, is_path=spec.adapter_path)
+            self.metric = adapters.metric_name(self.adapter, spec.options)
+            self.tracker = tracker_for(spec, self.config.study_name, metric=self.metric)
             self.pruner = pruner_for(spec)
             self.memory: MemoryModel = _memory_model(self.adapter, spec.options)
             self._samplers.clear()

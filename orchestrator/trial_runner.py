@@ -193,6 +193,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
         tell(ctx, trial, result)
         record(ctx, trial, result, lock)
+        publish(ctx, trial)
     return TrialOutcome(
         trial.number,
         result.state.name,
@@ -488,6 +489,17 @@ def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
         trial.set_user_attr("error", result.error[:500])
     value = result.value if result.state == TrialState.COMPLETE else None
     ctx.study.tell(trial, value, state=result.state)
+
+
+def publish(ctx: TrialContext, trial: optuna.Trial) -> None:
+    """Where people look: the trial's optuna-dashboard note and, when the study names one, its
+    MLflow run (neither can fail the trial: a store that is away costs a warning)."""
+    from orchestrator.notes import write_trial_note
+
+    frozen = ctx.storage.get_trial(trial._trial_id)
+    write_trial_note(ctx.study, frozen, metric=ctx.metric)
+    if ctx.tracker is not None:
+        ctx.tracker.log_trial(frozen)
 
 
 def record(

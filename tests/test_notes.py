@@ -134,8 +134,8 @@ def test_the_note_is_on_the_first_screen_of_a_trial_page_after_a_real_run(sqlite
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     study = optuna.load_study(study_name="noted", storage=sqlite_url)
-    for trial in study.get_trials():
-        write_trial_note(study, trial, metric="loss")  # what each trial process does after tell
+    for trial in study.get_trials():  # each trial process wrote its trial's note after tell
+        assert read_trial_note(study, trial._trial_id) == trial_note(trial, metric="loss")
     trial = study.get_trials()[1]
     peak, planned = trial.user_attrs["vram_peak_mb"], trial.user_attrs["vram_planned_mb"]
     needles = [

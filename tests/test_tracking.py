@@ -39,14 +39,17 @@ def test_each_trial_of_a_run_becomes_an_mlflow_run(sqlite_url, mlflow_uri):
     spec = load_spec(study)
     assert spec.mlflow_uri == mlflow_uri  # stored, so workers on other nodes log there too
 
+    # Every trial process logged its trials as they finished.
+    client = MlflowClient(tracking_uri=mlflow_uri)
+    experiment = client.get_experiment_by_name("synthetic")
+    assert len(client.search_runs([experiment.experiment_id])) == 8
+
+    # A tracker finds each trial's run again (logging twice adds nothing): their ids.
     tracker = tracker_for(spec, study.study_name, metric="loss")
     assert isinstance(tracker, TrialTracker)
     trials = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
     run_ids = {t.number: tracker.log_trial(t) for t in trials}
     assert all(run_ids.values())
-
-    client = MlflowClient(tracking_uri=mlflow_uri)
-    experiment = client.get_experiment_by_name("synthetic")
     runs = {r.info.run_id: r for r in client.search_runs([experiment.experiment_id])}
     assert len(runs) == len(trials) == 8
     for trial in trials:
