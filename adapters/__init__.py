@@ -129,8 +129,21 @@ def load_path(target: str) -> Any:
     return entry.adapter
 
 
-def resolve(ref: str, *, is_path: bool) -> Any:
-    """The adapter a study names: a registered name, or `module:attribute` when `is_path`."""
+def resolve(ref: str, *, is_path: bool, objective: bool = False, **settings: Any) -> Any:
+    """The adapter a study names: a registered name, `module:attribute` when `is_path`, or a plain
+    objective function `module:qualname` when `objective` (with its name, direction and metric
+    in `settings`)."""
+    if objective:
+        from adapters.objective import ObjectiveAdapter, load_objective
+
+        try:
+            function = load_objective(ref)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise UserError(
+                f"the objective {ref!r} cannot be imported here ({error}): it must be a "
+                "module-level function of a module every node can import"
+            ) from None
+        return ObjectiveAdapter(function, **settings)
     return load_path(ref) if is_path else get(ref)
 
 

@@ -24,6 +24,20 @@ logger = logging.getLogger(__name__)
 SAMPLERS = ("pso", "tpe", "random", "qmc", "cmaes")
 
 
+def pool_settings(**values: Any) -> argparse.Namespace:
+    """The flags of `run`/`worker` about this host as the parser's defaults, with `values` in
+    their place: what the Python API hands the same functions the commands use."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_pool_arguments(parser)
+    settings = parser.parse_args([])
+    unknown = set(values) - set(vars(settings)) - {"quiet", "verbose"}
+    if unknown:
+        raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+    for key, value in values.items():
+        setattr(settings, key, value)
+    return settings
+
+
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags about this host: which GPUs, how many trials at once, for how long."""
     parser.add_argument(
@@ -163,9 +177,7 @@ class Outcome:
 
 
 def resolve_adapter(spec: StudySpec) -> Any:
-    import adapters
-
-    return adapters.resolve(spec.adapter, is_path=spec.adapter_path)
+    return spec.resolve_adapter()
 
 
 @dataclass(frozen=True)
@@ -345,6 +357,30 @@ def plan_and_run(
 ) -> int:
     """What `run` and `worker` end with: plan this host, open the study (only once the plan
     fits, so a model that fits no GPU stores nothing), run it, print the result; the exit status."""
+    outcome = execute(
+        url=url,
+        storage=storage,
+        adapter=adapter,
+        spec=spec,
+        args=args,
+        open_study=open_study,
+        spare=spare,
+    )
+    print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
+    return 130 if outcome.interrupted else 0
+
+
+def execute(
+    *,
+    url: str,
+    storage: Any,
+    adapter: Any,
+    spec: StudySpec,
+    args: argparse.Namespace,
+    open_study: Callable[[], optuna.Study],
+    spare: list[Any] | None = None,
+) -> Outcome:
+    """Plan this host, open the study once the plan fits, run the pools: the outcome."""
     with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
         host = plan_host(
             url=url,
@@ -356,11 +392,9 @@ def plan_and_run(
             budget_trials=spec.trials,
         )
         study = open_study()
-        outcome = run_pool(
+        return run_pool(
             url=url, storage=storage, study=study, spec=spec, host=host, args=args, spare=spare
         )
-    print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=args.json)
-    return 130 if outcome.interrupted else 0
 
 
 def _progress(args: argparse.Namespace) -> Any:

@@ -36,6 +36,20 @@ class StudySpec:
     max_retries: int = 2  # how often an OOM'd or lost trial's parameters are re-run
     pruner: str = "median"  # one of PRUNERS; see pruner_for and docs/pruners.md
     mlflow_uri: str | None = None  # where trials are logged as MLflow runs (orchestrator.tracking)
+    objective: bool = False  # `adapter` is a plain objective(trial, device): orchestrator.optimize
+    metric: str | None = None  # what the value is, for an objective (adapters name their own)
+
+    def resolve_adapter(self) -> Any:
+        """The adapter this study tunes, loaded in this process."""
+        import adapters
+
+        settings = {}
+        if self.objective:
+            name = self.adapter.rpartition(":")[2]
+            settings = {"name": name, "direction": self.direction, "metric": self.metric or "value"}
+        return adapters.resolve(
+            self.adapter, is_path=self.adapter_path, objective=self.objective, **settings
+        )
 
     def to_attr(self) -> dict[str, Any]:
         return asdict(self)

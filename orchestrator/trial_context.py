@@ -107,7 +107,7 @@ class TrialContext:
         if spec != self.spec:
             from orchestrator.tracking import tracker_for
 
-            self.adapter = adapters.resolve(spec.adapter, is_path=spec.adapter_path)
+            self.adapter = spec.resolve_adapter()
             self.metric = adapters.metric_name(self.adapter, spec.options)
             self.tracker = tracker_for(spec, self.config.study_name, metric=self.metric)
             self.pruner = pruner_for(spec)

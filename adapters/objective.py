@@ -1,0 +1,87 @@
+"""A plain Optuna objective, `objective(trial, device) -> float`, as an adapter.
+
+This is how `orchestrator.optimize` runs a function through the GPU pools: the function is
+found again in every trial process by its `module:qualname` (so it must be a module-level
+function of an importable module), and the study's settings carry its memory model and, when it
+draws one, the range of its batch size. A batch size is drawn before the objective runs, so the
+supervisor can admit the trial by its footprint; the objective reads it with
+`trial.suggest_int("batch_size", low, high, log=True)` over that same range (Optuna returns the
+value already drawn) or `trial.params["batch_size"]`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from adapters.base import BaseAdapter, MemoryModel
+
+if TYPE_CHECKING:
+    import optuna
+    import torch
+
+    from adapters.base import Report
+
+Objective = Callable[..., float]
+
+
+def objective_ref(objective: Objective) -> str:
+    """`module:qualname` of a function trial processes can import, or a ValueError saying why not."""
+    module = getattr(objective, "__module__", None)
+    qualname = getattr(objective, "__qualname__", "")
+    if not callable(objective) or module is None or not qualname:
+        raise ValueError(f"{objective!r} is not a function: pass objective(trial, device)")
+    if "<lambda>" in qualname or "<locals>" in qualname:
+        raise ValueError(
+            f"the objective {qualname!r} is defined inside a function or is a lambda: trial "
+            "processes import it by name, so define it at the top level of a module"
+        )
+    return f"{module}:{qualname}"
+
+
+def load_objective(ref: str) -> Objective:
+    module_name, _, qualname = ref.partition(":")
+    found: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    if not callable(found):
+        raise ValueError(f"{ref} is not a function")
+    return found
+
+
+class ObjectiveAdapter(BaseAdapter):
+    """Runs `objective(trial, device)`; its memory model and batch range come from the options."""
+
+    options = {"overhead_mb": 0.0, "per_sample_mb": 0.0, "batch_size_min": 0, "batch_size_max": 0}
+
+    def __init__(self, objective: Objective, *, name: str, direction: str, metric: str) -> None:
+        self._objective = objective
+        self.name = name
+        self.direction = direction
+        self.metric = metric
+        self.workload_class = "supervised"
+        self._trial: optuna.Trial | None = None  # the one trial this process runs now
+
+    def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:
+        return MemoryModel(float(options["overhead_mb"]), float(options["per_sample_mb"]))
+
+    def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
+        self._trial = trial
+        low, high = int(options["batch_size_min"]), int(options["batch_size_max"])
+        if high <= 0:
+            return {}
+        return {"batch_size": trial.suggest_int("batch_size", low, high, log=True)}
+
+    def train(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+        report: Report,
+    ) -> float:
+        assert self._trial is not None, "suggest() comes first"
+        trial, self._trial = self._trial, None
+        return float(self._objective(trial, device))
