@@ -7,6 +7,10 @@ A broken third-party adapter is reported by name and never stops the others.
 
 from __future__ import annotations
 
+# Marks this package as gpu-study-orchestrator's (see orchestrator.own_packages).
+__gpu_study_orchestrator__ = True
+
+
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass

@@ -7,7 +7,19 @@ would run. The command line is `python -m orchestrator`.
 
 from __future__ import annotations
 
-from orchestrator.api import optimize, plan
+import sys
+
+from orchestrator.own_packages import ForeignPackage, load_own_packages
+
+try:
+    load_own_packages()  # before anything imports `adapters`, `samplers` or `migrations`
+except ForeignPackage as error:
+    if sys.argv and sys.argv[0] == "-m":  # `python -m orchestrator`: one line, not a traceback
+        sys.stderr.write(f"error: {error}\n")
+        raise SystemExit(2) from None
+    raise
+
+from orchestrator.api import optimize, plan  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["optimize", "plan", "__version__"]

@@ -7,6 +7,10 @@ Names are imported on first use, so importing this package does not import Optun
 
 from __future__ import annotations
 
+# Marks this package as gpu-study-orchestrator's (see orchestrator.own_packages).
+__gpu_study_orchestrator__ = True
+
+
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
