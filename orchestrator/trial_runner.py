@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from orchestrator.study import StudySpec
     from orchestrator.trial_context import TrialContext
 
+from orchestrator.trial_attrs import set_user_attrs
+
 logger = logging.getLogger(__name__)
 
 
@@ -188,7 +190,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     fit_fixed_batch_size(trial, job.batch_bounds)
     log_file = _log_file(ctx, trial)
     with _output_to(log_file), _heartbeat(ctx, trial):
-        result = run_objective(ctx, job, spec, trial, channel)
+        result = run_objective(ctx, job, spec, trial, channel, log_file)
         alone = result.oom and not company.value
         requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
         tell(ctx, trial, result)
@@ -215,9 +217,7 @@ def _log_file(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
 
     if ctx.config.log_dir is None:
         return None
-    path = trial_log_path(ctx.config.log_dir, ctx.config.study_name, trial.number)
-    trial.set_user_attr("log_file", str(path))
-    return path
+    return trial_log_path(ctx.config.log_dir, ctx.config.study_name, trial.number)
 
 
 def _output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
@@ -293,7 +293,12 @@ def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> Iterator[None]:
 
 
 def run_objective(
-    ctx: TrialContext, job: TrialJob, spec: StudySpec, trial: optuna.Trial, channel: Channel
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    trial: optuna.Trial,
+    channel: Channel,
+    log_file: Path | None = None,
 ) -> RunResult:
     """Draw the parameters, wait to be admitted, train; every way it can end is a RunResult."""
     import optuna
@@ -301,7 +306,7 @@ def run_objective(
 
     from adapters.base import reporter
 
-    _placement_attrs(ctx, job, trial)
+    _placement_attrs(ctx, job, trial, log_file)
     result = RunResult(TrialState.FAIL)
     _reset_memory(ctx)
     try:
@@ -342,13 +347,20 @@ def run_objective(
     return result
 
 
-def _placement_attrs(ctx: TrialContext, job: TrialJob, trial: optuna.Trial) -> None:
+def _placement_attrs(
+    ctx: TrialContext, job: TrialJob, trial: optuna.Trial, log_file: Path | None
+) -> None:
     device = ctx.config.device
-    trial.set_user_attr("host", ctx.config.host)
-    trial.set_user_attr("pid", os.getpid())
-    trial.set_user_attr("gpu", ctx.gpu_name)
-    trial.set_user_attr("gpu_index", device.index if device else None)
-    trial.set_user_attr("batch_bounds", list(job.batch_bounds))
+    attrs = {
+        "host": ctx.config.host,
+        "pid": os.getpid(),
+        "gpu": ctx.gpu_name,
+        "gpu_index": device.index if device else None,
+        "batch_bounds": list(job.batch_bounds),
+    }
+    if log_file is not None:
+        attrs["log_file"] = str(log_file)
+    set_user_attrs(trial, attrs)
 
 
 def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
@@ -357,8 +369,9 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
     from orchestrator.gpu.sim import process_holder
 
     result.planned_mb = go.planned_mb
-    trial.set_user_attr("vram_planned_mb", round(go.planned_mb, 1))
-    trial.set_user_attr("concurrency", go.concurrency)
+    set_user_attrs(
+        trial, {"vram_planned_mb": round(go.planned_mb, 1), "concurrency": go.concurrency}
+    )
     result.concurrency = go.concurrency
     if ctx.ledger is not None:
         held = ctx.memory.model_overhead_mb * ctx.config.sim_memory_scale
@@ -482,11 +495,12 @@ def requeue_if_interrupted(
 def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
     from optuna.trial import TrialState
 
-    trial.set_user_attr("oom", result.oom)
+    attrs: dict[str, Any] = {"oom": result.oom}
     if result.peak_mb is not None:
-        trial.set_user_attr("vram_peak_mb", round(result.peak_mb, 1))
+        attrs["vram_peak_mb"] = round(result.peak_mb, 1)
     if result.error:
-        trial.set_user_attr("error", result.error[:500])
+        attrs["error"] = result.error[:500]
+    set_user_attrs(trial, attrs)
     value = result.value if result.state == TrialState.COMPLETE else None
     ctx.study.tell(trial, value, state=result.state)
 

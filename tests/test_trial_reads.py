@@ -85,3 +85,16 @@ def test_the_lean_reader_returns_the_trials_optuna_returns(storage_url):
         assert mine.system_attrs == expected_system
     without = read_trials(study._storage._backend.engine, study._study_id)
     assert all(t.intermediate_values == {} for t in without)
+
+
+def test_user_attributes_written_at_once_read_back_as_optuna_s(storage_url):
+    from orchestrator.trial_attrs import set_user_attrs
+
+    study = optuna.create_study(study_name="attrs", storage=open_storage(storage_url))
+    trial = study.ask()
+    trial.set_user_attr("gpu", "before")
+    set_user_attrs(trial, {"gpu": "sim:0", "batch_bounds": [64, 4096], "gpu_index": None})
+    assert trial.user_attrs == {"gpu": "sim:0", "batch_bounds": [64, 4096], "gpu_index": None}
+    study.tell(trial, 1.0)
+    (stored,) = optuna.load_study(study_name="attrs", storage=storage_url).trials
+    assert stored.user_attrs == {"gpu": "sim:0", "batch_bounds": [64, 4096], "gpu_index": None}
