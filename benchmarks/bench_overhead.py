@@ -9,7 +9,9 @@ Four measurements, each in one run with interleaved repetitions (medians), on th
    5,000 finished trials already in the study;
 3. the budget lock: 10 trials at once on one study holding 3,000 trials against one holding 14:
    how long each ask waited for the lock and held it (recorded by every trial in orch_trial_vram);
-4. RL on a CPU-only host: `run dqn` as planned (a slot per core) against `--concurrency 1`.
+4. the read-only views: `status`, `status --study`, `best` and `report` on a study of 3,000
+   trials against one of 14;
+5. RL on a CPU-only host: `run dqn` as planned (a slot per core) against `--concurrency 1`.
 
     python benchmarks/bench_overhead.py                       # everything, ~30 minutes
     python benchmarks/bench_overhead.py --only empty size     # some parts
@@ -39,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = ROOT / "benchmarks" / "_plain_optuna.py"
 EPOCHS = 15  # the supervised workload class's default epochs, which `run synthetic` uses
-PARTS = ("empty", "size", "lock", "dqn")
+PARTS = ("empty", "size", "lock", "views", "dqn")
 
 
 # --- running things ----------------------------------------------------------------------
@@ -294,7 +296,40 @@ def part_lock(kinds: list[str], server: str | None, sizes: list[int], new: int) 
     return rows
 
 
-# --- 4. RL on a CPU-only host ------------------------------------------------------------
+# --- 4. the views --------------------------------------------------------------------------
+
+
+def part_views(sizes: list[int], reps: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as folder:
+        urls = {}
+        for size in sizes:
+            urls[size] = f"sqlite:///{folder}/views{size}.db"
+            timed(synthetic_run(urls[size], "views", 1))
+            prefill(urls[size], "views", size)
+        commands = {
+            "status": ["status"],
+            "status --study": ["status", "--study", "views"],
+            "best": ["best", "--study", "views"],
+            "report": ["report", "--study", "views", "--out", f"{folder}/report"],
+        }
+        rows = []
+        for name, words in commands.items():
+            times: dict[int, list[float]] = {size: [] for size in sizes}
+            for rep in range(reps):
+                for size in sizes if rep % 2 == 0 else sizes[::-1]:
+                    times[size].append(timed(orchestrator(*words, "--storage", urls[size]))[0])
+            medians = {size: statistics.median(times[size]) for size in sizes}
+            row = {
+                "command": name,
+                **{f"{size}_trials_s": round(medians[size], 2) for size in sizes},
+            }
+            row["ratio"] = round(medians[sizes[-1]] / medians[sizes[0]], 2)
+            rows.append(row)
+            print_rows("views", rows[-1:], header=len(rows) == 1)
+    return rows
+
+
+# --- 5. RL on a CPU-only host ------------------------------------------------------------
 
 
 def part_dqn(reps: int, trials: int) -> list[dict]:
@@ -366,6 +401,8 @@ def main() -> None:
         results["size"] = part_size(kinds, args.postgres, args.sizes, args.new)
     if "lock" in args.only:
         results["lock"] = part_lock(kinds[-1:], args.postgres, args.lock_sizes, args.new)
+    if "views" in args.only:
+        results["views"] = part_views(args.lock_sizes, args.reps)
     if "dqn" in args.only:
         results["dqn"] = part_dqn(args.dqn_reps, args.dqn_trials)
     out = Path(args.out)

@@ -432,7 +432,24 @@ def open_for_reading(url: str) -> RDBStorage:
             f"no study database at {describe_location(url)}: start a study with "
             "`python -m orchestrator run ADAPTER`, or point --storage at an existing one"
         )
-    return create_storage(url)
+    storage = create_storage(url)
+    bring_our_tables_up_to_date(storage)
+    return storage
+
+
+def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
+    """A database written by an earlier version has our tables at an older revision: bring them
+    to this version's (new columns only, nothing stored is lost), as `run` would. One with none
+    of our tables (Optuna's alone) is left as it is: the views read what is there."""
+    from orchestrator.locks import schema_lock
+    from orchestrator.migrate import current_revision, head_revision, upgrade_orchestrator_schema
+
+    revision = current_revision(storage)
+    if revision is None or revision == head_revision():
+        return
+    with schema_lock(storage.url):
+        if current_revision(storage) != head_revision():
+            upgrade_orchestrator_schema(storage)
 
 
 def _guarded(storage: RDBStorage):  # noqa: ANN202
@@ -528,8 +545,14 @@ def measured_lines(
     return lines
 
 
-def study_detail(storage: RDBStorage, name: str, storage_label: str) -> StudyDetail:
-    """Everything `status --study`, `best` and `report` show about one study."""
+def study_detail(
+    storage: RDBStorage,
+    name: str,
+    storage_label: str,
+    trials: list[FrozenTrial] | None = None,
+) -> StudyDetail:
+    """Everything `status --study`, `best` and `report` show about one study (`trials`: its
+    trials, when the caller has read them already)."""
     from orchestrator.records import (
         concurrency_events,
         list_concurrency_events,
@@ -547,7 +570,8 @@ def study_detail(storage: RDBStorage, name: str, storage_label: str) -> StudyDet
     with _guarded(storage):
         study = load_existing_study(storage, name, storage_label)
         spec = load_spec(study)
-        trials = read_trials(storage.engine, study._study_id)
+        if trials is None:
+            trials = read_trials(storage.engine, study._study_id)
         # `study.direction` raises on a multi-objective study: read `directions`.
         directions = [d.name.lower() for d in study.directions]
         direction = direction_of(directions)
@@ -586,8 +610,44 @@ def study_detail(storage: RDBStorage, name: str, storage_label: str) -> StudyDet
 
 
 def load_study_trials(storage: RDBStorage, name: str, storage_label: str):  # noqa: ANN201
-    """The optuna Study itself (for Optuna's own plots), with errors as one line."""
+    """The study for Optuna's own plots: a snapshot of its trials, read once in flat queries.
+
+    Optuna's plotting functions ask a study for its trials many times over and deep-copy them
+    each time; at 3,000 trials that alone took the report past 20 s. The snapshot is an
+    in-memory study that hands out the trials read once, without copying them."""
     from orchestrator.study import load_existing_study
+    from orchestrator.trial_reader import read_trials
 
     with _guarded(storage):
-        return load_existing_study(storage, name, storage_label)
+        study = load_existing_study(storage, name, storage_label)
+        trials = read_trials(storage.engine, study._study_id, intermediate_values=True)
+    return snapshot_study(study, trials)
+
+
+def snapshot_study(study: Any, trials: list[FrozenTrial]) -> Any:
+    import optuna
+    from optuna.trial import TrialState
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory"
+    try:
+        snapshot = optuna.create_study(study_name=study.study_name, directions=study.directions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+
+    def get_trials(deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list:
+        return [t for t in trials if states is None or t.state in states]
+
+    def best_trial(deepcopy: bool = True) -> FrozenTrial:
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+        if not done:
+            raise ValueError("No trials are completed yet.")
+        sign = 1.0 if study.directions[0].name == "MINIMIZE" else -1.0
+        return min(done, key=lambda t: (sign * t.values[0], t.number))
+
+    # Instance attributes win over the class's methods (and over `trials`, `best_trial`,
+    # `best_value` and `best_params`, which call them).
+    snapshot.get_trials = get_trials
+    snapshot._get_trials = get_trials
+    snapshot._get_best_trial = best_trial
+    return snapshot

@@ -40,10 +40,10 @@ def report_command(args: argparse.Namespace) -> int:
     storage = open_for_reading(url)
     label = describe_location(url)
     args.study = the_study(storage, args.study, label, "report")
-    detail = study_detail(storage, args.study, label)
+    study = load_study_trials(storage, args.study, label)  # read once, for both
+    detail = study_detail(storage, args.study, label, trials=study.get_trials())
     # Optuna's history, importance and parallel-coordinate charts need one objective.
     require_single_objective(detail, "report")
-    study = load_study_trials(storage, args.study, label)
     files = write_report(study, detail, Path(args.out))
     print(f"report of {args.study!r}: {files.page}")
     for png in files.pngs:
