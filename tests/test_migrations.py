@@ -110,3 +110,21 @@ def test_wheel_ships_the_migration_scripts(tmp_path):
     assert any(name.startswith("migrations/versions/0001") for name in names)
     for package in ("orchestrator/__init__.py", "samplers/__init__.py", "adapters/__init__.py"):
         assert package in names
+
+
+def test_reading_a_database_of_an_earlier_version_brings_our_tables_up_to_date(storage_url):
+    from alembic import command
+
+    from orchestrator.migrate import alembic_config
+    from tests.cli_helpers import run_cli
+
+    storage = open_storage(storage_url)
+    optuna.create_study(study_name="old", storage=storage)
+    config = alembic_config(storage.url)
+    with storage.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0001")  # as the first version left it
+    assert current_revision(storage) == "0001"
+    shown = run_cli("status", "--study", "old", "--storage", storage_url)
+    assert shown.returncode == 0, shown.stderr
+    assert current_revision(storage) == head_revision()
