@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from orchestrator.stored_study import StoredStudy
     from orchestrator.study import BudgetCount, StudySpec
     from orchestrator.trial_context import Recycling
-    from orchestrator.trial_runner import TrialOutcome
+    from orchestrator.trial_messages import TrialOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class Pool:
                 room -= 1
 
     def _start(self, supervisor: Supervisor) -> None:
-        from orchestrator.trial_runner import TrialJob
+        from orchestrator.trial_messages import TrialJob
 
         job = TrialJob(batch_bounds=self.batch_bounds(supervisor))
         handle = self.backend.start(supervisor.index, job)
@@ -270,7 +270,7 @@ class Pool:
 
     def _admit_waiting(self) -> None:
         """Admit, on each GPU, every waiting trial that fits, in turn."""
-        from orchestrator.trial_runner import Go
+        from orchestrator.trial_messages import Go
 
         for supervisor in self.supervisors:
             while True:

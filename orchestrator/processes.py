@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.trial_runner import Go, TrialJob, TrialOutcome
+from orchestrator.trial_messages import Go, TrialJob, TrialOutcome
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.processes import Asked, Event, Finished, Sized, Using
 from orchestrator.study import BudgetCount
-from orchestrator.trial_runner import Go, TrialJob, TrialOutcome
+from orchestrator.trial_messages import Go, TrialJob, TrialOutcome
 
 if TYPE_CHECKING:
     from orchestrator import records

@@ -26,7 +26,7 @@ from orchestrator.footprint import Footprint, observe_oom, observe_peak
 if TYPE_CHECKING:
     from orchestrator.gpu.base import Device
     from orchestrator.planner import GpuPlan
-    from orchestrator.trial_runner import TrialOutcome
+    from orchestrator.trial_messages import TrialOutcome
 
 MEASURED_STATES = ("COMPLETE", "PRUNED")  # a pruned trial's peak came early: it counts
 

@@ -8,146 +8,35 @@ once and reused trial after trial, is `orchestrator.trial_worker`; what it opene
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
-import signal
 import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import TrialState
 
-    from adapters.base import Report
     from orchestrator.study import StudySpec
     from orchestrator.trial_context import TrialContext
 
 from orchestrator.trial_attrs import set_user_attrs
+from orchestrator.trial_errors import is_cuda_error, is_cuda_out_of_memory, oom_errors
+from orchestrator.trial_memory import (
+    hold_simulated,
+    peak_mb,
+    release_memory,
+    reporting_memory,
+    reset_memory,
+)
+from orchestrator.trial_messages import Channel, Go, TrialJob, TrialOutcome
+from orchestrator.trial_signals import Interrupted, interruptible, stop_requested
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrialJob:
-    """What the supervisor says about the next trial, picklable."""
-
-    batch_bounds: tuple[int, int]  # the batch sizes that fit this GPU alone, now
-
-
-@dataclass(frozen=True)
-class Go:
-    """The supervisor's admission of a trial whose size it heard: train now."""
-
-    planned_mb: float  # its estimate, which admitted it
-    concurrency: int  # trials on the GPU with it, itself included
-
-
-@dataclass(frozen=True)
-class TrialOutcome:
-    trial_number: int | None  # None: no trial was asked (budget used, stopped, or no start)
-    state: str  # COMPLETE, PRUNED, FAIL, or NONE
-    oom: bool = False
-    alone: bool = False
-    batch_size: int | None = None
-    value: float | None = None
-    vram_peak_mb: float | None = None
-    error: str | None = None
-    requeued: bool = False
-    interrupted: bool = False  # stopped by the supervisor: says nothing about memory
-    log_file: str | None = None  # where its stdout and stderr went
-    cuda_error: bool = False  # a CUDA error other than out-of-memory: the context may be broken
-    recycle: str | None = None  # why the process ends after this trial, if it does
-    setup_failed: bool = False  # the process could not open the study or the adapter
-
-
-# --- stop signals ----------------------------------------------------------------------------
-
-
-class Interrupted(BaseException):
-    """The supervisor asked this trial to stop (SIGTERM after its grace period).
-
-    A BaseException, so that an adapter's `except Exception` cannot swallow it."""
-
-
-class _Stop:
-    """SIGTERM raises Interrupted only while the objective runs or the process idles (`armed`);
-    at any other moment it is remembered, so asking, telling and writing records are never cut
-    in half."""
-
-    armed = False
-    requested = False
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    _Stop.requested = True
-    if _Stop.armed:
-        _Stop.armed = False
-        raise Interrupted(f"stopped by signal {signum}")
-
-
-def install_signal_handlers() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which decides
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def stop_requested() -> bool:
-    return _Stop.requested
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """The block a SIGTERM may cut short (the objective, or waiting for the next job)."""
-    if _Stop.requested:  # the signal came while the trial was being set up
-        raise Interrupted(f"stopped by signal {signal.SIGTERM.value}")
-    _Stop.armed = True
-    try:
-        yield
-    finally:
-        _Stop.armed = False
-
-
-def oom_errors() -> tuple[type[BaseException], ...]:
-    import torch
-
-    errors: list[type[BaseException]] = [torch.cuda.OutOfMemoryError]
-    generic = getattr(torch, "OutOfMemoryError", None)
-    if generic is not None and generic not in errors:
-        errors.append(generic)
-    return tuple(errors)
-
-
-# When the GPU is truly full, cuBLAS, cuDNN or the context itself can fail with a RuntimeError
-# instead of torch's OutOfMemoryError: the same event, and it gets the same treatment.
-CUDA_OOM_MARKS = (
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-)
-
-
-def is_cuda_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, RuntimeError) and any(mark in str(error) for mark in CUDA_OOM_MARKS)
-
-
-CUDA_ERROR_MARKS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error", "NCCL error")
-
-
-def is_cuda_error(error: BaseException) -> bool:
-    """A CUDA failure other than out-of-memory: after one, the process's context is suspect."""
-    import torch
-
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(error, accelerator_error):
-        return True
-    return isinstance(error, RuntimeError) and any(mark in str(error) for mark in CUDA_ERROR_MARKS)
-
-
-# --- one trial -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -164,14 +53,6 @@ class RunResult:
     planned_mb: float | None = None
     peak_mb: float | None = None
     concurrency: int | None = None
-
-
-class Channel(Protocol):
-    """The trial process's end of its pipe to the supervisor."""
-
-    def send(self, message: Any) -> None: ...
-
-    def recv(self) -> Any: ...
 
 
 def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
@@ -308,7 +189,7 @@ def run_objective(
 
     _placement_attrs(ctx, job, trial, log_file)
     result = RunResult(TrialState.FAIL)
-    _reset_memory(ctx)
+    reset_memory(ctx)
     try:
         with interruptible():  # only this part can be interrupted: the outcome is written whole
             params = ctx.adapter.suggest(trial, spec.options)
@@ -324,9 +205,9 @@ def run_objective(
                 epochs=spec.epochs,
                 device=ctx.torch_device,
                 options=spec.options,
-                report=_reporting_memory(ctx, result, channel, reporter(trial)),
+                report=reporting_memory(ctx, result, channel, reporter(trial)),
             )
-            _hold_simulated(ctx, result)  # a model that never reports still held it all
+            hold_simulated(ctx, result)  # a model that never reports still held it all
         result.state, result.value = TrialState.COMPLETE, float(value)
     except optuna.TrialPruned:
         result.state = TrialState.PRUNED
@@ -342,8 +223,8 @@ def run_objective(
             result.error = f"{type(caught).__name__}: {caught}"
             result.cuda_error = is_cuda_error(caught)
             logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
-    result.peak_mb = _peak_mb(ctx)
-    _release_memory(ctx)
+    result.peak_mb = peak_mb(ctx)
+    release_memory(ctx)
     return result
 
 
@@ -376,78 +257,6 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
     if ctx.ledger is not None:
         held = ctx.memory.model_overhead_mb * ctx.config.sim_memory_scale
         ctx.ledger.allocate(process_holder(), held)
-
-
-def _reporting_memory(
-    ctx: TrialContext, result: RunResult, channel: Channel, report: Report
-) -> Report:
-    """Each epoch, tell the supervisor what the trial really holds (its peak so far), so it
-    counts a running trial at that instead of its estimate. On a simulated GPU the trial's
-    batches take their memory at its first report, as a real trial's memory grows over its first
-    steps: free memory does not show a trial that has just started."""
-    if ctx.ledger is None and ctx.torch_device.type != "cuda":
-        return report
-
-    def reporting(epoch: int, value: float) -> None:
-        _hold_simulated(ctx, result)
-        peak = _peak_mb(ctx)
-        if peak is not None:
-            channel.send(("using", peak))
-        report(epoch, value)
-
-    return reporting
-
-
-def _hold_simulated(ctx: TrialContext, result: RunResult) -> None:
-    """Hold, on a simulated GPU, all the trial really needs: the adapter's declared model at its
-    batch size times --sim-memory-scale (raises CUDA's OOM error if it does not fit)."""
-    from orchestrator.gpu.sim import process_holder
-
-    if ctx.ledger is None:
-        return
-    holder = process_holder()
-    need = ctx.memory.planned_mb(result.batch_size or 0) * ctx.config.sim_memory_scale
-    more = need - ctx.ledger.held_mb(holder)
-    if more > 0:
-        ctx.ledger.allocate(holder, more)
-
-
-def _reset_memory(ctx: TrialContext) -> None:
-    """Start the trial's peak from what it allocates itself, not from the trial before it."""
-    if ctx.torch_device.type == "cuda":
-        import torch
-
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _peak_mb(ctx: TrialContext) -> float | None:
-    if ctx.ledger is not None:
-        from orchestrator.gpu.sim import process_holder
-
-        return ctx.ledger.held_mb(process_holder())
-    if ctx.torch_device.type == "cuda":
-        import torch
-
-        return torch.cuda.max_memory_reserved() / 2**20
-    return None
-
-
-def _release_memory(ctx: TrialContext) -> None:
-    """Give back what the trial held (outside any except block, so its traceback is gone).
-
-    Only a GPU needs the collection now (tensors in reference cycles hold VRAM that the next
-    trial, or its peak, would otherwise count); on the CPU it would cost every trial ~100 ms."""
-    if ctx.torch_device.type == "cuda":
-        import torch
-
-        gc.collect()
-        torch.cuda.empty_cache()
-    if ctx.ledger is not None:
-        from orchestrator.gpu.sim import process_holder
-
-        ctx.ledger.release(process_holder())
 
 
 def requeue_if_interrupted(

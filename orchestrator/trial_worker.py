@@ -18,12 +18,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.trial_context import Recycling, WorkerConfig, pin_device
-from orchestrator.trial_runner import (
+from orchestrator.trial_messages import TrialOutcome
+from orchestrator.trial_runner import run_trial
+from orchestrator.trial_signals import (
     Interrupted,
-    TrialOutcome,
     install_signal_handlers,
     interruptible,
-    run_trial,
     stop_requested,
 )
 

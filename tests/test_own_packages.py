@@ -3,7 +3,6 @@ same-named package from another distribution is named in one line."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tests.cli_helpers import cli_env, run_cli

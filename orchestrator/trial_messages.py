@@ -1,0 +1,52 @@
+"""What the supervisor and a trial process say to each other over the pipe between them.
+
+The supervisor sends a `TrialJob` (then, once the trial has said its size, a `Go`); the trial
+process sends ("asked", number), ("sized", batch size), ("using", MB) each epoch, and last its
+`TrialOutcome`. All of them are plain picklable values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """What the supervisor says about the next trial, picklable."""
+
+    batch_bounds: tuple[int, int]  # the batch sizes that fit this GPU alone, now
+
+
+@dataclass(frozen=True)
+class Go:
+    """The supervisor's admission of a trial whose size it heard: train now."""
+
+    planned_mb: float  # its estimate, which admitted it
+    concurrency: int  # trials on the GPU with it, itself included
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    trial_number: int | None  # None: no trial was asked (budget used, stopped, or no start)
+    state: str  # COMPLETE, PRUNED, FAIL, or NONE
+    oom: bool = False
+    alone: bool = False
+    batch_size: int | None = None
+    value: float | None = None
+    vram_peak_mb: float | None = None
+    error: str | None = None
+    requeued: bool = False
+    interrupted: bool = False  # stopped by the supervisor: says nothing about memory
+    log_file: str | None = None  # where its stdout and stderr went
+    cuda_error: bool = False  # a CUDA error other than out-of-memory: the context may be broken
+    recycle: str | None = None  # why the process ends after this trial, if it does
+    setup_failed: bool = False  # the process could not open the study or the adapter
+
+
+class Channel(Protocol):
+    """The trial process's end of its pipe to the supervisor."""
+
+    def send(self, message: Any) -> None: ...
+
+    def recv(self) -> Any: ...
