@@ -1,47 +1,76 @@
-"""How fast our DQN and PPO learn, against stable-baselines3, and how they do on the trading env.
+"""Our DQN and PPO against stable-baselines3 at the same work, and ours on the trading env.
 
-CartPole-v1: each agent trains until the greedy policy's mean return over 10 evaluation
-episodes (the same `mean_eval_return`, same seeds, for every agent) reaches `--target`, or
-until `--max-steps` environment steps. Evaluation runs every `--eval-every` steps and its time
-is not counted. Reported per agent: training environment steps per second (steps / training
-seconds), the steps and training seconds at which the target was first reached, and the best
-evaluation return. Ours run with their default parameters; stable-baselines3 runs with the
-RL Zoo's tuned CartPole-v1 settings (its best known, so the comparison is not against a
-strawman).
+Like for like. Each stable-baselines3 (SB3) row marked "same work" is set to the work our
+defaults do: the same number of environments (8), the same hidden layers, batch size, gradient
+steps per environment step, rollout length and passes (PPO), target-copy period, exploration
+schedule, learning rate and discount, and the same replay kind: SB3 has no prioritised replay,
+so the matched DQN row of ours uses uniform n-step replay (`per_alpha=0`), as SB3's n-step
+buffer does. Ours still does a little more per gradient step (double DQN's extra forward pass,
+a dueling head). Our prioritised defaults get a row of their own, beside SB3's RL Zoo settings
+(`--zoo`), which do far more work per step and are not a speed comparison.
 
-Trading (synthetic mixed regimes, seed 0): our agents with their defaults for `epochs` x
-`steps_per_epoch` (the same as one default trial), with the held-out Sharpe ratio after each
-epoch, beside three fixed policies for scale: random, always long, and a momentum rule (long
-when the mean of the last 32 returns is positive, short otherwise).
+Every agent trains for the same `--max-steps` environment steps (the true count, read from the
+environments), whether or not it reached a target on the way; the greedy policy is scored every
+`--eval-every` steps on the same 10 evaluation episodes (`_rl.mean_eval_return`, same seeds)
+and that time is left out. Reported: training env steps/s, steps and training seconds to each
+target return (195 and 475 on CartPole-v1, -100 on Acrobot-v1), and the final evaluation.
+Seeds run in turn, and within a seed ours and SB3's alternate, so both see the same load; the
+speed ratio is the median over seeds of ours / SB3 measured back to back.
 
-Every agent runs with one torch thread, as a trial process would. Needs
-`pip install stable-baselines3` (the `bench` extra); without it, those rows are skipped.
+Trading: our environment (vectorised in torch) with 8, 64 and 512 environments: the
+environment alone (random actions), and a whole DQN and PPO training run of `--trading-steps`
+steps at their defaults (the work per environment step does not change with the number of
+environments: the same gradient steps per step), interleaved over `--reps` repetitions, medians.
 
-    python benchmarks/bench_rl.py                     # the full run, about 10 minutes on 2 cores
-    python benchmarks/bench_rl.py --seeds 0 1 --max-steps 50000   # what results/rl.md holds
+Every agent runs with one torch thread, as a trial process does. SB3 is the `bench` extra.
 
-It prints a Markdown table and writes it, with the command, to benchmarks/results/rl.md.
+    python benchmarks/bench_rl.py                      # what results/rl.md holds
+    python benchmarks/bench_rl.py --zoo                # also SB3 with the RL Zoo's settings
+    python benchmarks/bench_rl.py --only trading       # one part: cartpole, acrobot or trading
+
+It prints Markdown tables and writes them with the command to benchmarks/results/rl.md, and
+every measurement to benchmarks/results/rl.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
+import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ENV_ID = "CartPole-v1"
+TARGETS = {"CartPole-v1": [195.0, 475.0], "Acrobot-v1": [-100.0]}
 
 
-class TargetReached(Exception):
-    """Raised from a report callback to end a run once the target return is reached."""
+@dataclass
+class Curve:
+    """One training run: (true env steps, training seconds, evaluation return) at every score."""
+
+    agent: str
+    env_id: str
+    seed: int
+    points: list[tuple[int, float, float]] = field(default_factory=list)
+
+    @property
+    def steps_per_second(self) -> float:
+        steps, seconds, _ = self.points[-1]
+        return steps / max(seconds, 1e-9)
+
+    def first_reaching(self, target: float) -> tuple[int, float] | None:
+        for steps, seconds, value in self.points:
+            if value >= target:
+                return steps, seconds
+        return None
 
 
 class Clock:
@@ -55,14 +84,32 @@ class Clock:
         return time.perf_counter() - self.started - self.eval_seconds
 
 
-class TimedTask:
-    """A task whose evaluations are timed, so that they can be left out of training time."""
+class CountedEnv:
+    """An environment that counts the steps it really took (PPO rolls out whole rollouts)."""
+
+    def __init__(self, env: Any) -> None:
+        self._env, self.steps = env, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    def step(self, actions: Any) -> Any:
+        self.steps += self._env.num_envs
+        return self._env.step(actions)
+
+
+class BenchTask:
+    """A task whose evaluations are timed (to leave them out) and whose env steps are counted."""
 
     def __init__(self, task: Any, clock: Clock) -> None:
-        self._task, self._clock = task, clock
+        self._task, self._clock, self.env = task, clock, None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._task, name)
+
+    def make_env(self, *args: Any, **kwargs: Any) -> CountedEnv:
+        self.env = CountedEnv(self._task.make_env(*args, **kwargs))
+        return self.env
 
     def evaluate(self, *args: Any, **kwargs: Any) -> float:
         started = time.perf_counter()
@@ -72,86 +119,124 @@ class TimedTask:
             self._clock.eval_seconds += time.perf_counter() - started
 
 
-def run_ours(algo: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+def default_config(algo: str) -> Any:
+    from adapters import dqn, ppo
+
+    return dqn.DQNConfig() if algo == "dqn" else ppo.PPOConfig()
+
+
+def run_ours(
+    algo: str, env_id: str, seed: int, args: argparse.Namespace, overrides: dict[str, Any]
+) -> Curve:
     import torch
 
     from adapters import _rl, dqn, ppo
 
-    module, config = (dqn, dqn.DQNConfig()) if algo == "dqn" else (ppo, ppo.PPOConfig())
+    module = dqn if algo == "dqn" else ppo
+    config = replace(default_config(algo), **overrides)
     clock = Clock()
-    task = TimedTask(_rl.load_task({"env": ENV_ID, "seed": seed}), clock)
-    curve: list[tuple[int, float, float]] = []
-    reached: dict[float, tuple[int, float]] = {}
+    task = BenchTask(_rl.load_task({"env": env_id, "seed": seed}), clock)
+    curve = Curve("", env_id, seed)
 
     def report(epoch: int, value: float) -> None:
-        steps = (epoch + 1) * args.eval_every
-        curve.append((steps, clock.training_seconds(), value))
-        if _note_targets(reached, args.targets, steps, clock.training_seconds(), value):
-            raise TargetReached
+        curve.points.append((task.env.steps, clock.training_seconds(), value))
 
-    epochs = args.max_steps // args.eval_every
-    with contextlib.suppress(TargetReached):
-        module.learn(
-            config,
-            task,
-            epochs=epochs,
-            steps_per_epoch=args.eval_every,
-            device=torch.device("cpu"),
-            report=report,
-        )
-    return _summary(f"ours {algo.upper()}", seed, curve, reached)
+    module.learn(
+        config,
+        task,
+        epochs=args.max_steps // args.eval_every,
+        steps_per_epoch=args.eval_every,
+        device=torch.device("cpu"),
+        report=report,
+    )
+    return curve
 
 
-def run_sb3(algo: str, seed: int, args: argparse.Namespace) -> dict[str, Any] | None:
-    try:
-        import stable_baselines3 as sb3
-        from stable_baselines3.common.callbacks import BaseCallback
-        from stable_baselines3.common.env_util import make_vec_env
-    except ImportError:
-        return None
+def sb3_dqn(env: Any, seed: int, args: argparse.Namespace, zoo: bool) -> Any:
+    import stable_baselines3 as sb3
+
+    if zoo:  # rl-baselines3-zoo, hyperparams/dqn.yml, CartPole-v1 (with n_envs=1)
+        settings: dict[str, Any] = {
+            "learning_rate": 2.3e-3,
+            "batch_size": 64,
+            "buffer_size": 100_000,
+            "learning_starts": 1_000,
+            "gamma": 0.99,
+            "target_update_interval": 10,
+            "train_freq": 256,
+            "gradient_steps": 128,
+            "exploration_fraction": 0.16,
+            "exploration_final_eps": 0.04,
+            "policy_kwargs": {"net_arch": [256, 256]},
+        }
+    else:
+        c = default_config("dqn")
+        gradient_steps = c.replay_ratio * c.num_envs / c.batch_size
+        assert gradient_steps == int(gradient_steps), "SB3 needs whole gradient steps per step"
+        settings = {
+            "learning_rate": c.learning_rate,
+            "batch_size": c.batch_size,
+            "buffer_size": c.buffer_size,
+            # As ours: learning starts within the first quarter of the first epoch at the latest.
+            "learning_starts": min(c.learning_starts, args.eval_every // 4),
+            "gamma": c.gamma,
+            "n_steps": c.n_step,
+            # Ours copies every `target_update_period` gradient steps; SB3 counts env steps.
+            "target_update_interval": round(c.target_update_period * c.batch_size / c.replay_ratio),
+            "train_freq": 1,  # every vector step: num_envs env steps
+            "gradient_steps": int(gradient_steps),
+            "exploration_fraction": c.exploration_fraction,
+            "exploration_final_eps": c.epsilon_end,
+            "max_grad_norm": c.max_grad_norm,
+            "policy_kwargs": {"net_arch": [c.hidden_size, c.hidden_size]},
+        }
+    return sb3.DQN("MlpPolicy", env, seed=seed, device="cpu", **settings)
+
+
+def sb3_ppo(env: Any, seed: int, args: argparse.Namespace, zoo: bool) -> Any:
+    import stable_baselines3 as sb3
+
+    if zoo:  # rl-baselines3-zoo, hyperparams/ppo.yml, CartPole-v1
+        settings: dict[str, Any] = {
+            "n_steps": 32,
+            "batch_size": 256,
+            "gae_lambda": 0.8,
+            "gamma": 0.98,
+            "n_epochs": 20,
+            "ent_coef": 0.0,
+            "learning_rate": lambda progress: 1e-3 * progress,
+            "clip_range": lambda progress: 0.2 * progress,
+        }
+    else:
+        c = default_config("ppo")
+        settings = {
+            "n_steps": c.rollout_steps,
+            "batch_size": c.batch_size,
+            "n_epochs": c.update_epochs,
+            "gamma": c.gamma,
+            "gae_lambda": c.gae_lambda,
+            "clip_range": c.clip_coef,
+            "ent_coef": c.entropy_coefficient,
+            "vf_coef": c.vf_coef * 0.5,  # ours weighs 0.5 x MSE, SB3 the MSE itself
+            "max_grad_norm": c.max_grad_norm,
+            "learning_rate": lambda progress: c.learning_rate * progress,
+            "policy_kwargs": {"net_arch": {"pi": [c.hidden_size] * 2, "vf": [c.hidden_size] * 2}},
+        }
+    return sb3.PPO("MlpPolicy", env, seed=seed, device="cpu", **settings)
+
+
+def run_sb3(algo: str, env_id: str, seed: int, args: argparse.Namespace, zoo: bool) -> Curve:
     import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
 
     from adapters import _rl
 
-    clock = Clock()
-    curve: list[tuple[int, float, float]] = []
-    reached: dict[float, tuple[int, float]] = {}
-    # RL Zoo's tuned CartPole-v1 hyperparameters (rl-baselines3-zoo, hyperparams/{dqn,ppo}.yml).
-    if algo == "dqn":
-        env = make_vec_env(ENV_ID, n_envs=1, seed=seed)
-        model = sb3.DQN(
-            "MlpPolicy",
-            env,
-            learning_rate=2.3e-3,
-            batch_size=64,
-            buffer_size=100_000,
-            learning_starts=1_000,
-            gamma=0.99,
-            target_update_interval=10,
-            train_freq=256,
-            gradient_steps=128,
-            exploration_fraction=0.16,
-            exploration_final_eps=0.04,
-            policy_kwargs={"net_arch": [256, 256]},
-            seed=seed,
-            device="cpu",
-        )
-    else:
-        env = make_vec_env(ENV_ID, n_envs=8, seed=seed)
-        model = sb3.PPO(
-            "MlpPolicy",
-            env,
-            n_steps=32,
-            batch_size=256,
-            gae_lambda=0.8,
-            gamma=0.98,
-            n_epochs=20,
-            ent_coef=0.0,
-            learning_rate=lambda progress: 1e-3 * progress,
-            clip_range=lambda progress: 0.2 * progress,
-            seed=seed,
-            device="cpu",
-        )
+    clock = Clock()  # from before the environments and the model, as ours
+    n_envs = 1 if zoo and algo == "dqn" else default_config(algo).num_envs
+    env = make_vec_env(env_id, n_envs=n_envs, seed=seed)
+    model = (sb3_dqn if algo == "dqn" else sb3_ppo)(env, seed, args, zoo)
+    curve = Curve("", env_id, seed)
 
     def policy(obs: torch.Tensor) -> torch.Tensor:
         actions, _ = model.predict(obs.cpu().numpy(), deterministic=True)
@@ -163,215 +248,274 @@ def run_sb3(algo: str, seed: int, args: argparse.Namespace) -> dict[str, Any] | 
             self.next_eval = args.eval_every
 
         def _on_step(self) -> bool:
-            if self.num_timesteps < self.next_eval:
-                return True
-            self.next_eval += args.eval_every
-            started = time.perf_counter()
-            value = _rl.mean_eval_return(
-                ENV_ID, policy, torch.device("cpu"), seed=seed + _rl.EVAL_SEED_OFFSET
-            )
-            clock.eval_seconds += time.perf_counter() - started
-            curve.append((self.num_timesteps, clock.training_seconds(), value))
-            seconds = clock.training_seconds()
-            return not _note_targets(reached, args.targets, self.num_timesteps, seconds, value)
+            if self.num_timesteps >= self.next_eval:
+                self.next_eval += args.eval_every
+                started = time.perf_counter()
+                value = _rl.mean_eval_return(
+                    env_id, policy, torch.device("cpu"), seed=seed + _rl.EVAL_SEED_OFFSET
+                )
+                clock.eval_seconds += time.perf_counter() - started
+                curve.points.append((self.num_timesteps, clock.training_seconds(), value))
+            return True
 
-    clock.started = time.perf_counter()
     model.learn(total_timesteps=args.max_steps, callback=Evaluate())
     env.close()
-    return _summary(f"stable-baselines3 {algo.upper()}", seed, curve, reached)
+    return curve
 
 
-def _note_targets(
-    reached: dict[float, tuple[int, float]],
-    targets: list[float],
-    steps: int,
-    seconds: float,
-    value: float,
-) -> bool:
-    """Record the first time each target is reached; True once the highest one is."""
-    for target in targets:
-        if value >= target and target not in reached:
-            reached[target] = (steps, seconds)
-    return max(targets) in reached
+Runner = Callable[[str, int, argparse.Namespace], Curve]
 
 
-def _summary(
-    agent: str, seed: int, curve: list, reached: dict[float, tuple[int, float]]
-) -> dict[str, Any]:
-    steps, seconds, _ = curve[-1]
-    return {
-        "agent": agent,
-        "seed": seed,
-        "steps_per_second": steps / max(seconds, 1e-9),
-        "reached": reached,  # target -> (steps, training seconds)
-        "best_return": max(value for _, _, value in curve),
-        "curve": curve,
-    }
+def agents(algo: str, args: argparse.Namespace) -> list[tuple[str, str, Runner]]:
+    """(row label, what it is compared with, runner) for one algorithm, in the order they run."""
+    name = algo.upper()
+    matched_overrides = {"per_alpha": 0.0} if algo == "dqn" else {}
+    matched = f"ours {name}" + (", uniform n-step replay" if algo == "dqn" else "")
+    rows: list[tuple[str, str, Runner]] = [
+        (matched, "ours", lambda e, s, a: run_ours(algo, e, s, a, matched_overrides)),
+    ]
+    if not args.skip_sb3:
+        rows.append(
+            (f"SB3 {name}, same work", "sb3", lambda e, s, a: run_sb3(algo, e, s, a, False))
+        )
+    if algo == "dqn":
+        rows.append(
+            (
+                "ours DQN defaults, prioritised replay",
+                "",
+                lambda e, s, a: run_ours(algo, e, s, a, {}),
+            )
+        )
+    if args.zoo and not args.skip_sb3:
+        rows.append(
+            (
+                f"SB3 {name}, RL Zoo settings (more work)",
+                "",
+                lambda e, s, a: run_sb3(algo, e, s, a, True),
+            )
+        )
+    return rows
 
 
-def run_trading(algo: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_gym(env_id: str, args: argparse.Namespace) -> list[Curve]:
+    curves = []
+    for seed in args.seeds:
+        for algo in ("dqn", "ppo"):
+            for label, _, runner in agents(algo, args):
+                curve = runner(env_id, seed, args)
+                curve.agent = label
+                curves.append(curve)
+                print(
+                    f"{env_id} seed {seed} {label}: {curve.steps_per_second:,.0f} steps/s, "
+                    f"final {curve.points[-1][2]:.1f}",
+                    flush=True,
+                )
+    return curves
+
+
+def gym_table(env_id: str, curves: list[Curve], args: argparse.Namespace) -> list[str]:
+    targets = TARGETS[env_id]
+    lines = [
+        "| agent | env steps/s | "
+        + " | ".join(f"steps to {t:g} | seconds to {t:g}" for t in targets)
+        + " | final eval return |",
+        "|---|---:|" + "---:|---:|" * len(targets) + "---:|",
+    ]
+    by_agent: dict[str, list[Curve]] = {}
+    for curve in curves:
+        by_agent.setdefault(curve.agent, []).append(curve)
+    for agent, rows in by_agent.items():
+        cells = [f"{statistics.median(r.steps_per_second for r in rows):,.0f}"]
+        for target in targets:
+            hits = [h for h in (r.first_reaching(target) for r in rows) if h is not None]
+            share = f" ({len(hits)}/{len(rows)})"
+            if not hits:
+                cells += [f"not reached{share}", "-"]
+                continue
+            cells.append(f"{statistics.median(h[0] for h in hits):,.0f}{share}")
+            cells.append(f"{statistics.median(h[1] for h in hits):.1f}")
+        final = statistics.median(r.points[-1][2] for r in rows)
+        lines.append(f"| {agent} | " + " | ".join(cells) + f" | {final:.1f} |")
+    return lines
+
+
+def speed_ratios(curves: list[Curve], args: argparse.Namespace) -> dict[str, list[float]]:
+    """Per algorithm, ours / SB3 env steps/s for each seed, measured back to back."""
+    ratios: dict[str, list[float]] = {}
+    for algo in ("dqn", "ppo"):
+        labels = {role: label for label, role, _ in agents(algo, args) if role}
+        if "sb3" not in labels:
+            continue
+        for seed in args.seeds:
+            speed = {
+                role: next(
+                    c.steps_per_second for c in curves if c.agent == label and c.seed == seed
+                )
+                for role, label in labels.items()
+            }
+            ratios.setdefault(algo.upper(), []).append(speed["ours"] / speed["sb3"])
+    return ratios
+
+
+def env_alone(task: Any, num_envs: int, vector_steps: int) -> float:
+    """Env steps/s of the trading environment alone, random actions drawn on its device."""
     import torch
 
-    from adapters import _rl, dqn, ppo
+    env = task.make_env(num_envs, torch.device("cpu"), max_position=3, hold_penalty_weight=0.5)
+    generator = torch.Generator().manual_seed(0)
+    env.reset()
+    started = time.perf_counter()
+    for _ in range(vector_steps):
+        env.step(torch.randint(env.n_actions, (num_envs,), generator=generator))
+    return vector_steps * num_envs / (time.perf_counter() - started)
 
-    module, config = (dqn, dqn.DQNConfig()) if algo == "dqn" else (ppo, ppo.PPOConfig())
-    steps_per_epoch = (dqn if algo == "dqn" else ppo).adapter.options["steps_per_epoch"]
+
+def trading_training(algo: str, task: Any, num_envs: int, steps: int) -> tuple[float, float]:
+    """(training env steps/s, held-out Sharpe) of one run of `steps` at the defaults."""
+    import torch
+
+    from adapters import dqn, ppo
+
     clock = Clock()
-    task = TimedTask(_rl.load_task({"env": "trading", "seed": 0}), clock)
-    history: list[float] = []
-    module.learn(
-        config,
-        task,
-        epochs=args.trading_epochs,
-        steps_per_epoch=steps_per_epoch,
-        device=torch.device("cpu"),
-        report=lambda epoch, value: history.append(value),
-    )
-    seconds = clock.training_seconds()
-    steps = args.trading_epochs * steps_per_epoch
-    return {
-        "agent": f"ours {algo.upper()}",
-        "steps": steps,
-        "steps_per_second": steps / seconds,
-        "training_seconds": seconds,
-        "eval_seconds": clock.eval_seconds,
-        "sharpe_by_epoch": history,
-    }
+    timed = BenchTask(task, clock)
+    module = dqn if algo == "dqn" else ppo
+    config = replace(default_config(algo), num_envs=num_envs)
+    run = module.learn(config, timed, epochs=1, steps_per_epoch=steps, device=torch.device("cpu"))
+    return timed.env.steps / clock.training_seconds(), run.value
 
 
-def fixed_policies() -> dict[str, float]:
-    import torch
-
+def run_trading(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
     from adapters import _rl
-    from adapters.envs import BUY, SELL
 
     task = _rl.load_task({"env": "trading", "seed": 0})
-    cpu = torch.device("cpu")
-    generator = torch.Generator().manual_seed(0)
-    random = [
-        task.evaluate(lambda o: torch.randint(3, (o.shape[0],), generator=generator), cpu)
-        for _ in range(10)
-    ]
-    return {
-        "random (mean of 10)": statistics.mean(random),
-        "always long": task.evaluate(lambda o: torch.full((o.shape[0],), BUY), cpu),
-        "momentum rule": task.evaluate(
-            lambda o: torch.where(o[:, : _rl.WINDOW].mean(dim=1) > 0, BUY, SELL), cpu
-        ),
-    }
+    samples: dict[str, dict[int, list[float]]] = {}
+
+    def note(what: str, n: int, value: float) -> None:
+        samples.setdefault(what, {}).setdefault(n, []).append(value)
+
+    for rep in range(args.reps):
+        for n in args.trading_envs:
+            note("env alone", n, env_alone(task, n, args.env_vector_steps))
+            for algo in ("dqn", "ppo"):
+                speed, sharpe = trading_training(algo, task, n, args.trading_steps)
+                note(f"{algo.upper()} training", n, speed)
+                note(f"{algo.upper()} held-out Sharpe", n, sharpe)
+            print(
+                f"trading rep {rep} n={n}: "
+                + ", ".join(f"{what} {values[n][-1]:,.2f}" for what, values in samples.items()),
+                flush=True,
+            )
+    return samples
 
 
-def markdown(results: dict[str, Any], command: str) -> str:
-    a = results["args"]
+def trading_table(samples: dict[str, dict[int, list[float]]], envs: list[int]) -> list[str]:
     lines = [
-        "# RL benchmark: our DQN and PPO against stable-baselines3, and on the trading env",
+        "| | " + " | ".join(f"{n} envs" for n in envs) + f" | {envs[-1]} / {envs[0]} |",
+        "|---|" + "---:|" * (len(envs) + 1),
+    ]
+    for what, by_n in samples.items():
+        medians = [statistics.median(by_n[n]) for n in envs]
+        sharpe = "Sharpe" in what
+        cells = [f"{m:.2f}" if sharpe else f"{m:,.0f}" for m in medians]
+        ratio = "" if sharpe else f"{medians[-1] / medians[0]:.1f}x"
+        label = what if sharpe else f"{what}, env steps/s"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} |")
+    return lines
+
+
+def markdown(results: dict[str, Any], command: str, args: argparse.Namespace) -> str:
+    lines = [
+        "# RL benchmark: our DQN and PPO against stable-baselines3 at the same work",
         "",
         f"Command: `{command}`",
         "",
         f"Machine: {results['machine']}; torch {results['torch']}, one torch thread per agent; "
-        f"stable-baselines3 {results['sb3'] or 'not installed'}.",
-        "",
-        f"## {ENV_ID}: steps and training time to a mean evaluation return",
-        "",
-        f"Evaluation every {a['eval_every']:,} steps (10 greedy episodes, not timed), "
-        f"at most {a['max_steps']:,} steps; seeds {a['seeds']}. Medians over the seeds that "
-        "reached the target (how many did is in brackets).",
-        "",
-        "| agent | env steps/s | "
-        + " | ".join(f"steps to {t:g} | seconds to {t:g}" for t in a["targets"])
-        + " | best eval return |",
-        "|---|---:|" + "---:|---:|" * len(a["targets"]) + "---:|",
+        f"stable-baselines3 {results['sb3'] or 'not run'}.",
     ]
-    by_agent: dict[str, list[dict[str, Any]]] = {}
-    for row in results["cartpole"]:
-        by_agent.setdefault(row["agent"], []).append(row)
-    for agent, rows in by_agent.items():
-        cells = [f"{statistics.median(r['steps_per_second'] for r in rows):,.0f}"]
-        for target in a["targets"]:
-            hits = [r["reached"][target] for r in rows if target in r["reached"]]
-            if not hits:
-                cells += ["not reached", "not reached"]
-                continue
-            share = f" ({len(hits)}/{len(rows)})"
-            cells.append(f"{statistics.median(h[0] for h in hits):,.0f}{share}")
-            cells.append(f"{statistics.median(h[1] for h in hits):.1f}{share}")
-        best = statistics.median(r["best_return"] for r in rows)
-        lines.append(f"| {agent} | " + " | ".join(cells) + f" | {best:.1f} |")
-    lines += [
-        "",
-        f"## Trading (synthetic, mixed regimes, seed 0): one default trial of {a['trading_epochs']} epochs",
-        "",
-        "| agent | env steps | env steps/s | training s | eval s | held-out Sharpe by epoch |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for row in results["trading"]:
-        sharpes = ", ".join(f"{v:.2f}" for v in row["sharpe_by_epoch"])
-        lines.append(
-            f"| {row['agent']} | {row['steps']:,} | {row['steps_per_second']:,.0f} | "
-            f"{row['training_seconds']:.1f} | {row['eval_seconds']:.1f} | {sharpes} |"
-        )
-    lines += ["", "Fixed policies on the same held-out prices, for scale:", ""]
-    lines += [f"- {name}: Sharpe {value:.2f}" for name, value in results["fixed"].items()]
+    for env_id, curves in results["gym"].items():
+        lines += [
+            "",
+            f"## {env_id}: {args.max_steps:,} env steps per run, seeds {args.seeds}",
+            "",
+            f"Scored every {args.eval_every:,} steps (10 greedy episodes, not timed). Steps and "
+            "seconds to a return: medians over the seeds that reached it (how many did, in "
+            "brackets); env steps/s and final return: medians over all seeds.",
+            "",
+            *gym_table(env_id, curves, args),
+        ]
+        ratios = speed_ratios(curves, args)
+        if ratios:
+            lines += ["", "Ours / SB3 at the same work, env steps/s, per seed back to back:", ""]
+            lines += [
+                f"- {algo}: median {statistics.median(r):.2f}x ("
+                + ", ".join(f"{x:.2f}" for x in r)
+                + ")"
+                for algo, r in ratios.items()
+            ]
+    if results["trading"]:
+        lines += [
+            "",
+            f"## Trading (synthetic, mixed regimes, seed 0): medians of {args.reps} repetitions",
+            "",
+            f"Env alone: {args.env_vector_steps:,} vector steps. Training: {args.trading_steps:,} "
+            "env steps at the defaults but the number of environments (the same gradient steps "
+            "per env step at every width), evaluation not timed.",
+            "",
+            *trading_table(results["trading"], args.trading_envs),
+        ]
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--targets", type=float, nargs="+", default=[195.0, 475.0])
-    parser.add_argument("--max-steps", type=int, default=60_000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--max-steps", type=int, default=50_000)
     parser.add_argument("--eval-every", type=int, default=2_000)
-    parser.add_argument("--trading-epochs", type=int, default=8)
+    parser.add_argument("--only", choices=["cartpole", "acrobot", "trading"], nargs="+")
+    parser.add_argument("--zoo", action="store_true", help="also SB3 with the RL Zoo's settings")
     parser.add_argument("--skip-sb3", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--trading-envs", type=int, nargs="+", default=[8, 64, 512])
+    parser.add_argument("--trading-steps", type=int, default=65_536)
+    parser.add_argument("--env-vector-steps", type=int, default=2_000)
+    parser.add_argument("--reps", type=int, default=3)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     # Pay the optimiser's one-off import (about 2 s) before any clock starts.
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])
-    try:
+    sb3_version = None
+    if not args.skip_sb3:
         import stable_baselines3
 
-        sb3_version = None if args.skip_sb3 else stable_baselines3.__version__
-    except ImportError:
-        sb3_version = None
-
-    cartpole = []
-    for seed in args.seeds:
-        for algo in ("dqn", "ppo"):
-            for runner in (run_ours, run_sb3):
-                if runner is run_sb3 and sb3_version is None:
-                    continue
-                row = runner(algo, seed, args)
-                if row is not None:
-                    cartpole.append(row)
-                    print(
-                        f"{row['agent']:>24} seed {seed}: {row['steps_per_second']:,.0f} steps/s, "
-                        f"targets reached (steps, s): {row['reached']}, best {row['best_return']:.1f}",
-                        flush=True,
-                    )
-    trading = []
-    for algo in ("dqn", "ppo"):
-        trading.append(run_trading(algo, args))
-        print(f"trading {algo}: {trading[-1]}", flush=True)
+        sb3_version = stable_baselines3.__version__
+    parts = args.only or ["cartpole", "acrobot", "trading"]
+    gym = {
+        env_id: run_gym(env_id, args)
+        for env_id, part in (("CartPole-v1", "cartpole"), ("Acrobot-v1", "acrobot"))
+        if part in parts
+    }
+    trading = run_trading(args) if "trading" in parts else {}
     results = {
-        "args": vars(args),
-        "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, "
-        f"{__import__('os').cpu_count()} cores, Python {platform.python_version()}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "
+        f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f} at the end",
         "torch": torch.__version__,
         "sb3": sb3_version,
-        "cartpole": cartpole,
+        "gym": gym,
         "trading": trading,
-        "fixed": fixed_policies(),
     }
-    command = "python benchmarks/bench_rl.py" + (f" {' '.join(argv)}" if argv else "")
-    if argv is None and len(sys.argv) > 1:
-        command = "python benchmarks/bench_rl.py " + " ".join(sys.argv[1:])
-    table = markdown(results, command)
+    command = "python benchmarks/bench_rl.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    table = markdown(results, command.strip(), args)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "rl.md").write_text(table)
+    raw = {**results, "args": vars(args), "command": command.strip()}
+    raw["gym"] = {e: [asdict(c) for c in curves] for e, curves in gym.items()}
+    (RESULTS / "rl.json").write_text(json.dumps(raw, indent=1) + "\n")
     return 0
 
 

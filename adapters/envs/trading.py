@@ -185,3 +185,6 @@ class TradingEnv:
             self.position[done] = 0
             obs = self.observe()
         return StepResult(obs, reward.float(), terminated, truncated, final_obs)
+
+    def close(self) -> None:
+        """Nothing to release: the environment is tensors (the interface of every env here)."""
