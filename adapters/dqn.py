@@ -28,6 +28,7 @@ on: the orchestrator's `batch_size` reaches this loop as it is.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -94,9 +95,20 @@ def q_values(net: _rl.Weights, obs: torch.Tensor) -> torch.Tensor:
 
     h = F.relu(F.linear(obs, net["w1"], net["b1"]))
     h = F.relu(F.linear(h, net["w2"], net["b2"]))
-    head = F.linear(h, net["head_w"], net["head_b"])
-    value, advantage = head[:, :1], head[:, 1:]
-    return value + advantage - advantage.mean(dim=1, keepdim=True)
+    # Q is a fixed linear map of the head's outputs [V, A_1..A_n]: fold it into the head's
+    # weights, one small product instead of slicing, averaging and adding a whole batch.
+    fold = dueling_map(net["head_b"].shape[0] - 1, obs.device)
+    return F.linear(h, fold.T @ net["head_w"], net["head_b"] @ fold)
+
+
+@functools.cache
+def dueling_map(n_actions: int, device: torch.device) -> torch.Tensor:
+    """M such that head @ M = V + A - mean(A): row 0 (the value) all ones, then I - 1/n."""
+    import torch
+
+    with torch.inference_mode(False):  # a plain tensor, whoever asks first, for autograd too
+        identity = torch.eye(n_actions, device=device)
+        return torch.cat([torch.ones(1, n_actions, device=device), identity - 1 / n_actions])
 
 
 class PrioritizedReplay:
