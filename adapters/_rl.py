@@ -196,13 +196,11 @@ def held_out_sharpe(
     )
     obs = env.reset()
     pnl = []
+    # The held-out part has a known length: no asking the device each step whether it ended.
     with torch.inference_mode():
-        while True:
-            step = env.step(policy(obs))
+        for _ in range(env.last_t - env.first_t + 1):
+            obs = env.step(policy(obs)).obs
             pnl.append(env.pnl)
-            if bool(step.truncated[0]):
-                break
-            obs = step.obs
     return sharpe_ratio(torch.cat(pnl))
 
 
@@ -374,12 +372,12 @@ def score_epoch(
     task: Task,
     policy: Policy,
     device: torch.device,
-    *,
     epoch: int,
     max_position: int,
     report: Report | None,
 ) -> None:
-    """Score the greedy `policy` after an epoch, keep the score, and report it."""
+    """Score the greedy `policy` after `epoch` (trading: up to `max_position` units), keep the
+    score in `run`, and report it."""
     value = task.evaluate(policy, device, max_position=max_position)
     run.history.append(value)
     run.value = value

@@ -268,8 +268,11 @@ class Learner:
                 next_value = next_q.gather(1, best).squeeze(1)
             target = torch.addcmul(ret, discount, next_value)
         predicted = q_values(self.q_net, obs).gather(1, action.unsqueeze(1)).squeeze(1)
-        loss = F.huber_loss(predicted, target, reduction="none", delta=config.huber_delta)
-        loss = loss.mean() if importance is None else (importance * loss).mean()
+        if importance is None:
+            loss = F.huber_loss(predicted, target, delta=config.huber_delta)
+        else:
+            loss = F.huber_loss(predicted, target, reduction="none", delta=config.huber_delta)
+            loss = (importance * loss).mean()
         self.q_net.zero_grad()
         loss.backward()
         self.q_net.clip_grad_norm(config.max_grad_norm)
@@ -292,16 +295,12 @@ def learn(
     with _rl.training(task, config, device) as (env, generator, run):
         vector_steps = math.ceil(steps_per_epoch / config.num_envs)
         total_steps = epochs * vector_steps * config.num_envs
+        q_net = q_network(env.obs_dim, env.n_actions, config.hidden_size, device)
         # Never more transitions than the run makes: no memory reserved for nothing.
         capacity = max(1, min(config.buffer_size, total_steps))
-        q_net = q_network(env.obs_dim, env.n_actions, config.hidden_size, device)
-        learner = Learner(
-            q_net,
-            q_net.frozen_copy(),
-            q_net.optimizer(config.learning_rate),
-            PrioritizedReplay(capacity, env.obs_dim, config.per_alpha, device),
-            generator,
-        )
+        replay = PrioritizedReplay(capacity, env.obs_dim, config.per_alpha, device)
+        optimizer = q_net.optimizer(config.learning_rate)
+        learner = Learner(q_net, q_net.frozen_copy(), optimizer, replay, generator)
         window = NStepWindow(config.n_step, config.gamma)
         updates_per_step = config.replay_ratio * config.num_envs / config.batch_size
         # Learning starts within the first quarter of the first epoch at the latest, so a short
@@ -318,31 +317,21 @@ def learn(
                 step = env.step(action)
                 transition = window.push(obs, action, step)
                 if transition is not None:
-                    learner.replay.add(*transition)
+                    replay.add(*transition)
                 obs = step.obs
                 run.env_steps += config.num_envs
-                if run.env_steps < learning_starts or learner.replay.size < config.batch_size:
+                if run.env_steps < learning_starts or replay.size < config.batch_size:
                     continue
                 update_credit += updates_per_step
+                beta = _rl.linear_schedule(config.per_beta_start, 1.0, total_steps, run.env_steps)
                 while update_credit >= 1.0:
                     update_credit -= 1.0
-                    beta = _rl.linear_schedule(
-                        config.per_beta_start, 1.0, total_steps, run.env_steps
-                    )
                     run.batch_sizes.add(learner.gradient_step(config, beta))
                     run.gradient_steps += 1
                     if run.gradient_steps % config.target_update_period == 0:
                         learner.target_net.flat.copy_(q_net.flat)
-            max_position = config.max_position_absolute
-            _rl.score_epoch(
-                run,
-                task,
-                learner.greedy,
-                device,
-                epoch=epoch,
-                max_position=max_position,
-                report=report,
-            )
+            position = config.max_position_absolute
+            _rl.score_epoch(run, task, learner.greedy, device, epoch, position, report)
     return run
 
 

@@ -237,10 +237,8 @@ def learn(
             # An epoch ends once the run has taken its share of environment steps.
             last = rollout_index == total_rollouts - 1
             while epoch < epochs and (run.env_steps >= (epoch + 1) * steps_per_epoch or last):
-                max_position = config.max_position_absolute
-                _rl.score_epoch(
-                    run, task, greedy, device, epoch=epoch, max_position=max_position, report=report
-                )
+                position = config.max_position_absolute
+                _rl.score_epoch(run, task, greedy, device, epoch, position, report)
                 epoch += 1
     return run
 
