@@ -123,8 +123,9 @@ def collect(
     for _ in range(steps):
         with torch.inference_mode():
             logits = tower(net, "actor", obs)
-            probs = logits.softmax(dim=1)
-            action = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits).
+            noise = torch.rand(logits.shape, generator=generator, device=logits.device)
+            action = (logits - noise.log_().neg_().log_()).argmax(dim=1)
         step = env.step(action)
         done = step.terminated | step.truncated
         values = (obs, step.final_obs, action, logits, step.reward, step.terminated, done)

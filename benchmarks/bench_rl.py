@@ -9,18 +9,22 @@ buffer does. Ours still does a little more per gradient step (double DQN's extra
 a dueling head). Our prioritised defaults get a row of their own, beside SB3's RL Zoo settings
 (`--zoo`), which do far more work per step and are not a speed comparison.
 
-Every agent trains for the same `--max-steps` environment steps (the true count, read from the
-environments), whether or not it reached a target on the way; the greedy policy is scored every
-`--eval-every` steps on the same 10 evaluation episodes (`_rl.mean_eval_return`, same seeds)
-and that time is left out. Reported: training env steps/s, steps and training seconds to each
-target return (195 and 475 on CartPole-v1, -100 on Acrobot-v1), and the final evaluation.
-Seeds run in turn, and within a seed ours and SB3's alternate, so both see the same load; the
-speed ratio is the median over seeds of ours / SB3 measured back to back.
+Every agent trains for the same number of environment steps (`--max-steps` on CartPole-v1,
+`--acrobot-steps` on Acrobot-v1; the true count, read from the environments), whether or not
+it reached a target on the way; the greedy policy is scored every `--eval-every` (or
+`--acrobot-eval-every`) steps on the same 10 evaluation episodes (`_rl.mean_eval_return`,
+same seeds) and that time is left out. Reported: training env steps per CPU second and per
+wall second, steps and training CPU seconds to each target return (195 and 475 on CartPole-v1,
+-100 on Acrobot-v1), and the final evaluation. Seeds run in turn, and within a seed ours and
+SB3's alternate, so both see the same load; the speed ratio is the median over seeds of
+ours / SB3 measured back to back. CPU time (this process's) is the headline: on a machine
+shared with other work, wall time also counts whatever ran while the process waited for a core.
 
 Trading: our environment (vectorised in torch) with 8, 64 and 512 environments: the
 environment alone (random actions), and a whole DQN and PPO training run of `--trading-steps`
 steps at their defaults (the work per environment step does not change with the number of
-environments: the same gradient steps per step), interleaved over `--reps` repetitions, medians.
+environments: the same gradient steps per step), interleaved over `--reps` repetitions,
+medians of env steps per CPU second.
 
 Every agent runs with one torch thread, as a trial process does. SB3 is the `bench` extra.
 
@@ -50,38 +54,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"CartPole-v1": [195.0, 475.0], "Acrobot-v1": [-100.0]}
+PARTS = {"cartpole": "CartPole-v1", "acrobot": "Acrobot-v1"}
 
 
 @dataclass
 class Curve:
-    """One training run: (true env steps, training seconds, evaluation return) at every score."""
+    """One training run: at every score, (true env steps, training wall seconds, training CPU
+    seconds, evaluation return)."""
 
     agent: str
     env_id: str
     seed: int
-    points: list[tuple[int, float, float]] = field(default_factory=list)
+    points: list[tuple[int, float, float, float]] = field(default_factory=list)
 
-    @property
-    def steps_per_second(self) -> float:
-        steps, seconds, _ = self.points[-1]
-        return steps / max(seconds, 1e-9)
+    def steps_per_second(self, cpu: bool = True) -> float:
+        steps, wall, cpu_seconds, _ = self.points[-1]
+        return steps / max(cpu_seconds if cpu else wall, 1e-9)
 
     def first_reaching(self, target: float) -> tuple[int, float] | None:
-        for steps, seconds, value in self.points:
+        """(env steps, training CPU seconds) at the first score of at least `target`."""
+        for steps, _, cpu_seconds, value in self.points:
             if value >= target:
-                return steps, seconds
+                return steps, cpu_seconds
         return None
 
 
 class Clock:
-    """Training time: wall time minus the time spent evaluating."""
+    """Training time, wall and CPU (this process), both less the time spent evaluating.
+
+    On a machine shared with other work the CPU time is what the training itself cost: the
+    wall time also counts whatever else ran while this process waited for a core.
+    """
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
-        self.eval_seconds = 0.0
+        self.started_cpu = time.process_time()
+        self.eval_seconds = self.eval_cpu_seconds = 0.0
 
-    def training_seconds(self) -> float:
-        return time.perf_counter() - self.started - self.eval_seconds
+    def training_seconds(self) -> tuple[float, float]:
+        wall = time.perf_counter() - self.started - self.eval_seconds
+        return wall, time.process_time() - self.started_cpu - self.eval_cpu_seconds
+
+    def leave_out(self, wall: float, cpu: float) -> None:
+        self.eval_seconds += time.perf_counter() - wall
+        self.eval_cpu_seconds += time.process_time() - cpu
 
 
 class CountedEnv:
@@ -112,11 +128,11 @@ class BenchTask:
         return self.env
 
     def evaluate(self, *args: Any, **kwargs: Any) -> float:
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         try:
             return self._task.evaluate(*args, **kwargs)
         finally:
-            self._clock.eval_seconds += time.perf_counter() - started
+            self._clock.leave_out(started, started_cpu)
 
 
 def default_config(algo: str) -> Any:
@@ -139,7 +155,7 @@ def run_ours(
     curve = Curve("", env_id, seed)
 
     def report(epoch: int, value: float) -> None:
-        curve.points.append((task.env.steps, clock.training_seconds(), value))
+        curve.points.append((task.env.steps, *clock.training_seconds(), value))
 
     module.learn(
         config,
@@ -250,12 +266,12 @@ def run_sb3(algo: str, env_id: str, seed: int, args: argparse.Namespace, zoo: bo
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next_eval:
                 self.next_eval += args.eval_every
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.process_time()
                 value = _rl.mean_eval_return(
                     env_id, policy, torch.device("cpu"), seed=seed + _rl.EVAL_SEED_OFFSET
                 )
-                clock.eval_seconds += time.perf_counter() - started
-                curve.points.append((self.num_timesteps, clock.training_seconds(), value))
+                clock.leave_out(started, started_cpu)
+                curve.points.append((self.num_timesteps, *clock.training_seconds(), value))
             return True
 
     model.learn(total_timesteps=args.max_steps, callback=Evaluate())
@@ -297,7 +313,17 @@ def agents(algo: str, args: argparse.Namespace) -> list[tuple[str, str, Runner]]
     return rows
 
 
+def for_env(env_id: str, args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments with this environment's step budget and scoring interval."""
+    if env_id == "Acrobot-v1":
+        return argparse.Namespace(
+            **{**vars(args), "max_steps": args.acrobot_steps, "eval_every": args.acrobot_eval_every}
+        )
+    return args
+
+
 def run_gym(env_id: str, args: argparse.Namespace) -> list[Curve]:
+    args = for_env(env_id, args)
     curves = []
     for seed in args.seeds:
         for algo in ("dqn", "ppo"):
@@ -306,8 +332,9 @@ def run_gym(env_id: str, args: argparse.Namespace) -> list[Curve]:
                 curve.agent = label
                 curves.append(curve)
                 print(
-                    f"{env_id} seed {seed} {label}: {curve.steps_per_second:,.0f} steps/s, "
-                    f"final {curve.points[-1][2]:.1f}",
+                    f"{env_id} seed {seed} {label}: {curve.steps_per_second():,.0f} steps "
+                    f"per CPU second, {curve.steps_per_second(cpu=False):,.0f} per wall second, "
+                    f"final {curve.points[-1][-1]:.1f}",
                     flush=True,
                 )
     return curves
@@ -316,16 +343,19 @@ def run_gym(env_id: str, args: argparse.Namespace) -> list[Curve]:
 def gym_table(env_id: str, curves: list[Curve], args: argparse.Namespace) -> list[str]:
     targets = TARGETS[env_id]
     lines = [
-        "| agent | env steps/s | "
-        + " | ".join(f"steps to {t:g} | seconds to {t:g}" for t in targets)
+        "| agent | env steps per CPU s | env steps per wall s | "
+        + " | ".join(f"steps to {t:g} | CPU s to {t:g}" for t in targets)
         + " | final eval return |",
-        "|---|---:|" + "---:|---:|" * len(targets) + "---:|",
+        "|---|---:|---:|" + "---:|---:|" * len(targets) + "---:|",
     ]
     by_agent: dict[str, list[Curve]] = {}
     for curve in curves:
         by_agent.setdefault(curve.agent, []).append(curve)
     for agent, rows in by_agent.items():
-        cells = [f"{statistics.median(r.steps_per_second for r in rows):,.0f}"]
+        cells = [
+            f"{statistics.median(r.steps_per_second() for r in rows):,.0f}",
+            f"{statistics.median(r.steps_per_second(cpu=False) for r in rows):,.0f}",
+        ]
         for target in targets:
             hits = [h for h in (r.first_reaching(target) for r in rows) if h is not None]
             share = f" ({len(hits)}/{len(rows)})"
@@ -334,44 +364,61 @@ def gym_table(env_id: str, curves: list[Curve], args: argparse.Namespace) -> lis
                 continue
             cells.append(f"{statistics.median(h[0] for h in hits):,.0f}{share}")
             cells.append(f"{statistics.median(h[1] for h in hits):.1f}")
-        final = statistics.median(r.points[-1][2] for r in rows)
+        final = statistics.median(r.points[-1][-1] for r in rows)
         lines.append(f"| {agent} | " + " | ".join(cells) + f" | {final:.1f} |")
     return lines
 
 
-def speed_ratios(curves: list[Curve], args: argparse.Namespace) -> dict[str, list[float]]:
-    """Per algorithm, ours / SB3 env steps/s for each seed, measured back to back."""
-    ratios: dict[str, list[float]] = {}
+def speed_ratios(curves: list[Curve], args: argparse.Namespace) -> dict[str, dict[str, list]]:
+    """Per algorithm, ours / SB3 env steps/s for each seed (run back to back), CPU and wall."""
+    ratios: dict[str, dict[str, list]] = {}
     for algo in ("dqn", "ppo"):
         labels = {role: label for label, role, _ in agents(algo, args) if role}
         if "sb3" not in labels:
             continue
         for seed in args.seeds:
-            speed = {
-                role: next(
-                    c.steps_per_second for c in curves if c.agent == label and c.seed == seed
-                )
+            runs = {
+                role: next(c for c in curves if c.agent == label and c.seed == seed)
                 for role, label in labels.items()
             }
-            ratios.setdefault(algo.upper(), []).append(speed["ours"] / speed["sb3"])
+            for clock in ("cpu", "wall"):
+                speed = {role: run.steps_per_second(clock == "cpu") for role, run in runs.items()}
+                by_clock = ratios.setdefault(algo.upper(), {"cpu": [], "wall": []})
+                by_clock[clock].append(speed["ours"] / speed["sb3"])
     return ratios
 
 
 def env_alone(task: Any, num_envs: int, vector_steps: int) -> float:
-    """Env steps/s of the trading environment alone, random actions drawn on its device."""
+    """Env steps per CPU second of the trading environment alone, random actions."""
     import torch
 
     env = task.make_env(num_envs, torch.device("cpu"), max_position=3, hold_penalty_weight=0.5)
     generator = torch.Generator().manual_seed(0)
     env.reset()
-    started = time.perf_counter()
+    started = time.process_time()
     for _ in range(vector_steps):
         env.step(torch.randint(env.n_actions, (num_envs,), generator=generator))
-    return vector_steps * num_envs / (time.perf_counter() - started)
+    return vector_steps * num_envs / (time.process_time() - started)
+
+
+def rollout_alone(task: Any, num_envs: int, vector_steps: int) -> float:
+    """Env steps per CPU second of PPO's rollout alone: its actor acting, the env stepping."""
+    import torch
+
+    from adapters import ppo
+
+    config = replace(default_config("ppo"), num_envs=num_envs)
+    env = task.make_env(num_envs, torch.device("cpu"), max_position=3, hold_penalty_weight=0.5)
+    net = ppo.actor_critic(env.obs_dim, env.n_actions, config.hidden_size, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(0)
+    obs = env.reset()
+    started = time.process_time()
+    ppo.collect(net, env, obs, vector_steps, generator)
+    return vector_steps * num_envs / (time.process_time() - started)
 
 
 def trading_training(algo: str, task: Any, num_envs: int, steps: int) -> tuple[float, float]:
-    """(training env steps/s, held-out Sharpe) of one run of `steps` at the defaults."""
+    """(training env steps per CPU second, held-out Sharpe) of one run of `steps` at the defaults."""
     import torch
 
     from adapters import dqn, ppo
@@ -381,7 +428,7 @@ def trading_training(algo: str, task: Any, num_envs: int, steps: int) -> tuple[f
     module = dqn if algo == "dqn" else ppo
     config = replace(default_config(algo), num_envs=num_envs)
     run = module.learn(config, timed, epochs=1, steps_per_epoch=steps, device=torch.device("cpu"))
-    return timed.env.steps / clock.training_seconds(), run.value
+    return timed.env.steps / clock.training_seconds()[1], run.value
 
 
 def run_trading(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
@@ -396,6 +443,7 @@ def run_trading(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
     for rep in range(args.reps):
         for n in args.trading_envs:
             note("env alone", n, env_alone(task, n, args.env_vector_steps))
+            note("PPO rollout (acting and env)", n, rollout_alone(task, n, args.env_vector_steps))
             for algo in ("dqn", "ppo"):
                 speed, sharpe = trading_training(algo, task, n, args.trading_steps)
                 note(f"{algo.upper()} training", n, speed)
@@ -418,7 +466,7 @@ def trading_table(samples: dict[str, dict[int, list[float]]], envs: list[int]) -
         sharpe = "Sharpe" in what
         cells = [f"{m:.2f}" if sharpe else f"{m:,.0f}" for m in medians]
         ratio = "" if sharpe else f"{medians[-1] / medians[0]:.1f}x"
-        label = what if sharpe else f"{what}, env steps/s"
+        label = what if sharpe else f"{what}, env steps per CPU s"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} |")
     return lines
 
@@ -433,6 +481,7 @@ def markdown(results: dict[str, Any], command: str, args: argparse.Namespace) ->
         f"stable-baselines3 {results['sb3'] or 'not run'}.",
     ]
     for env_id, curves in results["gym"].items():
+        args = for_env(env_id, args)
         lines += [
             "",
             f"## {env_id}: {args.max_steps:,} env steps per run, seeds {args.seeds}",
@@ -445,19 +494,23 @@ def markdown(results: dict[str, Any], command: str, args: argparse.Namespace) ->
         ]
         ratios = speed_ratios(curves, args)
         if ratios:
-            lines += ["", "Ours / SB3 at the same work, env steps/s, per seed back to back:", ""]
-            lines += [
-                f"- {algo}: median {statistics.median(r):.2f}x ("
-                + ", ".join(f"{x:.2f}" for x in r)
-                + ")"
-                for algo, r in ratios.items()
-            ]
+            lines += ["", "Ours / SB3 at the same work, env steps/s, each seed back to back:", ""]
+            for algo, by_clock in ratios.items():
+                cpu, wall = by_clock["cpu"], by_clock["wall"]
+                lines.append(
+                    f"- {algo}: median {statistics.median(cpu):.2f}x per CPU second ("
+                    + ", ".join(f"{x:.2f}" for x in cpu)
+                    + f"), {statistics.median(wall):.2f}x per wall second ("
+                    + ", ".join(f"{x:.2f}" for x in wall)
+                    + ")"
+                )
     if results["trading"]:
         lines += [
             "",
             f"## Trading (synthetic, mixed regimes, seed 0): medians of {args.reps} repetitions",
             "",
-            f"Env alone: {args.env_vector_steps:,} vector steps. Training: {args.trading_steps:,} "
+            f"Env alone and rollout: {args.env_vector_steps:,} vector steps. "
+            f"Training: {args.trading_steps:,} "
             "env steps at the defaults but the number of environments (the same gradient steps "
             "per env step at every width), evaluation not timed.",
             "",
@@ -471,6 +524,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--max-steps", type=int, default=50_000)
     parser.add_argument("--eval-every", type=int, default=2_000)
+    parser.add_argument("--acrobot-steps", type=int, default=100_000)
+    parser.add_argument("--acrobot-eval-every", type=int, default=5_000)
     parser.add_argument("--only", choices=["cartpole", "acrobot", "trading"], nargs="+")
     parser.add_argument("--zoo", action="store_true", help="also SB3 with the RL Zoo's settings")
     parser.add_argument("--skip-sb3", action="store_true")
@@ -494,11 +549,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sb3_version = stable_baselines3.__version__
     parts = args.only or ["cartpole", "acrobot", "trading"]
-    gym = {
-        env_id: run_gym(env_id, args)
-        for env_id, part in (("CartPole-v1", "cartpole"), ("Acrobot-v1", "acrobot"))
-        if part in parts
-    }
+    gym = {env_id: run_gym(env_id, args) for part, env_id in PARTS.items() if part in parts}
     trading = run_trading(args) if "trading" in parts else {}
     results = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python "

@@ -126,3 +126,20 @@ def test_weights_train_exactly_as_torch_layers_with_torch_clipping_and_adam():
     for view, parameter in zip(weights.views.values(), layers.parameters(), strict=True):
         assert torch.allclose(view, parameter, atol=1e-6)
     assert float(weights.grad.abs().sum()) > 0  # the gradients really landed in the flat tensor
+
+
+def test_rollout_actions_are_drawn_from_the_policy():
+    # An actor whose logits are log(0.2, 0.3, 0.5) whatever it sees: the rollout's actions must
+    # come out in those shares (Gumbel-max sampling), and its stored logits must be the policy's.
+    task = _rl.load_task({"env": "trading", "seed": 0})
+    env = task.make_env(8, rl.CPU)
+    net = ppo.actor_critic(env.obs_dim, env.n_actions, 16, rl.CPU)
+    with torch.no_grad():
+        net["actor_w3"].zero_()
+        net["actor_b3"].copy_(torch.tensor([0.2, 0.3, 0.5]).log())
+    generator = torch.Generator().manual_seed(0)
+    rollout, _ = ppo.collect(net, env, env.reset(), 2_000, generator)
+    shares = torch.bincount(rollout.action.flatten(), minlength=3) / rollout.action.numel()
+    assert shares.tolist() == pytest.approx([0.2, 0.3, 0.5], abs=0.01)
+    assert torch.allclose(rollout.logits.softmax(-1), torch.tensor([0.2, 0.3, 0.5]))
+    assert rollout.obs.shape == (2_000, 8, env.obs_dim) and rollout.done.dtype == torch.bool
