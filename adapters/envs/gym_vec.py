@@ -97,19 +97,20 @@ class GymVecEnv:
         obs, reward, terminated, truncated, info = self.env.step(actions.cpu().numpy())
         done = terminated | truncated
         self.episode_return += reward
-        final = obs
+        obs_tensor = final_tensor = self._tensor(obs)
         if done.any():
             final = obs.copy()
             rows = np.flatnonzero(info["_final_obs"])
             final[rows] = np.stack(info["final_obs"][rows])
+            final_tensor = self._tensor(final)
             self.finished_returns.extend(self.episode_return[done].tolist())
             self.episode_return[done] = 0.0
         return StepResult(
-            self._tensor(obs),
+            obs_tensor,
             self._tensor(reward),
             self._tensor(terminated),
             self._tensor(truncated),
-            self._tensor(final),
+            final_tensor,
         )
 
     def close(self) -> None:
