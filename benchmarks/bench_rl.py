@@ -473,6 +473,88 @@ def trading_table(samples: dict[str, dict[int, list[float]]], envs: list[int]) -
     return lines
 
 
+# What `--profile` times inside a training run: (owner, attribute, label, inside which part).
+PROFILED = {
+    "dqn": [
+        (
+            "Learner",
+            "gradient_step",
+            "gradient step (sample, 3 forward passes, backward, Adam)",
+            "",
+        ),
+        ("Learner", "act", "acting (epsilon-greedy forward pass)", ""),
+        ("NStepWindow", "push", "n-step window", ""),
+        ("PrioritizedReplay", "add", "replay add", ""),
+    ],
+    "ppo": [
+        ("module", "collect", "rollout (actor forward, sampling, env steps)", ""),
+        ("module", "update", "update (advantages and minibatches)", ""),
+        ("module", "advantages", "critic on the rollout and GAE", "update"),
+        ("module", "loss_on", "minibatch loss (forward)", "update"),
+    ],
+}
+
+
+def timed(owner: Any, attribute: str, totals: dict[str, list[float]], label: str) -> None:
+    """Wrap `owner.attribute` so each call adds its CPU seconds and a count to `totals[label]`,
+    except while an evaluation runs (`totals` holds the key "evaluating" then)."""
+    original = getattr(owner, attribute)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if "evaluating" in totals:
+            return original(*args, **kwargs)
+        started = time.process_time()
+        if label == EVALUATION:
+            totals["evaluating"] = [0.0, 0]
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals.pop("evaluating", None)
+            seconds, calls = totals.setdefault(label, [0.0, 0])
+            totals[label] = [seconds + time.process_time() - started, calls + 1]
+
+    setattr(owner, attribute, wrapper)
+
+
+EVALUATION = "evaluation (left out)"
+
+
+def profile_parts(algo: str, args: argparse.Namespace) -> list[str]:
+    """Where one CartPole-v1 training run at the same work spends its CPU time, part by part."""
+    import importlib
+
+    import torch
+
+    from adapters import _rl
+    from adapters.envs import GymVecEnv
+
+    module = importlib.import_module(f"adapters.{algo}")
+    totals: dict[str, list[float]] = {}
+    parts = [*PROFILED[algo], ("", "", "environment steps", "rollout" if algo == "ppo" else "")]
+    for owner, attribute, label, _ in PROFILED[algo]:
+        timed(module if owner == "module" else getattr(module, owner), attribute, totals, label)
+    timed(GymVecEnv, "step", totals, "environment steps")
+    timed(_rl, "score_epoch", totals, EVALUATION)
+    config = replace(default_config(algo), **({"per_alpha": 0.0} if algo == "dqn" else {}))
+    task = _rl.load_task({"env": "CartPole-v1", "seed": 0})
+    started = time.process_time()
+    cpu = torch.device("cpu")
+    run = module.learn(config, task, epochs=1, steps_per_epoch=args.max_steps, device=cpu)
+    training = time.process_time() - started - totals[EVALUATION][0]
+    lines = [
+        f"### {algo.upper()}: {run.env_steps:,} env steps, {training:.2f} CPU s of training "
+        f"({run.env_steps / training:,.0f} env steps per CPU s)",
+        "",
+        "| part | share of training CPU time | CPU us per call | calls | inside |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for _, _, label, inside in parts:
+        seconds, calls = totals[label]
+        share = f"{100 * seconds / training:.0f}%"
+        lines.append(f"| {label} | {share} | {1e6 * seconds / calls:,.0f} | {calls:,} | {inside} |")
+    return lines
+
+
 def markdown(results: dict[str, Any], command: str, args: argparse.Namespace) -> str:
     lines = [
         "# RL benchmark: our DQN and PPO against stable-baselines3 at the same work",
@@ -489,8 +571,8 @@ def markdown(results: dict[str, Any], command: str, args: argparse.Namespace) ->
             f"## {env_id}: {args.max_steps:,} env steps per run, seeds {args.seeds}",
             "",
             f"Scored every {args.eval_every:,} steps (10 greedy episodes, not timed). Steps and "
-            "seconds to a return: medians over the seeds that reached it (how many did, in "
-            "brackets); env steps/s and final return: medians over all seeds.",
+            "training CPU seconds to a return: medians over the seeds that reached it (how many "
+            "did, in brackets); env steps/s and final return: medians over all seeds.",
             "",
             *gym_table(env_id, curves, args),
         ]
@@ -535,7 +617,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trading-steps", type=int, default=65_536)
     parser.add_argument("--env-vector-steps", type=int, default=2_000)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead: where ours spend CPU time on CartPole-v1 (--max-steps steps), to rl_profile.md",
+    )
     return parser.parse_args(argv)
+
+
+def command_line(argv: list[str] | None) -> str:
+    return " ".join(["python benchmarks/bench_rl.py", *(sys.argv[1:] if argv is None else argv)])
+
+
+def write_profile(args: argparse.Namespace, argv: list[str] | None) -> int:
+    lines = [
+        "# Where our RL agents spend their CPU time (CartPole-v1, the benchmark's same-work settings)",
+        "",
+        f"Command: `{command_line(argv)}`",
+        "",
+        "Each part's CPU time (this process, one torch thread) over the training, evaluation left "
+        "out; a part inside another is counted in both.",
+    ]
+    for algo in ("dqn", "ppo"):
+        lines += ["", *profile_parts(algo, args)]
+    table = "\n".join(lines) + "\n"
+    print(table)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "rl_profile.md").write_text(table)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -545,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     # Pay the optimiser's one-off import (about 2 s) before any clock starts.
     torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    if args.profile:
+        return write_profile(args, argv)
     sb3_version = None
     if not args.skip_sb3:
         import stable_baselines3
@@ -561,12 +672,11 @@ def main(argv: list[str] | None = None) -> int:
         "gym": gym,
         "trading": trading,
     }
-    command = "python benchmarks/bench_rl.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    table = markdown(results, command.strip(), args)
+    table = markdown(results, command_line(argv), args)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "rl.md").write_text(table)
-    raw = {**results, "args": vars(args), "command": command.strip()}
+    raw = {**results, "args": vars(args), "command": command_line(argv)}
     raw["gym"] = {e: [asdict(c) for c in curves] for e, curves in gym.items()}
     (RESULTS / "rl.json").write_text(json.dumps(raw, indent=1) + "\n")
     return 0
