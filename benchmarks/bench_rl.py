@@ -519,6 +519,24 @@ def timed(owner: Any, attribute: str, totals: dict[str, list[float]], label: str
 EVALUATION = "evaluation (left out)"
 
 
+def hidden_layer_products(config: Any, repeats: int = 2_000) -> float:
+    """CPU microseconds of the matrix products of DQN's widest layer in one gradient step, timed
+    apart: three forward passes (hidden x hidden weights on a batch) and their two backward
+    products (the gradients of the weights and of the layer's input). No library avoids these."""
+    import torch
+
+    batch = torch.randn(config.batch_size, config.hidden_size)
+    weight = torch.randn(config.hidden_size, config.hidden_size)
+    grad = torch.randn(config.batch_size, config.hidden_size)
+    started = time.process_time()
+    for _ in range(repeats):
+        for _ in range(3):
+            batch @ weight.t()
+        grad @ weight
+        grad.t() @ batch
+    return 1e6 * (time.process_time() - started) / repeats
+
+
 def profile_parts(algo: str, args: argparse.Namespace) -> list[str]:
     """Where one CartPole-v1 training run at the same work spends its CPU time, part by part."""
     import importlib
@@ -552,6 +570,13 @@ def profile_parts(algo: str, args: argparse.Namespace) -> list[str]:
         seconds, calls = totals[label]
         share = f"{100 * seconds / training:.0f}%"
         lines.append(f"| {label} | {share} | {1e6 * seconds / calls:,.0f} | {calls:,} | {inside} |")
+    if algo == "dqn":
+        lines += [
+            "",
+            f"The {config.hidden_size}x{config.hidden_size} layer's matrix products alone (three "
+            "forward passes and two backward products, timed apart): "
+            f"{hidden_layer_products(config):,.0f} CPU us per gradient step.",
+        ]
     return lines
 
 
@@ -640,6 +665,7 @@ def write_profile(args: argparse.Namespace, argv: list[str] | None) -> int:
     ]
     for algo in ("dqn", "ppo"):
         lines += ["", *profile_parts(algo, args)]
+    lines += ["", f"Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
     table = "\n".join(lines) + "\n"
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
