@@ -1,4 +1,9 @@
-"""What DQN and PPO share: the options, the task (which environment, which prices), and scoring.
+"""What DQN and PPO share: options, the task, scoring, the weights and the frame of a run.
+
+Each algorithm's file holds the algorithm itself, top to bottom; this module holds what both
+need around it: the options and the task (which environment, which prices), the score of a
+trial, `Weights` (a small network's parameters in one flat tensor), `training` (the first and
+last lines of every `learn`) and `RLAdapter` (the adapter's `train`).
 
 The score of a trial:
 
@@ -16,11 +21,14 @@ The score of a trial:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import BaseAdapter, Report
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -188,13 +196,11 @@ def held_out_sharpe(
     )
     obs = env.reset()
     pnl = []
-    with torch.no_grad():
-        while True:
-            step = env.step(policy(obs))
+    # The held-out part has a known length: no asking the device each step whether it ended.
+    with torch.inference_mode():
+        for _ in range(env.last_t - env.first_t + 1):
+            obs = env.step(policy(obs)).obs
             pnl.append(env.pnl)
-            if bool(step.truncated[0]):
-                break
-            obs = step.obs
     return sharpe_ratio(torch.cat(pnl))
 
 
@@ -209,7 +215,7 @@ def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed:
         obs = env.reset()
         returns = torch.zeros(EVAL_EPISODES, dtype=torch.float64)
         running = torch.ones(EVAL_EPISODES, dtype=torch.bool)
-        with torch.no_grad():
+        with torch.inference_mode():
             for _ in range(EVAL_MAX_STEPS):
                 step = env.step(policy(obs))
                 returns += step.reward.double().cpu() * running
@@ -236,3 +242,184 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
     if duration <= 0:
         return end
     return start + (end - start) * min(1.0, t / duration)
+
+
+class Config:
+    """Base of the hyperparameter dataclasses: built from a trial's parameters."""
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> Any:
+        """The defaults overridden by `params`; names that are not fields are ignored."""
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in params.items() if k in known})
+
+
+@dataclass
+class Run:
+    """What one training run did: its score, per-epoch scores, and what the loop really used."""
+
+    value: float = float("nan")
+    history: list[float] = field(default_factory=list)
+    batch_sizes: set[int] = field(default_factory=set)  # sizes of the batches the loss saw
+    env_steps: int = 0
+    gradient_steps: int = 0
+    seconds: float = 0.0
+    finished_returns: list[float] = field(default_factory=list)  # training episodes
+
+
+class Weights:
+    """A small network's parameters as views into one flat tensor, their gradients into another.
+
+    The layers are plain functions of these views (`torch.nn.functional`), so each algorithm's
+    file shows its network in a few lines. One tensor makes zeroing, clipping and Adam's step
+    one operation each instead of one per layer: on networks this small that bookkeeping costs
+    as much as the matrix products. Backward accumulates into each view's `.grad`, which is a
+    view into `grad`, in place.
+    """
+
+    def __init__(
+        self, shapes: Mapping[str, tuple[int, ...]], device: torch.device, *, trainable: bool = True
+    ) -> None:
+        import torch
+
+        self.shapes = dict(shapes)
+        sizes = [math.prod(shape) for shape in shapes.values()]
+        self.flat = torch.zeros(sum(sizes), device=device)
+        self.grad = torch.zeros_like(self.flat)
+        self.flat.grad = self.grad  # what the optimiser steps
+        self.views: dict[str, torch.Tensor] = {}
+        pieces = zip(self.flat.split(sizes), self.grad.split(sizes), strict=True)
+        for (name, shape), (value, grad) in zip(shapes.items(), pieces, strict=True):
+            view = value.view(shape)
+            if trainable:
+                view.requires_grad_()
+                view.grad = grad.view(shape)
+            self.views[name] = view
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.views[name]
+
+    def frozen_copy(self) -> Weights:
+        """A copy that takes no gradients (a target network); refresh it with `flat.copy_`."""
+        copy = Weights(self.shapes, self.flat.device, trainable=False)
+        copy.flat.copy_(self.flat)
+        return copy
+
+    def init_like_linear(self) -> None:
+        """torch.nn.Linear's default: weights and biases from U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+
+        Each bias follows its weight in `shapes`, so a bias takes the fan-in of the one before.
+        """
+        import torch
+
+        fan_in = 1
+        with torch.no_grad():
+            for view in self.views.values():
+                fan_in = view.shape[1] if view.dim() == 2 else fan_in
+                view.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
+
+    def optimizer(self, learning_rate: float, **kwargs: Any) -> torch.optim.Adam:
+        import torch
+
+        fused = self.flat.device.type in ("cpu", "cuda")
+        return torch.optim.Adam([self.flat], lr=learning_rate, fused=fused, **kwargs)
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def clip_grad_norm(self, max_norm: float) -> None:
+        """As torch.nn.utils.clip_grad_norm_: scale all gradients so their L2 norm is at most max_norm."""
+        import torch
+
+        norm = torch.linalg.vector_norm(self.grad)
+        self.grad.mul_((max_norm / (norm + 1e-6)).clamp_max(1.0))
+
+
+@contextmanager
+def training(
+    task: Task, config: Any, device: torch.device
+) -> Iterator[tuple[Any, torch.Generator, Run]]:
+    """The first and last lines of every `learn`: seed, make the environments, time the run.
+
+    Yields the environments, a generator seeded with the task's seed (on `device`) and the
+    `Run` to fill in; however the run ends (a pruned trial raises out of `report`), the
+    environments are closed and the run's time is recorded.
+    """
+    import torch
+
+    started = time.perf_counter()
+    seed_everything(task.seed)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(task.seed)
+    env = task.make_env(
+        config.num_envs,
+        device,
+        max_position=config.max_position_absolute,
+        cost_multiplier=config.transaction_cost_multiplier,
+        hold_penalty_weight=config.hold_penalty_weight,
+    )
+    run = Run()
+    try:
+        yield env, generator, run
+    finally:
+        run.finished_returns = list(env.finished_returns)
+        env.close()
+        run.seconds = time.perf_counter() - started
+
+
+def score_epoch(
+    run: Run,
+    task: Task,
+    policy: Policy,
+    device: torch.device,
+    epoch: int,
+    max_position: int,
+    report: Report | None,
+) -> None:
+    """Score the greedy `policy` after `epoch` (trading: up to `max_position` units), keep the
+    score in `run`, and report it."""
+    value = task.evaluate(policy, device, max_position=max_position)
+    run.history.append(value)
+    run.value = value
+    if report is not None:
+        report(epoch, value)  # may raise optuna.TrialPruned: let it end the run
+
+
+class RLAdapter(BaseAdapter):
+    """What the DQN and PPO adapters share: the task, the score, and `train`.
+
+    A subclass names its `config` dataclass and its `learn` function (as a staticmethod).
+    """
+
+    workload_class = "rl"
+    direction = "maximize"
+    metric = "sharpe"  # held-out annualised Sharpe on trading; mean return on Gymnasium envs
+    default_trials = 12
+    config: type[Config] = Config
+    learn: Callable[..., Run]
+
+    def metric_for(self, options: Mapping[str, Any]) -> str:
+        return metric_for(options)
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        load_task(options)  # a bad environment or CSV fails before any training
+
+    def train(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+        report: Report,
+    ) -> float:
+        task = load_task(options)  # before anything else: bad options fail fast
+        run = self.learn(
+            self.config.from_params(params),
+            task,
+            epochs=epochs,
+            steps_per_epoch=int(options["steps_per_epoch"]),
+            device=device,
+            report=report,
+        )
+        return run.value

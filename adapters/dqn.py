@@ -8,8 +8,9 @@ once (`num_envs`), all as tensors on the trial's device; nothing loops over envi
 - Dueling head: Q(s, a) = V(s) + A(s, a) - mean_a A(s, a).
 - Prioritised replay (proportional): a transition is drawn with probability p_i^alpha / sum,
   p_i = |TD error| + 1e-6; importance weights (N P(i))^-beta / max, beta annealed linearly from
-  `per_beta_start` to 1 over the run. Sampling is a cumulative sum and a binary search over the
-  priorities tensor: one tensor operation instead of a Python sum-tree.
+  `per_beta_start` to 1 over the run. Priorities live in one tensor, summed in blocks, so a
+  draw costs a search over the block sums and then within one block, not a pass over the
+  whole buffer. `per_alpha = 0` is uniform replay, drawn directly.
 - n-step returns: G = r_0 + gamma r_1 + ... + gamma^(n-1) r_(n-1) + gamma^n V(s_n), cut at the
   end of an episode (no bootstrap after a termination; bootstrap from the real final
   observation after a truncation).
@@ -27,16 +28,15 @@ on: the orchestrator's `batch_size` reaches this loop as it is.
 
 from __future__ import annotations
 
-import copy
+import functools
 import math
-import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters import _rl
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, BaseAdapter, Report
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Report
 
 if TYPE_CHECKING:
     import optuna
@@ -44,9 +44,11 @@ if TYPE_CHECKING:
 
     from adapters.envs import StepResult
 
+Run = _rl.Run
+
 
 @dataclass
-class DQNConfig:
+class DQNConfig(_rl.Config):
     # Seed 002's search space.
     learning_rate: float = 1e-3  # Adam step size
     batch_size: int = 128  # transitions per gradient step (never changed on the way in)
@@ -71,89 +73,127 @@ class DQNConfig:
     replay_ratio: float = 16.0  # replayed samples per environment step
     max_grad_norm: float = 10.0
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> DQNConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in params.items() if k in known})
+
+def q_network(obs_dim: int, n_actions: int, hidden: int, device: torch.device) -> _rl.Weights:
+    """The dueling Q-network's weights: two hidden ReLU layers, one head for V(s) and A(s, .)."""
+    shapes = {
+        "w1": (hidden, obs_dim),
+        "b1": (hidden,),
+        "w2": (hidden, hidden),
+        "b2": (hidden,),
+        "head_w": (1 + n_actions, hidden),  # row 0: the value, then one row per action
+        "head_b": (1 + n_actions,),
+    }
+    net = _rl.Weights(shapes, device)
+    net.init_like_linear()
+    return net
 
 
-@dataclass
-class Run:
-    """What one training run did: its score, per-epoch scores, and what the loop really used."""
+def q_values(net: _rl.Weights, obs: torch.Tensor) -> torch.Tensor:
+    """Q(s, a) = V(s) + A(s, a) - mean_a A(s, a), for a batch of observations."""
+    import torch.nn.functional as F
 
-    value: float
-    history: list[float] = field(default_factory=list)
-    batch_sizes: set[int] = field(default_factory=set)  # sizes of the batches the loss saw
-    env_steps: int = 0
-    gradient_steps: int = 0
-    seconds: float = 0.0
-    finished_returns: list[float] = field(default_factory=list)  # training episodes
+    h = F.relu(F.linear(obs, net["w1"], net["b1"]))
+    h = F.relu(F.linear(h, net["w2"], net["b2"]))
+    # Q is a fixed linear map of the head's outputs [V, A_1..A_n]: fold it into the head's
+    # weights, one small product instead of slicing, averaging and adding a whole batch.
+    fold = dueling_map(net["head_b"].shape[0] - 1, obs.device)
+    return F.linear(h, fold.T @ net["head_w"], net["head_b"] @ fold)
 
 
-def _network(obs_dim: int, n_actions: int, hidden: int) -> torch.nn.Module:
-    from torch import nn
+@functools.cache
+def dueling_map(n_actions: int, device: torch.device) -> torch.Tensor:
+    """M such that head @ M = V + A - mean(A): row 0 (the value) all ones, then I - 1/n."""
+    import torch
 
-    class DuelingQNetwork(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.body = nn.Sequential(
-                nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU()
-            )
-            self.value = nn.Linear(hidden, 1)
-            self.advantage = nn.Linear(hidden, n_actions)
-
-        def forward(self, obs: torch.Tensor) -> torch.Tensor:
-            h = self.body(obs)
-            advantage = self.advantage(h)
-            return self.value(h) + advantage - advantage.mean(dim=1, keepdim=True)
-
-    return DuelingQNetwork()
+    with torch.inference_mode(False):  # a plain tensor, whoever asks first, for autograd too
+        identity = torch.eye(n_actions, device=device)
+        return torch.cat([torch.ones(1, n_actions, device=device), identity - 1 / n_actions])
 
 
 class PrioritizedReplay:
-    """A ring buffer of n-step transitions with proportional priorities, all tensors."""
+    """A ring buffer of n-step transitions, all tensors, replayed uniformly or by priority.
+
+    One row of `table` per transition: observation, the observation to bootstrap from, action,
+    n-step return, discount; one gather fetches a batch. With `alpha > 0`, `weight` holds
+    p_i^alpha and `block_sum` its sums over blocks of `BLOCK` rows: a draw picks a block by the
+    block sums, then a row inside it, two small searches whatever the capacity.
+    """
+
+    BLOCK = 64
 
     def __init__(self, capacity: int, obs_dim: int, alpha: float, device: torch.device) -> None:
         import torch
 
-        self.capacity, self.alpha, self.device = capacity, alpha, device
-        self.obs = torch.zeros(capacity, obs_dim, device=device)
-        self.next_obs = torch.zeros(capacity, obs_dim, device=device)
-        self.action = torch.zeros(capacity, dtype=torch.long, device=device)
-        self.ret = torch.zeros(capacity, device=device)
-        self.discount = torch.zeros(capacity, device=device)
-        # p_i ** alpha, in float64 so the cumulative sum stays exact over a million entries.
-        self.weight = torch.zeros(capacity, dtype=torch.float64, device=device)
-        self.max_priority = 1.0
+        self.capacity, self.obs_dim, self.alpha, self.device = capacity, obs_dim, alpha, device
+        self.table = torch.zeros(capacity, 2 * obs_dim + 3, device=device)
         self.position = 0
         self.size = 0
+        if alpha > 0:
+            blocks = math.ceil(capacity / self.BLOCK)
+            # float64, so that sums over a million entries keep their digits; padding stays 0.
+            self.weight = torch.zeros(blocks * self.BLOCK, dtype=torch.float64, device=device)
+            self.block_sum = torch.zeros(blocks, dtype=torch.float64, device=device)
+            self.max_weight = torch.ones((), dtype=torch.float64, device=device)
 
     def add(self, obs, action, ret, next_obs, discount) -> None:  # noqa: ANN001 - tensors
         import torch
 
-        rows = (self.position + torch.arange(len(obs), device=self.device)) % self.capacity
-        self.obs[rows], self.action[rows], self.ret[rows] = obs, action, ret
-        self.next_obs[rows], self.discount[rows] = next_obs, discount
-        self.weight[rows] = self.max_priority**self.alpha  # new transitions are seen at least once
-        self.position = (self.position + len(obs)) % self.capacity
-        self.size = min(self.size + len(obs), self.capacity)
+        n = len(obs)
+        if self.position + n <= self.capacity:  # the usual case: one slice, no index tensor
+            rows: Any = slice(self.position, self.position + n)
+        else:
+            rows = (self.position + torch.arange(n, device=self.device)) % self.capacity
+        self.table[rows] = torch.column_stack((obs, next_obs, action, ret, discount))
+        if self.alpha > 0:  # new transitions are drawn at least once: the highest priority
+            self.weight[rows] = self.max_weight
+            self._resum(rows)
+        self.position = (self.position + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(obs, next_obs, action, n-step return, discount) of the transitions in `rows`."""
+        d = self.obs_dim
+        batch = self.table.index_select(0, rows)
+        return batch[:, :d], batch[:, d : 2 * d], batch[:, 2 * d].long(), batch[:, -2], batch[:, -1]
+
+    def _resum(self, rows: Any) -> None:
+        """Recompute the sums of the blocks that hold `rows` (a slice or an index tensor)."""
+        if isinstance(rows, slice):
+            blocks: Any = slice(rows.start // self.BLOCK, (rows.stop - 1) // self.BLOCK + 1)
+            self.block_sum[blocks] = self.weight.view(-1, self.BLOCK)[blocks].sum(dim=1)
+        else:
+            blocks = rows // self.BLOCK  # a block named twice gets the same sum twice
+            sums = self.weight.view(-1, self.BLOCK).index_select(0, blocks).sum(dim=1)
+            self.block_sum[blocks] = sums
 
     def sample(self, batch_size: int, beta: float, generator: torch.Generator):  # noqa: ANN201
+        """Rows to replay and their importance weights (None when replay is uniform)."""
         import torch
 
-        cdf = torch.cumsum(self.weight[: self.size], dim=0)
-        total = cdf[-1]
+        if self.alpha == 0:
+            rows = torch.randint(self.size, (batch_size,), generator=generator, device=self.device)
+            return rows, None
+        block_end = torch.cumsum(self.block_sum, dim=0)
         draws = torch.rand(batch_size, generator=generator, device=self.device, dtype=torch.float64)
-        rows = torch.searchsorted(cdf, draws * total).clamp_max(self.size - 1)
-        probability = self.weight[rows] / total
-        importance = (self.size * probability) ** (-beta)
-        importance = (importance / importance.max()).float()
-        return rows, importance
+        draws = draws * block_end[-1]
+        block = torch.searchsorted(block_end, draws).clamp_max(len(self.block_sum) - 1)
+        inside = draws - (block_end - self.block_sum).index_select(0, block)  # place in block
+        in_block = self.weight.view(-1, self.BLOCK).index_select(0, block)
+        offset = torch.searchsorted(in_block.cumsum(dim=1), inside.unsqueeze(1)).squeeze(1)
+        rows = (block * self.BLOCK + offset).clamp_max(self.size - 1)
+        # (N P(i))^-beta / max_j (N P(j))^-beta = (w_i / min_j w_j)^-beta over the batch.
+        weight = self.weight.index_select(0, rows)
+        return rows, ((weight / weight.min()) ** (-beta)).float()
 
     def update(self, rows: torch.Tensor, td_error: torch.Tensor) -> None:
-        priority = td_error.detach().abs().double() + 1e-6
-        self.weight[rows] = priority**self.alpha
-        self.max_priority = max(self.max_priority, float(priority.max()))
+        """New priorities |TD error| + 1e-6 for the rows just replayed (prioritised only)."""
+        import torch
+
+        weight = (td_error.abs().double() + 1e-6) ** self.alpha
+        self.weight[rows] = weight
+        self.max_weight = torch.maximum(self.max_weight, weight.max())  # no host sync
+        self._resum(rows)
 
 
 class NStepWindow:
@@ -164,25 +204,82 @@ class NStepWindow:
         self.steps: deque = deque(maxlen=n)
 
     def push(self, obs: torch.Tensor, action: torch.Tensor, step: StepResult):  # noqa: ANN201
+        """(obs, action, n-step return, observation to bootstrap from, its discount) or None."""
         import torch
 
-        self.steps.append((obs, action, step))
+        # Per step, once: 1.0 while the episode goes on, and gamma where it did not terminate.
+        goes_on = (~(step.terminated | step.truncated)).float()
+        self.steps.append((obs, action, step, goes_on, (~step.terminated) * self.gamma))
         if len(self.steps) < self.n:
             return None
-        first_obs, first_action, last = self.steps[0][0], self.steps[0][1], self.steps[-1][2]
-        ret = torch.zeros_like(last.reward)
-        alive = torch.ones_like(last.terminated)
-        next_obs = last.final_obs.clone()
-        discount = torch.full_like(last.reward, self.gamma**self.n)
-        scale = 1.0
-        for _, _, s in self.steps:  # n is small: this loops over time, never over environments
-            ret += alive * scale * s.reward
+        first_obs, first_action, first, alive, discount = self.steps[0]
+        ret, next_obs, scale = first.reward, first.final_obs, 1.0
+        for _, _, s, s_goes_on, s_discount in list(self.steps)[1:]:  # over time, never envs
             scale *= self.gamma
-            ended = alive & (s.terminated | s.truncated)
-            next_obs[ended] = s.final_obs[ended]
-            discount[ended] = torch.where(s.terminated[ended], 0.0, scale)
-            alive &= ~(s.terminated | s.truncated)
+            # Where the episode is still alive, step k adds its reward and moves the bootstrap on.
+            ret = torch.addcmul(ret, alive, s.reward, value=scale)
+            keep = alive.bool()
+            next_obs = torch.where(keep[:, None], s.final_obs, next_obs)
+            discount = torch.where(keep, s_discount * scale, discount)
+            alive = alive * s_goes_on
         return first_obs, first_action, ret, next_obs, discount
+
+
+@dataclass
+class Learner:
+    """What acting and learning use: the online and target networks, Adam, the replay."""
+
+    q_net: _rl.Weights
+    target_net: _rl.Weights
+    optimizer: torch.optim.Optimizer
+    replay: PrioritizedReplay
+    generator: torch.Generator
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        return q_values(self.q_net, obs).argmax(dim=1)
+
+    def act(self, obs: torch.Tensor, epsilon: float, n_actions: int) -> torch.Tensor:
+        """Epsilon-greedy actions for every environment at once."""
+        import torch
+
+        with torch.inference_mode():
+            n, device = len(obs), obs.device
+            explore = torch.rand(n, generator=self.generator, device=device) < epsilon
+            random = torch.randint(n_actions, (n,), generator=self.generator, device=device)
+            return torch.where(explore, random, self.greedy(obs))
+
+    def gradient_step(self, config: DQNConfig, beta: float) -> int:
+        """One update of the online network on one replayed batch; returns the batch's size."""
+        import torch
+        import torch.nn.functional as F
+
+        replay = self.replay
+        rows, importance = replay.sample(config.batch_size, beta, self.generator)
+        obs, next_obs, action, ret, discount = replay.batch(rows)
+        with torch.no_grad():
+            next_q = q_values(self.target_net, next_obs)
+            online_next_q = q_values(self.q_net, next_obs)
+            if config.entropy_coefficient > 0:
+                alpha = config.entropy_coefficient
+                log_pi = F.log_softmax(online_next_q / alpha, dim=1)
+                next_value = (log_pi.exp() * (next_q - alpha * log_pi)).sum(dim=1)
+            else:
+                best = online_next_q.argmax(dim=1, keepdim=True)
+                next_value = next_q.gather(1, best).squeeze(1)
+            target = torch.addcmul(ret, discount, next_value)
+        predicted = q_values(self.q_net, obs).gather(1, action.unsqueeze(1)).squeeze(1)
+        if importance is None:
+            loss = F.huber_loss(predicted, target, delta=config.huber_delta)
+        else:
+            loss = F.huber_loss(predicted, target, reduction="none", delta=config.huber_delta)
+            loss = (importance * loss).mean()
+        self.q_net.zero_grad()
+        loss.backward()
+        self.q_net.clip_grad_norm(config.max_grad_norm)
+        self.optimizer.step()
+        if importance is not None:
+            replay.update(rows, (target - predicted).detach())
+        return len(rows)
 
 
 def learn(
@@ -195,113 +292,53 @@ def learn(
     report: Report | None = None,
 ) -> Run:
     """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch."""
-    import torch
-    import torch.nn.functional as F
+    with _rl.training(task, config, device) as (env, generator, run):
+        vector_steps = math.ceil(steps_per_epoch / config.num_envs)
+        total_steps = epochs * vector_steps * config.num_envs
+        q_net = q_network(env.obs_dim, env.n_actions, config.hidden_size, device)
+        # Never more transitions than the run makes: no memory reserved for nothing.
+        capacity = max(1, min(config.buffer_size, total_steps))
+        replay = PrioritizedReplay(capacity, env.obs_dim, config.per_alpha, device)
+        optimizer = q_net.optimizer(config.learning_rate)
+        learner = Learner(q_net, q_net.frozen_copy(), optimizer, replay, generator)
+        window = NStepWindow(config.n_step, config.gamma)
+        updates_per_step = config.replay_ratio * config.num_envs / config.batch_size
+        # Learning starts within the first quarter of the first epoch at the latest, so a short
+        # `steps_per_epoch` never scores the untrained network.
+        learning_starts = min(config.learning_starts, steps_per_epoch // 4)
+        explore_steps = config.exploration_fraction * total_steps
 
-    started = time.perf_counter()
-    _rl.seed_everything(task.seed)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(task.seed)
-    env = task.make_env(
-        config.num_envs,
-        device,
-        max_position=config.max_position_absolute,
-        cost_multiplier=config.transaction_cost_multiplier,
-        hold_penalty_weight=config.hold_penalty_weight,
-    )
-    q_network = _network(env.obs_dim, env.n_actions, config.hidden_size).to(device)
-    target_network = copy.deepcopy(q_network)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=config.learning_rate, fused=True)
-    vector_steps = math.ceil(steps_per_epoch / config.num_envs)
-    total_steps = epochs * vector_steps * config.num_envs
-    # Never more transitions than the run makes: no memory reserved for nothing.
-    capacity = max(1, min(config.buffer_size, total_steps))
-    replay = PrioritizedReplay(capacity, env.obs_dim, config.per_alpha, device)
-    window = NStepWindow(config.n_step, config.gamma)
-    updates_per_step = config.replay_ratio * config.num_envs / config.batch_size
-    # Learning starts within the first quarter of the first epoch at the latest, so a short
-    # `steps_per_epoch` never scores the untrained network.
-    learning_starts = min(config.learning_starts, steps_per_epoch // 4)
-    run = Run(value=float("nan"))
-
-    def greedy(obs: torch.Tensor) -> torch.Tensor:
-        return q_network(obs).argmax(dim=1)
-
-    obs = env.reset()
-    update_credit = 0.0
-    for epoch in range(epochs):
-        for _ in range(vector_steps):
-            epsilon = _rl.linear_schedule(
-                1.0, config.epsilon_end, config.exploration_fraction * total_steps, run.env_steps
-            )
-            with torch.no_grad():
-                action = greedy(obs)
-            explore = torch.rand(config.num_envs, generator=generator, device=device) < epsilon
-            random_action = torch.randint(
-                env.n_actions, (config.num_envs,), generator=generator, device=device
-            )
-            action = torch.where(explore, random_action, action)
-            step = env.step(action)
-            transition = window.push(obs, action, step)
-            if transition is not None:
-                replay.add(*transition)
-            obs = step.obs
-            run.env_steps += config.num_envs
-
-            if run.env_steps < learning_starts or replay.size < config.batch_size:
-                continue
-            update_credit += updates_per_step
-            while update_credit >= 1.0:
-                update_credit -= 1.0
+        obs = env.reset()
+        update_credit = 0.0
+        for epoch in range(epochs):
+            for _ in range(vector_steps):
+                epsilon = _rl.linear_schedule(1.0, config.epsilon_end, explore_steps, run.env_steps)
+                action = learner.act(obs, epsilon, env.n_actions)
+                step = env.step(action)
+                transition = window.push(obs, action, step)
+                if transition is not None:
+                    replay.add(*transition)
+                obs = step.obs
+                run.env_steps += config.num_envs
+                if run.env_steps < learning_starts or replay.size < config.batch_size:
+                    continue
+                update_credit += updates_per_step
                 beta = _rl.linear_schedule(config.per_beta_start, 1.0, total_steps, run.env_steps)
-                rows, importance = replay.sample(config.batch_size, beta, generator)
-                with torch.no_grad():
-                    next_obs = replay.next_obs[rows]
-                    next_q = target_network(next_obs)
-                    online_next_q = q_network(next_obs)
-                    if config.entropy_coefficient > 0:
-                        alpha = config.entropy_coefficient
-                        log_pi = F.log_softmax(online_next_q / alpha, dim=1)
-                        next_value = (log_pi.exp() * (next_q - alpha * log_pi)).sum(dim=1)
-                    else:
-                        best = online_next_q.argmax(dim=1, keepdim=True)
-                        next_value = next_q.gather(1, best).squeeze(1)
-                    target = replay.ret[rows] + replay.discount[rows] * next_value
-                predicted = (
-                    q_network(replay.obs[rows]).gather(1, replay.action[rows, None]).squeeze(1)
-                )
-                td_error = target - predicted
-                loss = F.huber_loss(predicted, target, reduction="none", delta=config.huber_delta)
-                loss = (importance * loss).mean()
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(q_network.parameters(), config.max_grad_norm)
-                optimizer.step()
-                replay.update(rows, td_error)
-                run.batch_sizes.add(int(rows.shape[0]))
-                run.gradient_steps += 1
-                if run.gradient_steps % config.target_update_period == 0:
-                    target_network.load_state_dict(q_network.state_dict())
-
-        value = task.evaluate(greedy, device, max_position=config.max_position_absolute)
-        run.history.append(value)
-        run.value = value
-        if report is not None:
-            report(epoch, value)  # may raise optuna.TrialPruned: let it end the run
-    run.finished_returns = list(env.finished_returns)
-    if hasattr(env, "close"):
-        env.close()
-    run.seconds = time.perf_counter() - started
+                while update_credit >= 1.0:
+                    update_credit -= 1.0
+                    run.batch_sizes.add(learner.gradient_step(config, beta))
+                    run.gradient_steps += 1
+                    if run.gradient_steps % config.target_update_period == 0:
+                        learner.target_net.flat.copy_(q_net.flat)
+            position = config.max_position_absolute
+            _rl.score_epoch(run, task, learner.greedy, device, epoch, position, report)
     return run
 
 
-class DQNAdapter(BaseAdapter):
+class DQNAdapter(_rl.RLAdapter):
     name = "dqn"
-    workload_class = "rl"
     model_overhead_mb = 300.0  # seed 002: network, target copy, optimizer state, replay
     per_sample_mb = 0.0002  # seed 002: one transition of the batch
-    direction = "maximize"
-    metric = "sharpe"  # held-out annualised Sharpe on trading; mean return on Gymnasium envs
     description = "double dueling DQN with prioritised n-step replay (trading or any Gymnasium env)"
     options = {**_rl.COMMON_OPTIONS, "steps_per_epoch": 12_000}
     default_params = {
@@ -309,13 +346,8 @@ class DQNAdapter(BaseAdapter):
         for k, v in asdict(DQNConfig()).items()
         if k not in ("epsilon_end", "num_envs", "learning_starts", "replay_ratio", "max_grad_norm")
     }
-    default_trials = 12
-
-    def metric_for(self, options: Mapping[str, Any]) -> str:
-        return _rl.metric_for(options)
-
-    def check_options(self, options: Mapping[str, Any]) -> None:
-        _rl.load_task(options)  # a bad environment or CSV fails before any training
+    config = DQNConfig
+    learn = staticmethod(learn)
 
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -333,26 +365,6 @@ class DQNAdapter(BaseAdapter):
             "hidden_size": trial.suggest_categorical("hidden_size", [64, 128, 256]),
         }
         return {**params, **_rl.suggest_trading(trial, options)}
-
-    def train(
-        self,
-        params: Mapping[str, Any],
-        *,
-        epochs: int,
-        device: torch.device,
-        options: Mapping[str, Any],
-        report: Report,
-    ) -> float:
-        task = _rl.load_task(options)  # before anything else: bad options fail fast
-        run = learn(
-            DQNConfig.from_params(params),
-            task,
-            epochs=epochs,
-            steps_per_epoch=int(options["steps_per_epoch"]),
-            device=device,
-            report=report,
-        )
-        return run.value
 
 
 adapter = DQNAdapter()

@@ -1,8 +1,9 @@
 """PPO: clipped surrogate objective, GAE, entropy bonus, minibatches, annealed learning rate.
 
-One file, top to bottom: the hyperparameters, the actor-critic network, `learn` (the training
-loop) and the adapter the orchestrator calls. `num_envs` environments step at once as tensors
-on the trial's device; nothing loops over environments.
+One file, top to bottom: the hyperparameters, the actor-critic network, the rollout, the
+advantages, the update, `learn` (the training loop) and the adapter the orchestrator calls.
+`num_envs` environments step at once as tensors on the trial's device; nothing loops over
+environments.
 
 Each update collects a rollout of `num_envs x rollout_steps` transitions, computes advantages
 with GAE(gamma, gae_lambda) (bootstrapping from the real final observation where an episode was
@@ -13,27 +14,32 @@ Where one rollout would be smaller than a minibatch, the rollout is made longer
 Loss = -clipped surrogate + vf_coef x value loss - entropy_coefficient x entropy; gradients
 clipped to `max_grad_norm`; the learning rate falls linearly to 0 over the run.
 
+While the rollout runs only the actor acts, one small batch per step; the critic values the
+whole rollout afterwards in one batch (the weights do not change during a rollout, so these
+are the same values).
+
 `learn` returns a `Run` whose `batch_sizes` holds the size of every minibatch the loss saw.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters import _rl
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, BaseAdapter, Report
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Report
 
 if TYPE_CHECKING:
     import optuna
     import torch
 
+Run = _rl.Run
+
 
 @dataclass
-class PPOConfig:
+class PPOConfig(_rl.Config):
     learning_rate: float = 2.5e-3  # Adam step size at the start, annealed to 0
     batch_size: int = 256  # transitions per minibatch (never changed on the way in)
     gamma: float = 0.99  # discount per step
@@ -53,60 +59,152 @@ class PPOConfig:
     num_envs: int = 8  # environments stepped together
     anneal_lr: bool = True
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> PPOConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in params.items() if k in known})
+
+LAYERS = ("w1", "b1", "w2", "b2", "w3", "b3")
+
+
+def actor_critic(obs_dim: int, n_actions: int, hidden: int, device: torch.device) -> _rl.Weights:
+    """Separate actor and critic MLPs, two tanh layers each, orthogonal initialisation.
+
+    Gains sqrt(2) for the hidden layers, 0.01 for the actor's output (a near-uniform first
+    policy) and 1 for the critic's; biases 0 (CleanRL's and stable-baselines3's choice).
+    """
+    import torch
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, outputs in (("actor", n_actions), ("critic", 1)):
+        shapes |= {
+            f"{name}_w1": (hidden, obs_dim),
+            f"{name}_b1": (hidden,),
+            f"{name}_w2": (hidden, hidden),
+            f"{name}_b2": (hidden,),
+            f"{name}_w3": (outputs, hidden),
+            f"{name}_b3": (outputs,),
+        }
+    net = _rl.Weights(shapes, device)
+    gains = {"actor_w3": 0.01, "critic_w3": 1.0}
+    with torch.no_grad():
+        for name, view in net.views.items():
+            if view.dim() == 2:
+                torch.nn.init.orthogonal_(view, gains.get(name, math.sqrt(2)))
+    return net
+
+
+def tower(net: _rl.Weights, name: str, obs: torch.Tensor) -> torch.Tensor:
+    """One of the two MLPs (`actor` or `critic`) on a batch of observations."""
+    import torch
+    import torch.nn.functional as F
+
+    w1, b1, w2, b2, w3, b3 = (net[f"{name}_{layer}"] for layer in LAYERS)
+    h = torch.tanh(F.linear(obs, w1, b1))
+    return F.linear(torch.tanh(F.linear(h, w2, b2)), w3, b3)
 
 
 @dataclass
-class Run:
-    """What one training run did: its score, per-epoch scores, and what the loop really used."""
+class Rollout:
+    """`steps x num_envs` transitions, each field stacked over time."""
 
-    value: float
-    history: list[float] = field(default_factory=list)
-    batch_sizes: set[int] = field(default_factory=set)  # sizes of the minibatches the loss saw
-    env_steps: int = 0
-    gradient_steps: int = 0
-    seconds: float = 0.0
-    finished_returns: list[float] = field(default_factory=list)  # training episodes
+    obs: torch.Tensor  # [steps, envs, obs_dim]
+    final_obs: torch.Tensor  # [steps, envs, obs_dim]: what each step really led to
+    action: torch.Tensor  # [steps, envs]
+    logits: torch.Tensor  # [steps, envs, n_actions]: the policy that acted
+    reward: torch.Tensor  # [steps, envs]
+    terminated: torch.Tensor  # [steps, envs]
+    done: torch.Tensor  # [steps, envs]: terminated or truncated
 
 
-def _agent(obs_dim: int, n_actions: int, hidden: int) -> torch.nn.Module:
-    import numpy as np
-    from torch import nn
+def collect(
+    net: _rl.Weights, env: Any, obs: torch.Tensor, steps: int, generator: torch.Generator
+) -> tuple[Rollout, torch.Tensor]:
+    """Act for `steps` steps with the current policy; the rollout and the next observation."""
+    import torch
 
-    def layer(n_in: int, n_out: int, std: float = float(np.sqrt(2))) -> nn.Linear:
-        linear = nn.Linear(n_in, n_out)
-        nn.init.orthogonal_(linear.weight, std)
-        nn.init.constant_(linear.bias, 0.0)
-        return linear
+    fields: list[list[torch.Tensor]] = [[] for _ in range(7)]
+    for _ in range(steps):
+        with torch.inference_mode():
+            logits = tower(net, "actor", obs)
+            # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits).
+            noise = torch.rand(logits.shape, generator=generator, device=logits.device)
+            action = (logits - noise.log_().neg_().log_()).argmax(dim=1)
+        step = env.step(action)
+        done = step.terminated | step.truncated
+        values = (obs, step.final_obs, action, logits, step.reward, step.terminated, done)
+        for field, value in zip(fields, values, strict=True):
+            field.append(value)
+        obs = step.obs
+    return Rollout(*(torch.stack(field) for field in fields)), obs
 
-    class Agent(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.critic = nn.Sequential(
-                layer(obs_dim, hidden),
-                nn.Tanh(),
-                layer(hidden, hidden),
-                nn.Tanh(),
-                layer(hidden, 1, 1.0),
-            )
-            self.actor = nn.Sequential(
-                layer(obs_dim, hidden),
-                nn.Tanh(),
-                layer(hidden, hidden),
-                nn.Tanh(),
-                layer(hidden, n_actions, 0.01),
-            )
 
-        def value(self, obs: torch.Tensor) -> torch.Tensor:
-            return self.critic(obs).squeeze(-1)
+def advantages(
+    config: PPOConfig, net: _rl.Weights, rollout: Rollout
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns; an episode's end stops the advantage flowing back."""
+    import torch
 
-        def logits(self, obs: torch.Tensor) -> torch.Tensor:
-            return self.actor(obs)
+    steps, n_envs, obs_dim = rollout.obs.shape
+    with torch.no_grad():
+        both = torch.cat([rollout.obs, rollout.final_obs]).view(-1, obs_dim)
+        values = tower(net, "critic", both).view(2, steps, n_envs)
+        # The value after each step: of the final observation, 0 after a termination.
+        value, next_value = values[0], values[1] * ~rollout.terminated
+        delta = rollout.reward + config.gamma * next_value - value
+        carry = (config.gamma * config.gae_lambda) * ~rollout.done
+        backwards = [delta[-1]]
+        for t in range(steps - 2, -1, -1):
+            backwards.append(torch.addcmul(delta[t], carry[t], backwards[-1]))
+        advantage = torch.stack(backwards[::-1])
+    return advantage, advantage + value
 
-    return Agent()
+
+def loss_on(config: PPOConfig, net: _rl.Weights, batch: torch.Tensor, obs_dim: int) -> torch.Tensor:
+    """The PPO loss on one minibatch, a row per transition: obs, action, logprob, advantage, return."""
+    import torch
+    import torch.nn.functional as F
+
+    obs, action = batch[:, :obs_dim], batch[:, obs_dim].long()
+    old_logprob, adv, ret = batch[:, obs_dim + 1], batch[:, obs_dim + 2], batch[:, obs_dim + 3]
+    log_probs = F.log_softmax(tower(net, "actor", obs), dim=1)
+    new_logprob = log_probs.gather(1, action.unsqueeze(1)).squeeze(1)
+    entropy = -(log_probs.exp() * log_probs).sum(dim=1).mean()
+    ratio = (new_logprob - old_logprob).exp()
+    std, mean = torch.std_mean(adv)
+    adv = (adv - mean) / (std + 1e-8)
+    clipped = ratio.clamp(1 - config.clip_coef, 1 + config.clip_coef)
+    policy_loss = -torch.min(adv * ratio, adv * clipped).mean()
+    value_loss = 0.5 * (tower(net, "critic", obs).squeeze(1) - ret).square().mean()
+    return policy_loss + config.vf_coef * value_loss - config.entropy_coefficient * entropy
+
+
+def update(
+    config: PPOConfig,
+    net: _rl.Weights,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    generator: torch.Generator,
+    run: Run,
+) -> None:
+    """`update_epochs` shuffled passes over the rollout in minibatches of exactly `batch_size`."""
+    import torch
+
+    advantage, returns = advantages(config, net, rollout)
+    obs_dim = rollout.obs.shape[-1]
+    logprob = rollout.logits.log_softmax(dim=-1).gather(-1, rollout.action.unsqueeze(-1))
+    table = torch.column_stack(  # one row per transition, so one gather shuffles them all
+        (rollout.obs.reshape(-1, obs_dim), rollout.action.reshape(-1), logprob.reshape(-1))
+        + (advantage.reshape(-1), returns.reshape(-1))
+    )
+    size = config.batch_size
+    for _ in range(config.update_epochs):
+        order = torch.randperm(len(table), generator=generator, device=table.device)
+        shuffled = table.index_select(0, order)
+        for start in range(0, len(table) - size + 1, size):
+            loss = loss_on(config, net, shuffled[start : start + size], obs_dim)
+            net.zero_grad()
+            loss.backward()
+            net.clip_grad_norm(config.max_grad_norm)
+            optimizer.step()
+            run.batch_sizes.add(size)
+            run.gradient_steps += 1
 
 
 def learn(
@@ -119,142 +217,44 @@ def learn(
     report: Report | None = None,
 ) -> Run:
     """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch."""
-    import torch
-    from torch.distributions import Categorical
+    with _rl.training(task, config, device) as (env, generator, run):
+        net = actor_critic(env.obs_dim, env.n_actions, config.hidden_size, device)
+        optimizer = net.optimizer(config.learning_rate, eps=1e-5)
+        steps = max(config.rollout_steps, math.ceil(config.batch_size / config.num_envs))
+        total_rollouts = max(1, math.ceil(epochs * steps_per_epoch / (steps * config.num_envs)))
 
-    started = time.perf_counter()
-    _rl.seed_everything(task.seed)
-    generator = torch.Generator(device=device)
-    generator.manual_seed(task.seed)
-    env = task.make_env(
-        config.num_envs,
-        device,
-        max_position=config.max_position_absolute,
-        cost_multiplier=config.transaction_cost_multiplier,
-        hold_penalty_weight=config.hold_penalty_weight,
-    )
-    agent = _agent(env.obs_dim, env.n_actions, config.hidden_size).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=config.learning_rate, eps=1e-5)
+        def greedy(obs: torch.Tensor) -> torch.Tensor:
+            return tower(net, "actor", obs).argmax(dim=1)
 
-    n_envs = config.num_envs
-    steps = max(config.rollout_steps, math.ceil(config.batch_size / n_envs))  # derived
-    rollout_size = steps * n_envs
-    minibatches = rollout_size // config.batch_size
-    total_steps = epochs * steps_per_epoch
-    total_rollouts = max(1, math.ceil(total_steps / rollout_size))
-
-    obs_buf = torch.zeros(steps, n_envs, env.obs_dim, device=device)
-    action_buf = torch.zeros(steps, n_envs, dtype=torch.long, device=device)
-    logprob_buf = torch.zeros(steps, n_envs, device=device)
-    reward_buf = torch.zeros(steps, n_envs, device=device)
-    value_buf = torch.zeros(steps, n_envs, device=device)
-    # Per step: 1 where the episode goes on, and the value to bootstrap from after the step.
-    continues_buf = torch.zeros(steps, n_envs, device=device)
-    next_value_buf = torch.zeros(steps, n_envs, device=device)
-    run = Run(value=float("nan"))
-
-    def greedy(obs: torch.Tensor) -> torch.Tensor:
-        return agent.logits(obs).argmax(dim=1)
-
-    obs = env.reset()
-    epoch = 0
-    for rollout in range(total_rollouts):
-        if config.anneal_lr:
-            optimizer.param_groups[0]["lr"] = config.learning_rate * (
-                1.0 - rollout / total_rollouts
-            )
-
-        with torch.no_grad():
-            for t in range(steps):
-                logits = agent.logits(obs)
-                action = Categorical(logits=logits).sample()
-                step = env.step(action)
-                obs_buf[t], action_buf[t] = obs, action
-                logprob_buf[t] = (
-                    torch.log_softmax(logits, dim=1).gather(1, action[:, None]).squeeze(1)
-                )
-                value_buf[t] = agent.value(obs)
-                reward_buf[t] = step.reward
-                # The value after this step: of the final observation, 0 after a termination.
-                next_value_buf[t] = agent.value(step.final_obs) * (~step.terminated)
-                continues_buf[t] = (~(step.terminated | step.truncated)).float()
-                obs = step.obs
-            run.env_steps += rollout_size
-
-            # GAE, backwards in time; an episode's end stops the advantage flowing back.
-            advantages = torch.zeros_like(reward_buf)
-            last = torch.zeros(n_envs, device=device)
-            for t in reversed(range(steps)):
-                delta = reward_buf[t] + config.gamma * next_value_buf[t] - value_buf[t]
-                last = delta + config.gamma * config.gae_lambda * continues_buf[t] * last
-                advantages[t] = last
-            returns = advantages + value_buf
-
-        b_obs = obs_buf.reshape(rollout_size, -1)
-        b_actions, b_logprobs = action_buf.reshape(-1), logprob_buf.reshape(-1)
-        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-        for _ in range(config.update_epochs):
-            order = torch.randperm(rollout_size, generator=generator, device=device)
-            for k in range(minibatches):
-                rows = order[k * config.batch_size : (k + 1) * config.batch_size]
-                logits = agent.logits(b_obs[rows])
-                log_probs = torch.log_softmax(logits, dim=1)
-                new_logprob = log_probs.gather(1, b_actions[rows, None]).squeeze(1)
-                entropy = -(log_probs.exp() * log_probs).sum(dim=1).mean()
-                ratio = (new_logprob - b_logprobs[rows]).exp()
-                adv = b_advantages[rows]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                policy_loss = torch.max(
-                    -adv * ratio, -adv * ratio.clamp(1 - config.clip_coef, 1 + config.clip_coef)
-                ).mean()
-                value_loss = 0.5 * ((agent.value(b_obs[rows]) - b_returns[rows]) ** 2).mean()
-                loss = (
-                    policy_loss + config.vf_coef * value_loss - config.entropy_coefficient * entropy
-                )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm)
-                optimizer.step()
-                run.batch_sizes.add(int(rows.shape[0]))
-                run.gradient_steps += 1
-
-        # An epoch ends once the run has taken its share of environment steps.
-        while epoch < epochs and (
-            run.env_steps >= (epoch + 1) * steps_per_epoch or rollout == total_rollouts - 1
-        ):
-            with torch.no_grad():
-                value = task.evaluate(greedy, device, max_position=config.max_position_absolute)
-            run.history.append(value)
-            run.value = value
-            if report is not None:
-                report(epoch, value)  # may raise optuna.TrialPruned: let it end the run
-            epoch += 1
-    run.finished_returns = list(env.finished_returns)
-    if hasattr(env, "close"):
-        env.close()
-    run.seconds = time.perf_counter() - started
+        obs = env.reset()
+        epoch = 0
+        for rollout_index in range(total_rollouts):
+            if config.anneal_lr:
+                remaining = 1.0 - rollout_index / total_rollouts
+                optimizer.param_groups[0]["lr"] = config.learning_rate * remaining
+            rollout, obs = collect(net, env, obs, steps, generator)
+            run.env_steps += steps * config.num_envs
+            update(config, net, optimizer, rollout, generator, run)
+            # An epoch ends once the run has taken its share of environment steps.
+            last = rollout_index == total_rollouts - 1
+            while epoch < epochs and (run.env_steps >= (epoch + 1) * steps_per_epoch or last):
+                position = config.max_position_absolute
+                _rl.score_epoch(run, task, greedy, device, epoch, position, report)
+                epoch += 1
     return run
 
 
-class PPOAdapter(BaseAdapter):
+class PPOAdapter(_rl.RLAdapter):
     name = "ppo"
-    workload_class = "rl"
     model_overhead_mb = 200.0  # seed 002: actor, critic, optimizer state, rollout
     per_sample_mb = 0.015  # seed 002: one transition of a minibatch with its activations
-    direction = "maximize"
-    metric = "sharpe"  # held-out annualised Sharpe on trading; mean return on Gymnasium envs
     description = "PPO with GAE and clipped objective (trading or any Gymnasium env)"
     options = {**_rl.COMMON_OPTIONS, "steps_per_epoch": 25_000}
     default_params = {
         k: v for k, v in asdict(PPOConfig()).items() if k not in ("num_envs", "anneal_lr")
     }
-    default_trials = 12
-
-    def metric_for(self, options: Mapping[str, Any]) -> str:
-        return _rl.metric_for(options)
-
-    def check_options(self, options: Mapping[str, Any]) -> None:
-        _rl.load_task(options)  # a bad environment or CSV fails before any training
+    config = PPOConfig
+    learn = staticmethod(learn)
 
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -271,26 +271,6 @@ class PPOAdapter(BaseAdapter):
             "hidden_size": trial.suggest_categorical("hidden_size", [32, 64, 128, 256]),
         }
         return {**params, **_rl.suggest_trading(trial, options)}
-
-    def train(
-        self,
-        params: Mapping[str, Any],
-        *,
-        epochs: int,
-        device: torch.device,
-        options: Mapping[str, Any],
-        report: Report,
-    ) -> float:
-        task = _rl.load_task(options)  # before anything else: bad options fail fast
-        run = learn(
-            PPOConfig.from_params(params),
-            task,
-            epochs=epochs,
-            steps_per_epoch=int(options["steps_per_epoch"]),
-            device=device,
-            report=report,
-        )
-        return run.value
 
 
 adapter = PPOAdapter()

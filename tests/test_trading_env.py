@@ -75,6 +75,24 @@ def test_hand_computed_episode_costs_penalties_and_position_limits():
     assert env.finished_returns == pytest.approx(totals, abs=1e-6)
 
 
+def test_restarting_without_asking_the_device_gives_the_same_episodes():
+    # The GPU path restarts ended episodes with no host sync; on the CPU it must match the path
+    # that asks first, step for step, and keep the same finished returns.
+    envs = [_hand_env(), _hand_env()]
+    envs[1].ask_before_restart = False
+    obs = [env.reset() for env in envs]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(12):  # three episodes of four steps
+        actions = torch.randint(3, (2,), generator=generator)
+        steps = [env.step(actions) for env in envs]
+        for field in range(5):
+            assert torch.equal(steps[0][field], steps[1][field])
+        obs = [step.obs for step in steps]
+    assert torch.equal(obs[0], obs[1])
+    assert len(envs[1].finished_returns) == 6
+    assert envs[1].finished_returns == envs[0].finished_returns
+
+
 def test_reward_scale_and_longer_windows():
     env = TradingEnv(
         np.array(PRICES), window=3, max_position=2, reward_scale=100.0, random_starts=False

@@ -1,8 +1,8 @@
 """Environments for the RL adapters: the vectorised trading environment, its prices, and Gymnasium.
 
 Every environment here has the same tensor interface: `num_envs`, `obs_dim`, `n_actions`,
-`reset() -> obs` and `step(actions) -> StepResult`, plus `finished_returns` (the return of every
-episode that ended). Importing this package is cheap: torch and gymnasium load on first use.
+`reset() -> obs`, `step(actions) -> StepResult` and `close()`, plus `finished_returns` (the
+return of every episode that ended). Importing this package is cheap: torch and gymnasium load on first use.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ class GymVecEnv:
         seed: int = 0,
     ) -> None:
         import gymnasium as gym
+        import numpy as np
         import torch
         from gymnasium.vector import AutoresetMode
 
@@ -63,7 +64,9 @@ class GymVecEnv:
             env_id,
             num_envs=num_envs,
             vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+            # Fresh arrays from every step (so the tensors may share their memory), no checker.
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": True},
+            disable_env_checker=True,
         )
         self.env.action_space.seed(seed)
         self.seed = seed
@@ -71,40 +74,43 @@ class GymVecEnv:
         self.num_envs = num_envs
         self.obs_dim = int(self.env.single_observation_space.shape[0])
         self.n_actions = int(self.env.single_action_space.n)
-        self.episode_return = torch.zeros(num_envs, dtype=torch.float64)
+        self.episode_return = np.zeros(num_envs)  # float64, on the host like the environments
         self.finished_returns: list[float] = []
 
     def _tensor(self, array: Any) -> torch.Tensor:
+        import numpy as np
         import torch
 
-        return torch.as_tensor(array, dtype=torch.float32).to(self.device)
+        if array.dtype != np.bool_:
+            array = array.astype(np.float32, copy=False)
+        tensor = torch.from_numpy(array)  # shares the step's fresh array: no copy on the host
+        return tensor if self.device.type == "cpu" else tensor.to(self.device, non_blocking=True)
 
     def reset(self) -> torch.Tensor:
         obs, _ = self.env.reset(seed=self.seed)
-        self.episode_return.zero_()
+        self.episode_return[:] = 0.0
         return self._tensor(obs)
 
     def step(self, actions: torch.Tensor) -> StepResult:
         import numpy as np
-        import torch
 
         obs, reward, terminated, truncated, info = self.env.step(actions.cpu().numpy())
-        final = obs
-        done = np.logical_or(terminated, truncated)
-        self.episode_return += torch.as_tensor(reward, dtype=torch.float64)
+        done = terminated | truncated
+        self.episode_return += reward
+        obs_tensor = final_tensor = self._tensor(obs)
         if done.any():
-            final = np.array(obs, copy=True)
+            final = obs.copy()
             rows = np.flatnonzero(info["_final_obs"])
-            final[rows] = np.stack([info["final_obs"][i] for i in rows])
-            ended = torch.as_tensor(done)
-            self.finished_returns.extend(self.episode_return[ended].tolist())
-            self.episode_return[ended] = 0.0
+            final[rows] = np.stack(info["final_obs"][rows])
+            final_tensor = self._tensor(final)
+            self.finished_returns.extend(self.episode_return[done].tolist())
+            self.episode_return[done] = 0.0
         return StepResult(
-            self._tensor(obs),
+            obs_tensor,
             self._tensor(reward),
-            torch.as_tensor(terminated).to(self.device),
-            torch.as_tensor(truncated).to(self.device),
-            self._tensor(final),
+            self._tensor(terminated),
+            self._tensor(truncated),
+            final_tensor,
         )
 
     def close(self) -> None:

@@ -42,6 +42,17 @@ if TYPE_CHECKING:
 
 SELL, HOLD, BUY = 0, 1, 2
 OBS_CLIP = 5.0
+RETURNS_KEPT = 256
+
+
+def _check_range(start: int, end: int, window: int, length: int) -> None:
+    if end - 2 < start + window:
+        raise ValueError(
+            f"prices [{start}, {end}) are too short for a window of {window}: "
+            f"need at least {window + 2} prices"
+        )
+    if start < 0 or end > length:
+        raise ValueError(f"prices [{start}, {end}) are outside the series of {length}")
 
 
 class TradingEnv:
@@ -84,13 +95,7 @@ class TradingEnv:
         # needs one price after it.
         self.first_t = start + window
         self.last_t = end - 2
-        if self.last_t < self.first_t:
-            raise ValueError(
-                f"prices [{start}, {end}) are too short for a window of {window}: "
-                f"need at least {window + 2} prices"
-            )
-        if start < 0 or end > len(price):
-            raise ValueError(f"prices [{start}, {end}) are outside the series of {len(price)}")
+        _check_range(start, end, window, len(price))
         self.num_envs = num_envs
         self.window = window
         self.max_position = max_position
@@ -105,12 +110,16 @@ class TradingEnv:
 
         self.simple_returns = price[1:] / price[:-1] - 1.0  # R[t]: from price t to t+1
         log_returns = torch.log(price[1:] / price[:-1])
-        if return_scale is None:
-            # Normalise by the spread of returns in this env's own range (its training part).
-            return_scale = float(log_returns[start : end - 1].std().clamp_min(1e-12))
-        self.return_scale = return_scale
-        self.scaled_returns = (log_returns / return_scale).clamp(-OBS_CLIP, OBS_CLIP).float()
+        # By default, normalise by the spread of returns in this env's own range (its training part).
+        scale = return_scale or float(log_returns[start : end - 1].std().clamp_min(1e-12))
+        self.return_scale = scale
+        self.scaled_returns = (log_returns / scale).clamp(-OBS_CLIP, OBS_CLIP).float()
         self.offsets = torch.arange(-window, 0, device=self.device)
+        self._start_state(num_envs, seed)
+
+    def _start_state(self, num_envs: int, seed: int) -> None:
+        """Every episode's clock, position and running return, on the env's device."""
+        import torch
 
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
@@ -119,7 +128,13 @@ class TradingEnv:
         self.position = torch.zeros(num_envs, dtype=torch.long, device=self.device)
         self.episode_return = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
         self.pnl = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
-        self.finished_returns: list[float] = []
+        # Returns of ended episodes stay on the device (NaN where none ended) until asked for,
+        # or until `RETURNS_KEPT` steps' worth: reading them is a wait for the device.
+        self._ended_returns: list[torch.Tensor] = []
+        self._finished_returns: list[float] = []
+        # On a GPU, asking whether any episode ended would wait for the device, so every step
+        # restarts where needed without asking; on the CPU asking is free and most steps skip it.
+        self.ask_before_restart = self.device.type == "cpu"
 
     def _starts(self, count: int) -> torch.Tensor:
         import torch
@@ -173,15 +188,38 @@ class TradingEnv:
         self.t = self.t + 1
         self.steps += 1
         truncated = (self.steps >= self.episode_steps) | (self.t > self.last_t)
-        terminated = torch.zeros_like(truncated)
         final_obs = self.observe()
         obs = final_obs
-        if bool(truncated.any()):
-            done = truncated.nonzero().squeeze(1)
-            self.finished_returns.extend(self.episode_return[done].tolist())
-            self.episode_return[done] = 0.0
-            self.t[done] = self._starts(len(done))
-            self.steps[done] = 0
-            self.position[done] = 0
-            obs = self.observe()
-        return StepResult(obs, reward.float(), terminated, truncated, final_obs)
+        if not self.ask_before_restart or bool(truncated.any()):
+            obs = self._restart(truncated)
+        return StepResult(obs, reward.float(), torch.zeros_like(truncated), truncated, final_obs)
+
+    def _restart(self, ended: torch.Tensor) -> torch.Tensor:
+        """Start new episodes, flat, where `ended`; keep the ended ones' returns. The next obs."""
+        import torch
+
+        self._ended_returns.append(torch.where(ended, self.episode_return, torch.nan))
+        if len(self._ended_returns) >= RETURNS_KEPT:
+            self._collect_returns()
+        self.episode_return = torch.where(ended, 0.0, self.episode_return)
+        self.t = torch.where(ended, self._starts(self.num_envs), self.t)
+        self.steps = torch.where(ended, 0, self.steps)
+        self.position = torch.where(ended, 0, self.position)
+        return self.observe()
+
+    def _collect_returns(self) -> None:
+        import torch
+
+        if self._ended_returns:
+            ended = torch.stack(self._ended_returns)
+            self._finished_returns.extend(ended[~ended.isnan()].tolist())
+            self._ended_returns.clear()
+
+    @property
+    def finished_returns(self) -> list[float]:
+        """The return of every episode that ended, in the order they ended."""
+        self._collect_returns()
+        return self._finished_returns
+
+    def close(self) -> None:
+        """Nothing to release: the environment is tensors (the interface of every env here)."""
