@@ -61,8 +61,8 @@ class Budget:
     def start(cls, usable_mb: float, max_trials: int) -> Budget:
         if max_trials < 1:
             raise ValueError(f"max_trials={max_trials} must be at least 1")
-        if max_trials == 1:
-            return cls(usable_mb, 1, usable_mb, ramped=True)
+        if max_trials == 1 or math.isinf(usable_mb):  # one at a time, or no memory to guard
+            return cls(usable_mb, max_trials, usable_mb, ramped=True)
         return cls(usable_mb, max_trials, usable_mb / 2)
 
     def trial_admitted(self) -> Budget:

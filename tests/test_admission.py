@@ -231,3 +231,18 @@ def test_cpu_bound_trials_run_one_thread_each():
     assert threads_per_trial(16, 4, cpu_bound=True) == 1
     assert threads_per_trial(16, 4) == 4
     assert threads_per_trial(2, 8) == 1
+
+
+def test_a_cpu_has_no_memory_to_guard_and_nothing_to_ramp():
+    import math
+
+    budget = Budget.start(math.inf, 2)
+    assert budget.ramped and budget.allowance_mb == math.inf
+    budget, change = after_trial(
+        budget.trial_admitted(),
+        oom=False,
+        admitted_index=0,
+        allowance_at_admission=math.inf,
+        planned_mb=300.0,
+    )
+    assert change is None
