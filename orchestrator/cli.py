@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from typing import Any
 
 from orchestrator.errors import UserError
 
@@ -33,10 +35,19 @@ EPILOG = """examples:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error in one line (and exit 2), not a usage block."""
+    """argparse that reports a usage error in one line (and exit 2), not a usage block.
+
+    Abbreviations are off: `--stor URL` must not be taken for `--storage-secret URL` (and then
+    printed whole). Every message is redacted, since argparse quotes what the user typed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+        from orchestrator.storage import redact
+
+        self.exit(2, redact(f"error: {message} (see `{self.prog} --help`)") + "\n")
 
 
 def build_parser() -> Parser:
@@ -112,21 +123,33 @@ def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
     optuna.logging.set_verbosity(logging.DEBUG if verbose else logging.WARNING)
 
 
+def remember_secrets(argv: list[str]) -> None:
+    """Every password on the command line or in $ORCHESTRATOR_STORAGE is hidden from then on."""
+    from orchestrator.storage import STORAGE_ENV, protect_output, remember_secret
+
+    for token in [*argv, os.environ.get(STORAGE_ENV, "")]:
+        remember_secret(token)
+        remember_secret(token.partition("=")[2])  # --storage=URL
+    protect_output()
+
+
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.config_file import apply_config
+    from orchestrator.storage import redact
 
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
+    remember_secrets(argv)
+    parser = build_parser()
     try:
         apply_config(parser, argv)  # a --config file's values become the command's defaults
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(redact(f"error: {error}"), file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(redact(f"error: {error}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

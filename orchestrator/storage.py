@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,25 +37,60 @@ def resolve_storage_url(cli_value: str | None, environ: Mapping[str, str] = os.e
     return DEFAULT_STORAGE
 
 
+def repair_url(url: str) -> str:
+    """The URL with any '@' inside the user or password written as %40.
+
+    SQLAlchemy ends the password at its first '@', so `u:Tr0ub@dor@host` would connect to the
+    host "dor@host" and print the password's tail in the error. The host is what follows the
+    last '@'; everything between '://' and it is credentials. (An SQLite path may hold an '@'.)
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.startswith("sqlite") or rest.count("@") < 2:
+        return url
+    credentials, _, location = rest.rpartition("@")
+    return f"{scheme}://{credentials.replace('@', '%40')}@{location}"
+
+
+GOOD_URLS = "use sqlite:///FILE.db or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+
+
 def parse_url(url: str) -> URL:
     """Parse and check a storage URL; a bad one is a UserError that says what a good one looks like."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
     try:
-        parsed = make_url(url)
-    except ArgumentError:
+        parsed = make_url(repair_url(url))
+        port = parsed.port  # SQLAlchemy reads the port as it parses; check its range here
+    except (ArgumentError, ValueError) as error:
+        location = url.rpartition("@")[2]
+        why = (
+            "an IPv6 host needs its closing bracket, e.g. [::1]:5432"
+            if "[" in location and "]" not in location
+            else "its port is not a number"
+            if "int()" in str(error)
+            else "it is malformed"
+        )
+        raise UserError(f"the storage URL {mask_password(url)!r}: {why}; {GOOD_URLS}") from None
+    if port is not None and not 0 < port < 65536:
         raise UserError(
-            f"the storage URL {mask_password(url)!r} is malformed: use sqlite:///FILE.db or "
-            "postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
-        ) from None
+            f"the storage URL {mask_password(url)!r} has port {port}: use 1-65535 (PostgreSQL's "
+            "is 5432)"
+        )
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
+        raise UserError(f"the storage URL {mask_password(url)!r} names {backend!r}: {GOOD_URLS}")
+    if backend == "postgresql" and parsed.host and not _is_host(parsed.host):
         raise UserError(
-            f"the storage URL {mask_password(url)!r} names {backend!r}: "
-            "use sqlite:///FILE.db or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+            f"the storage URL {mask_password(url)!r} has no readable host: {GOOD_URLS} "
+            "(an IPv6 address goes in brackets, [::1])"
         )
     return parsed
+
+
+def _is_host(host: str) -> bool:
+    # A name, an IPv4 address, or the inside of [IPv6] brackets; never a bracket or a space.
+    return not any(char in host for char in "[]@ /\\?#")
 
 
 def normalize_url(url: str) -> str:
@@ -62,26 +98,107 @@ def normalize_url(url: str) -> str:
     parsed = parse_url(url)
     if parsed.drivername == "postgresql":
         return parsed.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
+    if parsed.get_backend_name() == "postgresql":
+        return parsed.render_as_string(hide_password=False)
     return url
 
 
 def mask_password(url: str) -> str:
     """The URL with any password replaced by ***, safe to print or log."""
-    try:
-        from sqlalchemy.engine import make_url
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest or scheme.startswith("sqlite"):
+        return url
+    # By hand, not by SQLAlchemy: a URL that does not parse must be masked as well as one that does.
+    credentials, _, location = rest.rpartition("@")
+    user, colon, _password = credentials.partition(":")
+    return f"{scheme}://{user}:***@{location}" if colon else url
 
-        parsed = make_url(url)
-        if "@" in (parsed.host or ""):  # part of the password went into the host: hide both
-            return parsed.set(host="***").render_as_string(hide_password=True)
-        return parsed.render_as_string(hide_password=True)
-    except Exception:
-        # Not parseable: hide anything between '://user:' and '@' by hand.
-        scheme, sep, rest = url.partition("://")
-        if not sep or "@" not in rest:
-            return url
-        credentials, _, host = rest.rpartition("@")
-        user = credentials.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}" if ":" in credentials else url
+
+# --- secrets: never printed, never logged --------------------------------------------------
+
+# Passwords seen in this process (in --storage, $ORCHESTRATOR_STORAGE, a trial's job), in every
+# spelling they may take in a message: as typed, decoded, and percent-encoded.
+_SECRETS: set[str] = set()
+# A shorter password is hidden where a URL shows it, not in every word that happens to hold it.
+SHORTEST_SECRET = 4
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+_PASSWORD_IN_DSN = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
+
+
+def password_of(url: str | None) -> str | None:
+    """The password written in `url` (by the same rule as repair_url), or None."""
+    scheme, sep, rest = (url or "").partition("://")
+    if not sep or "@" not in rest or scheme.startswith("sqlite"):
+        return None
+    _user, colon, password = rest.rpartition("@")[0].partition(":")
+    return password if colon and password else None
+
+
+def remember_secret(url: str | None) -> None:
+    """Hide the password of `url` from every message and log line of this process from now on."""
+    password = password_of(url)
+    if not password:
+        return
+    from urllib.parse import quote, unquote
+
+    plain = unquote(password)
+    for form in {password, plain, quote(plain, safe=""), quote(plain)}:
+        if len(form) >= SHORTEST_SECRET:
+            _SECRETS.add(form)
+
+
+def redact(text: str) -> str:
+    """`text` with every URL's password and every remembered password replaced by ***."""
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(_mask_match, text)
+    if "password" in text.lower():
+        text = _PASSWORD_IN_DSN.sub(r"\1***", text)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _mask_match(match: re.Match[str]) -> str:
+    # Our own messages show the form of a URL: USER:PASSWORD is a placeholder, not a secret.
+    url = match.group(0)
+    return url if password_of(url) == "PASSWORD" else mask_password(url)
+
+
+_redacting = False
+
+
+def protect_output() -> None:
+    """From now on, log records and uncaught tracebacks of this process are redacted.
+
+    A log record factory, not a handler filter, so that a handler added later (a log file) gets
+    redacted records too. Idempotent; every process that opens a storage calls it."""
+    global _redacting
+    if _redacting:
+        return
+    _redacting = True
+    import logging
+    import sys
+    import traceback
+
+    make_record = logging.getLogRecordFactory()
+
+    def redacted_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        message = record.getMessage()
+        safe = redact(message)
+        if safe != message:
+            record.msg, record.args = safe, ()
+        if record.exc_info and record.exc_info[0] is not None:
+            record.exc_text = redact("".join(traceback.format_exception(*record.exc_info)))
+            record.exc_text = record.exc_text.rstrip("\n")
+        return record
+
+    logging.setLogRecordFactory(redacted_record)
+
+    def redacted_excepthook(kind, value, tb) -> None:  # noqa: ANN001
+        sys.stderr.write(redact("".join(traceback.format_exception(kind, value, tb))))
+
+    sys.excepthook = redacted_excepthook
 
 
 def describe_location(url: str) -> str:
@@ -89,9 +206,6 @@ def describe_location(url: str) -> str:
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         return f"SQLite file {parsed.database or ':memory:'}"
-    if "@" in (parsed.host or ""):
-        # An '@' in the password ends it early: what looks like the host holds the rest of it.
-        return "PostgreSQL at an unreadable host (write an '@' in the password as %40)"
     return f"PostgreSQL at {parsed.host or 'localhost'}:{parsed.port or 5432}"
 
 
@@ -190,6 +304,8 @@ def create_storage(
     from optuna.storages import RDBStorage
     from sqlalchemy.exc import SQLAlchemyError
 
+    remember_secret(url)
+    protect_output()
     url = normalize_url(url)
     quiet_optuna_warnings()
     try:

@@ -44,7 +44,28 @@ def test_an_unencoded_at_sign_in_a_password_is_never_shown_as_the_host():
     from orchestrator.storage import describe_location
 
     where = describe_location("postgresql://alice:s3cr@t@127.0.0.1:5433/x")
-    assert "t@127" not in where and "%40" in where
+    assert where == "PostgreSQL at 127.0.0.1:5433"
+
+
+def test_the_host_is_what_follows_the_last_at_sign():
+    from sqlalchemy.engine import make_url
+
+    url = normalize_url("postgresql://u:Tr0ub@dorXsecret9@127.0.0.1:5432/db")
+    parsed = make_url(url)
+    assert (parsed.host, parsed.port, parsed.password) == ("127.0.0.1", 5432, "Tr0ub@dorXsecret9")
+
+
+def test_an_at_sign_in_an_sqlite_path_is_a_path():
+    assert normalize_url("sqlite:////tmp/a@b/x@y.db") == "sqlite:////tmp/a@b/x@y.db"
+
+
+def test_a_password_with_an_at_sign_reaches_the_server_whole():
+    """The issue's report: the password's tail was taken for the host and printed."""
+    with pytest.raises(UserError) as caught:
+        create_storage("postgresql://u:Tr0ub@dorXsecret9@127.0.0.1:1/db")
+    message = str(caught.value)
+    assert "127.0.0.1:1" in message and "Connection refused" in message
+    assert "dorXsecret9" not in message and "Tr0ub" not in message
 
 
 def test_plain_postgresql_url_uses_the_installed_driver():
@@ -54,10 +75,23 @@ def test_plain_postgresql_url_uses_the_installed_driver():
     assert normalize_url("sqlite:///x.db") == "sqlite:///x.db"
 
 
-@pytest.mark.parametrize("url", ["nonsense", "mysql://u@h/d", "redis://localhost:6379"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nonsense",
+        "mysql://u@h/d",
+        "redis://localhost:6379",
+        "postgresql://u:pw@localhost:abc/db",
+        "postgresql://u:pw@[::1/db",
+        "postgresql://u:pw@localhost:99999/db",
+        "postgresql://u:pw@local host/db",
+    ],
+)
 def test_malformed_or_unsupported_url_is_a_user_error(url):
-    with pytest.raises(UserError, match="sqlite:///FILE.db"):
+    with pytest.raises(UserError, match="the storage URL") as caught:
         parse_url(url)
+    assert "pw" not in str(caught.value).replace("PASSWORD", "")
+    assert "\n" not in str(caught.value)
 
 
 def test_unreachable_postgres_names_host_and_port_not_password():
