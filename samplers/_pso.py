@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import secrets
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -142,6 +143,7 @@ class PSOSampler(BaseSampler):
         self._topology = topology
         self._bounds = _check_bounds(bounds)
         self._seed = seed
+        self._salt = 0  # set by reseed_rng
         self._independent_sampler = independent_sampler
         self._local = threading.local()
         self._history = History()
@@ -149,8 +151,12 @@ class PSOSampler(BaseSampler):
     # -- Optuna's sampler interface -------------------------------------------------------
 
     def reseed_rng(self) -> None:
-        # The swarm's randomness comes from (seed, trial number), never from state in this
-        # object, so there is nothing of its own to reseed.
+        """Sample differently from now on, as Optuna expects of a sampler it replicates.
+
+        The swarm's randomness comes from (seed, trial number), so a fresh random salt is mixed
+        into that seed. Workers of one study never call this (they must agree); Optuna does, in
+        each thread of `optimize(n_jobs=...)`, where a replica must not repeat the others."""
+        self._salt = secrets.randbits(64)
         if self._independent_sampler is not None:
             self._independent_sampler.reseed_rng()
 
@@ -375,9 +381,11 @@ class PSOSampler(BaseSampler):
 
     def _entropy(self, study: Study) -> int:
         if self._seed is not None:
-            return self._seed
-        text = f"{study.study_name}\0{study._study_id}"
-        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+            entropy = self._seed
+        else:
+            text = f"{study.study_name}\0{study._study_id}"
+            entropy = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        return entropy ^ (self._salt << 64) if self._salt else entropy
 
 
 def _check_bounds(
