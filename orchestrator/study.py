@@ -111,7 +111,30 @@ def load_spec(study: optuna.Study) -> StudySpec | None:
     value = study.user_attrs.get(SPEC_ATTR)
     if not isinstance(value, dict):
         return None
-    return StudySpec.from_attr(value)
+    spec = StudySpec.from_attr(value)
+    if spec.seed is None and spec.sampler == "qmc":
+        # A study stored before seeds were drawn: QMC's points form one sequence only if every
+        # process scrambles it alike, so each derives the same seed from the study itself.
+        spec = replace(spec, seed=derived_seed(study.study_name, study._study_id))
+    return spec
+
+
+SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1, what numpy, torch and Optuna's samplers take
+
+
+def draw_seed() -> int:
+    """A seed for a study whose user gave none: drawn once, stored with the study's settings, so
+    that every process on every node samples from one sequence (QMC) and the study can be rerun."""
+    import secrets
+
+    return secrets.randbelow(SEED_LIMIT)
+
+
+def derived_seed(study_name: str, study_id: int) -> int:
+    import hashlib
+
+    digest = hashlib.sha256(f"{study_name}\0{study_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def save_spec(study: optuna.Study, spec: StudySpec) -> None:

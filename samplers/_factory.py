@@ -26,7 +26,8 @@ def make_sampler(
     random generator inside the sampler object: two processes seeded alike propose the same
     points. So for them the seed is `seed + independent_seed_offset`, and each process must pass
     a different offset (its pid, or a slot counter). QMC is the exception: its points come from
-    one shared sequence, so it keeps `seed` as it is and the offset only seeds its fallback.
+    one shared (scrambled) sequence, so it keeps `seed` as it is and the offset only seeds its
+    fallback.
     """
     import optuna
 
@@ -43,10 +44,13 @@ def make_sampler(
     elif name == "random":
         sampler = optuna.samplers.RandomSampler(seed=own_seed)
     elif name == "qmc":
+        # Scrambled (randomised) QMC needs one seed in every process: then all of them draw
+        # from one sequence. `run` stores a seed with every study, so only a caller that gives
+        # none gets the plain Sobol sequence, which every process shares without a seed.
         sampler = optuna.samplers.QMCSampler(
             seed=seed,
+            scramble=seed is not None,
             independent_sampler=optuna.samplers.RandomSampler(seed=own_seed),
-            warn_asynchronous_seeding=False,
         )
     else:
         sampler = optuna.samplers.CmaEsSampler(
