@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import BaseAdapter, Report
+from adapters.base import SEED_MAX, BaseAdapter, InputFile, Range, Report
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -45,6 +45,9 @@ COMMON_OPTIONS: dict[str, Any] = {
     "regime": "mixed",  # synthetic series only: mixed, trend, mean_reversion, volatile
     "seed": 0,  # one seed for prices, environments and networks: every trial uses the same
 }
+
+# What each option accepts (both adapters declare `option_ranges = _rl.OPTION_RANGES`).
+OPTION_RANGES = {"data": InputFile(), "seed": Range(0, SEED_MAX), "steps_per_epoch": Range(1)}
 
 TRAIN_FRACTION = 0.8
 SYNTHETIC_LENGTH = 10_000  # about 40 years of daily prices: 8,000 to train, 2,000 held out

@@ -9,8 +9,11 @@ and returns the value to optimise. Nothing between `suggest` and `train` changes
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from orchestrator.errors import UserError
@@ -27,6 +30,8 @@ BATCH_SIZE_MAX = 4096
 
 Report = Callable[[int, float], None]
 
+SEED_MAX = 2**32 - 1  # numpy's and torch's seeds
+
 REQUIRED_ATTRIBUTES = ("name", "workload_class", "model_overhead_mb", "per_sample_mb", "direction")
 REQUIRED_METHODS = ("suggest", "train")
 
@@ -40,6 +45,62 @@ class MemoryModel:
 
     def planned_mb(self, batch_size: int) -> float:
         return self.model_overhead_mb + batch_size * self.per_sample_mb
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option accepts: finite, from `low` to `high` (None: no bound).
+
+    An adapter declares one per option in `option_ranges`; `parse_options` checks every option
+    against its range before anything is stored, and refuses NaN and infinity for every option."""
+
+    low: float | None = None
+    high: float | None = None
+    above_low: bool = False  # low itself is refused: more than low
+
+    def problem(self, value: float) -> str | None:
+        """Why `value` is refused, as the end of a sentence; None when it is accepted."""
+        if not math.isfinite(value):
+            return "must be a finite number"
+        if self.low is not None and (value <= self.low if self.above_low else value < self.low):
+            bound = (
+                f"more than {_number(self.low)}"
+                if self.above_low
+                else f"at least {_number(self.low)}"
+            )
+            upper = "" if self.high is None else f" and at most {_number(self.high)}"
+            return f"must be {bound}{upper}"
+        if self.high is not None and value > self.high:
+            return f"must be at most {_number(self.high)}"
+        return None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """A text option that names a file to read ("" for none): it must exist and be a file."""
+
+    what: str = "a CSV file with a `close` column"
+
+    def problem(self, value: str) -> str | None:
+        if not value:
+            return None
+        path = Path(value)
+        if path.is_dir():
+            return (
+                f"is a directory: give {self.what} (a file inside it, e.g. {path / 'prices.csv'})"
+            )
+        if not path.is_file():
+            return f"does not exist: give {self.what}"
+        if not os.access(path, os.R_OK):
+            return f"cannot be read: give {self.what} that this user may read"
+        return None
+
+
+OptionCheck = Range | InputFile
 
 
 @runtime_checkable
@@ -75,6 +136,8 @@ class BaseAdapter:
     description: str = ""
     # Option name -> default value; `--option KEY=VALUE` is parsed to the default's type.
     options: Mapping[str, Any] = {}
+    # Option name -> the values it accepts (Range, InputFile); optional, checked at parse time.
+    option_ranges: Mapping[str, OptionCheck] = {}
     # A known-good value for every searched parameter, batch_size too: `run --enqueue-defaults`
     # runs it as the first trial, and calibration trains with it.
     default_params: Mapping[str, Any] = {}
@@ -154,6 +217,7 @@ def parse_options(adapter: Any, raw: Mapping[str, str] | list[str]) -> dict[str,
                 )
             pairs[key.strip()] = value.strip()
     options = dict(defaults)
+    checks = dict(getattr(adapter, "option_ranges", {}) or {})
     for key, text in pairs.items():
         if key not in defaults:
             accepted = ", ".join(sorted(defaults)) or "none"
@@ -161,7 +225,25 @@ def parse_options(adapter: Any, raw: Mapping[str, str] | list[str]) -> dict[str,
                 f"adapter {adapter.name!r} has no option {key!r}; its options are: {accepted}"
             )
         options[key] = _convert(adapter.name, key, text, defaults[key])
+        problem = _option_problem(options[key], checks.get(key))
+        if problem:
+            default = f", default {defaults[key]!r}" if defaults[key] not in ("", None) else ""
+            raise UserError(f"--option {key}={text} {problem} (adapter {adapter.name!r}{default})")
     return options
+
+
+def _option_problem(value: Any, check: OptionCheck | None) -> str | None:
+    """Why an option's typed value is refused: NaN and infinity always, else its declared range."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return (check if isinstance(check, Range) else Range()).problem(float(value))
+    if isinstance(check, InputFile) and isinstance(value, str):
+        return check.problem(value)
+    return None
+
+
+_TYPE_WORDS = {bool: "true or false", int: "whole number", float: "number"}
 
 
 def _convert(adapter_name: str, key: str, text: str, default: Any) -> Any:
@@ -178,8 +260,10 @@ def _convert(adapter_name: str, key: str, text: str, default: Any) -> Any:
         if isinstance(default, float):
             return float(text)
     except ValueError:
+        kind = _TYPE_WORDS.get(type(default), type(default).__name__)
         raise UserError(
-            f"option {key}={text!r} of adapter {adapter_name!r} must be a {type(default).__name__}"
+            f"option {key}={text!r} of adapter {adapter_name!r} must be a {kind}, "
+            f"e.g. --option {key}={default!r}"
         ) from None
     if default is None and text.lower() in ("", "none"):
         return None

@@ -20,7 +20,16 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, BaseAdapter, MemoryModel, Report
+from adapters.base import (
+    BATCH_SIZE_MAX,
+    BATCH_SIZE_MIN,
+    SEED_MAX,
+    BaseAdapter,
+    InputFile,
+    MemoryModel,
+    Range,
+    Report,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -222,6 +231,15 @@ class SupervisedForecasterAdapter(BaseAdapter):
         "max_width": 64,  # search-space maxima: they size the memory model
         "max_window": 64,
         "max_depth": 2,
+    }
+    option_ranges = {
+        "data": InputFile(),
+        "steps": Range(100),
+        "seed": Range(0, SEED_MAX),
+        "horizon": Range(1),
+        "max_width": Range(MIN_WIDTH),
+        "max_window": Range(MIN_WINDOW),
+        "max_depth": Range(1),
     }
     default_params = {
         "learning_rate": 1e-3,

@@ -14,7 +14,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, BaseAdapter, MemoryModel, Report
+from adapters.base import (
+    BATCH_SIZE_MAX,
+    BATCH_SIZE_MIN,
+    BaseAdapter,
+    MemoryModel,
+    Range,
+    Report,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -43,6 +50,11 @@ class SyntheticAdapter(BaseAdapter):
     metric = "loss"
     description = "a known quadratic objective with a chosen trial duration and memory model"
     options = {"trial_seconds": 0.5, "overhead_mb": 500.0, "per_sample_mb": 0.02}
+    option_ranges = {
+        "trial_seconds": Range(0, 86_400),  # a sleep: negative is an error, a day is plenty
+        "overhead_mb": Range(0),
+        "per_sample_mb": Range(0),
+    }
     default_params = {
         "x": 0.0,
         "y": 0.0,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.errors import UserError
@@ -47,6 +49,14 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         from orchestrator.storage import redact
 
+        # "argument --trials: --trials 0 must be..." says the flag twice: once is enough.
+        head, sep, rest = message.partition(": ")
+        if (
+            sep
+            and head.startswith("argument ")
+            and rest.startswith(head.split()[-1].split("/")[-1])
+        ):
+            message = rest
         self.exit(2, redact(f"error: {message} (see `{self.prog} --help`)") + "\n")
 
 
@@ -82,12 +92,120 @@ def package_version() -> str:
         return "(not installed)"
 
 
+# --- values, checked where they are parsed ----------------------------------------------
+#
+# Each factory returns an argparse `type=` whose refusal names the flag, the value and what to
+# give instead; Parser.error then prints it as one line. Nothing is stored before parsing ends.
+
+DB_INT_MAX = 2**31 - 1  # trial numbers and report steps are 32-bit integers in the database
+SEED_MAX = 2**32 - 1
+STUDY_NAME_MAX = 512  # Optuna's studies.study_name column
+
+
+def whole_number(
+    flag: str, *, low: int = 1, high: int = DB_INT_MAX, example: int | None = None
+) -> Callable[[str], int]:
+    """A whole number from `low` to `high`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r} is not a whole number: give e.g. {flag} {example or low}"
+            ) from None
+        if value < low or value > high:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {value} must be at least {low}"
+                if value < low
+                else f"{flag} {text} is more than {high:,}: give at most {flag} {high}"
+            )
+        return value
+
+    return parse
+
+
+def number(
+    flag: str, *, low: float = 0.0, above_low: bool = False, example: str = "1"
+) -> Callable[[str], float]:
+    """A finite number of at least `low` (more than `low` with `above_low`): NaN and inf refused."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r} is not a finite number: give e.g. {flag} {example}"
+            )
+        if value < low or (above_low and value == low):
+            bound = "more than" if above_low else "at least"
+            raise argparse.ArgumentTypeError(f"{flag} {text} must be {bound} {low:g}")
+        return value
+
+    return parse
+
+
+def study_name(text: str) -> str:
+    """A study name: not empty, one line, as long as the database holds."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"--study {text!r} is empty: name the study, e.g. --study dqn-l4"
+        )
+    if any(not char.isprintable() for char in text):
+        raise argparse.ArgumentTypeError(
+            f"--study {text!r} holds a control character (a newline, a tab): use letters, "
+            "digits, '-' and '_'"
+        )
+    if len(text) > STUDY_NAME_MAX:
+        raise argparse.ArgumentTypeError(
+            f"--study is {len(text)} characters long: the database holds at most {STUDY_NAME_MAX}"
+        )
+    return text
+
+
+def input_file(flag: str, what: str) -> Callable[[str], str]:
+    """A path to a file that exists and can be read."""
+    from adapters.base import InputFile
+
+    def parse(text: str) -> str:
+        problem = InputFile(what).problem(text) if text else f"is empty: give {what}"
+        if problem:
+            raise argparse.ArgumentTypeError(f"{flag} {text} {problem}")
+        return text
+
+    return parse
+
+
+def user_checked(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type from a function that raises UserError (its message already names the flag)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check(text)
+        except UserError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
+
+
 def add_storage_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--storage",
         metavar="URL",
+        type=user_checked(_storage_url),
         help="study database (default: $ORCHESTRATOR_STORAGE, else sqlite:///orchestrator.db)",
     )
+
+
+def _storage_url(text: str) -> str:
+    from orchestrator.storage import parse_url
+
+    if not text.strip():
+        raise UserError("--storage is empty: give e.g. --storage sqlite:///study.db")
+    parse_url(text)
+    return text
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(redact(f"error: {error}"), file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # a usage error (said in one line) or --help: its status
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         return int(args.handler(args) or 0)
     except UserError as error:

@@ -40,48 +40,54 @@ def pool_settings(**values: Any) -> argparse.Namespace:
 
 def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags about this host: which GPUs, how many trials at once, for how long."""
+    from orchestrator.cli import number, user_checked, whole_number
+    from orchestrator.gpu import check_gpu_spec
+    from orchestrator.outage import DEFAULT_RETRY_SECONDS
+    from orchestrator.workloads import add_workloads_argument
+
     parser.add_argument(
         "--gpus",
         default="auto",
         metavar="SPEC",
+        type=user_checked(check_gpu_spec),
         help="auto (default), none, indices such as 0,2, or simulated devices sim:MB[,sim:MB...]",
     )
     parser.add_argument(
         "--sim-memory-scale",
-        type=float,
+        type=number("--sim-memory-scale", above_low=True, example="1.5"),
         default=1.0,
         metavar="F",
         help="a simulated trial holds F times its memory model's MB (default 1.0)",
     )
     parser.add_argument(
         "--concurrency",
-        type=int,
+        type=whole_number("--concurrency", high=10_000),
         metavar="N",
         help="at most N trials at once per GPU (lowers the plan)",
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=number("--timeout", above_low=True, example="3600"),
         metavar="SECONDS",
         help="start no trial after this long; running ones finish",
     )
     parser.add_argument(
         "--grace",
-        type=float,
+        type=number("--grace", example="30"),
         default=30.0,
         metavar="SECONDS",
         help="on Ctrl-C or SIGTERM, running trials get this long to finish before they are stopped and re-queued (default 30)",
     )
     parser.add_argument(
         "--recycle-after",
-        type=int,
+        type=whole_number("--recycle-after", example=20),
         metavar="N",
         help="a trial process makes way for a fresh one after N trials (default: never; it always "
         "does after an out-of-memory or CUDA error)",
     )
     parser.add_argument(
         "--recycle-memory-mb",
-        type=float,
+        type=number("--recycle-memory-mb", above_low=True, example="2048"),
         default=2048.0,
         metavar="MB",
         help="a trial process whose resident memory grew by more than MB since its first trial "
@@ -99,7 +105,16 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
         help="each trial's stdout and stderr go to DIR/STUDY/trial-N.log (default: beside an SQLite "
         "file, e.g. study-logs/ for study.db; else orchestrator-logs/ in the current directory)",
     )
+    parser.add_argument(
+        "--storage-retry-seconds",
+        type=number("--storage-retry-seconds", example="300"),
+        default=DEFAULT_RETRY_SECONDS,
+        metavar="SECONDS",
+        help="ride out a database outage this long, retrying, before stopping "
+        f"(default {DEFAULT_RETRY_SECONDS:g}; 0 stops at once)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_workloads_argument(parser)
 
 
 def check_storage_for_workers(url: str) -> None:
@@ -114,18 +129,40 @@ def check_storage_for_workers(url: str) -> None:
 
 
 def check_pool_arguments(args: argparse.Namespace) -> None:
+    """What argparse could not check alone, before anything is stored: the GPUs named exist.
+
+    The values themselves were checked as they were parsed (finite, in range, well-formed);
+    these lines keep the same promise for callers that build a Namespace by hand."""
+    import math
+    import os
+
+    from orchestrator.gpu import check_gpus_exist
+    from orchestrator.outage import set_retry_seconds
+    from orchestrator.workloads import WORKLOADS_ENV, load_workload_classes
+
     if args.concurrency is not None and args.concurrency < 1:
         raise UserError(f"--concurrency {args.concurrency} must be at least 1")
-    if args.sim_memory_scale <= 0:
+    if not (math.isfinite(args.sim_memory_scale) and args.sim_memory_scale > 0):
         raise UserError(f"--sim-memory-scale {args.sim_memory_scale} must be more than 0")
-    if args.grace < 0:
+    if not (math.isfinite(args.grace) and args.grace >= 0):
         raise UserError(f"--grace {args.grace} must be 0 or more seconds")
-    if args.timeout is not None and args.timeout <= 0:
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError(f"--timeout {args.timeout} must be more than 0 seconds")
     if args.recycle_after is not None and args.recycle_after < 1:
         raise UserError(f"--recycle-after {args.recycle_after} must be at least 1")
     if not args.recycle_memory_mb > 0:
         raise UserError(f"--recycle-memory-mb {args.recycle_memory_mb} must be more than 0")
+    retry = getattr(args, "storage_retry_seconds", None)
+    if retry is not None:
+        if not (math.isfinite(retry) and retry >= 0):
+            raise UserError(f"--storage-retry-seconds {retry} must be 0 or more seconds")
+        set_retry_seconds(retry)
+    check_gpus_exist(args.gpus)
+    if getattr(args, "workloads", None):
+        # Checked now (a bad file stops before anything is stored), then named in the
+        # environment, where every later read of the workload classes looks, trial processes too.
+        load_workload_classes(args.workloads)
+        os.environ[WORKLOADS_ENV] = os.path.abspath(args.workloads)
 
 
 def log_dir_of(url: str, args: argparse.Namespace) -> str:

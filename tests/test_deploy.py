@@ -330,7 +330,7 @@ def test_manifests_command_prints_yaml_and_honours_a_workloads_file(
     ("argv", "message"),
     [
         (["manifests", "nope", "--study", "s", "--workers", "1"], "unknown adapter 'nope'"),
-        (["manifests", "dqn", "--study", "s", "--workers", "0"], "at least 1 worker"),
+        (["manifests", "dqn", "--study", "s", "--workers", "0"], "--workers 0 must be at least 1"),
         (
             [
                 "manifests",

@@ -183,7 +183,7 @@ def test_no_gpu_is_one_line(capsys, storage) -> None:
     [
         (["--gpus", "sim:-5"], "the simulated size must be more than 0 MB"),
         (["--gpus", "sim:lots"], "must be a number of MB"),
-        (["--swarm-size", "0"], "--swarm-size 0: the swarm needs at least 1 particle"),
+        (["--swarm-size", "0"], "--swarm-size 0 must be at least 1"),
         (["--concurrency", "0"], "--concurrency 0"),
         (["--option", "colour=blue"], "has no option 'colour'"),
         (["--calibrate", "--gpus", "sim:1024"], "--calibrate needs a real CUDA GPU"),
@@ -230,4 +230,7 @@ def test_a_gpu_this_machine_does_not_have(capsys, storage) -> None:
         pytest.skip("this machine has a GPU")
     code, out, err = plan(capsys, "synthetic", "--gpus", "7", "--storage", storage)
     assert code == 2 and out == ""
-    assert err == "error: --gpus '7': no GPU 7 on this machine (GPUs here: none)\n"
+    assert err == (
+        "error: --gpus '7': no GPU 7 on this machine "
+        "(none here: use --gpus none, or sim:MB to simulate one)\n"
+    )

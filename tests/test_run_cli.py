@@ -81,11 +81,11 @@ def _digest(path: pathlib.Path) -> str:
         (["run", "synthetic", "--trials", "-3"], "--trials -3 must be at least 1"),
         (["run", "synthetic", "--trials", "0"], "--trials 0 must be at least 1"),
         (["run", "synthetic", "--option", "bogus=1"], "has no option 'bogus'"),
-        (["run", "synthetic", "--option", "trial_seconds=slow"], "must be a float"),
+        (["run", "synthetic", "--option", "trial_seconds=slow"], "must be a number"),
         (["run", "synthetic", "--option", "noequals"], "is not KEY=VALUE"),
         (["run", "synthetic", "--gpus", "sim:-5"], "more than 0 MB"),
         (["run", "synthetic", "--gpus", "7"], "no GPU 7"),
-        (["run", "synthetic", "--trials", "many"], "invalid int value"),
+        (["run", "synthetic", "--trials", "many"], "--trials 'many' is not a whole number"),
         (["worker", "--study", "nosuchstudy"], "no study 'nosuchstudy'"),
         (["run", "synthetic", "--env", "CartPole-v1"], "takes no --env"),
         (["run", "synthetic", "--trials", "1"], "already counts 2 trials"),
@@ -96,22 +96,12 @@ def _digest(path: pathlib.Path) -> str:
 def test_bad_input_is_one_line_and_exit_2_and_nothing_changes(stored_study, capsys, args, expected):
     url, path = stored_study
     before = _digest(path)
-    with pytest.raises(SystemExit) if "many" in args else _no_exit():
-        code = main([*args, "--storage", url])
-        assert code == 2
+    assert main([*args, "--storage", url]) == 2
     err = capsys.readouterr().err.strip()
     assert expected in err
     assert len(err.splitlines()) == 1, err
     assert "Traceback" not in err
     assert _digest(path) == before
-
-
-class _no_exit:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize(

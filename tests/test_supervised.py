@@ -276,7 +276,8 @@ def test_run_with_bad_data_exits_2_in_one_line_and_stores_nothing(tmp_path, caps
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert err.count("\n") == 1 and data in err and err.startswith("error: price file")
+    assert err.count("\n") == 1 and data in err
+    assert err.startswith("error: price file" if data == "bad.csv" else "error: --data")
     assert not database.exists()
 
 

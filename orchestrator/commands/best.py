@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.cli import add_storage_argument, command_parser, study_name
 from orchestrator.errors import UserError
 
 
@@ -20,7 +20,10 @@ def register(subparsers) -> None:  # noqa: ANN001
         example="python -m orchestrator best --study dqn --format yaml --out dqn-best.yaml",
     )
     parser.add_argument(
-        "--study", metavar="NAME", help="the study to read (default: the storage's only study)"
+        "--study",
+        metavar="NAME",
+        type=study_name,
+        help="the study to read (default: the storage's only study)",
     )
     add_storage_argument(parser)
     parser.add_argument(

@@ -7,7 +7,7 @@ import errno
 import socket
 import sys
 
-from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.cli import add_storage_argument, command_parser, whole_number
 from orchestrator.errors import UserError
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -26,7 +26,12 @@ def register(subparsers) -> None:  # noqa: ANN001
         default="127.0.0.1",
         help="address to listen on (default 127.0.0.1; 0.0.0.0 exposes it to the network)",
     )
-    parser.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    parser.add_argument(
+        "--port",
+        type=whole_number("--port", high=65535, example=8080),
+        default=8080,
+        help="port to listen on (default 8080)",
+    )
     parser.set_defaults(handler=dashboard_command)
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
-from orchestrator.cli import command_parser
+from orchestrator.cli import command_parser, study_name, whole_number
 from orchestrator.errors import UserError
 from orchestrator.workloads import add_workloads_argument
 
@@ -22,28 +23,41 @@ def register(subparsers) -> None:  # noqa: ANN001
         "--image registry.example.com/orchestrator:0.1.0 --out k8s/",
     )
     parser.add_argument("adapter", metavar="ADAPTER", help="the adapter the study tunes, e.g. dqn")
-    parser.add_argument("--study", required=True, metavar="NAME", help="the study the workers join")
     parser.add_argument(
-        "--workers", type=int, required=True, metavar="N", help="worker pods, one GPU each"
+        "--study", required=True, metavar="NAME", type=study_name, help="the study the workers join"
     )
     parser.add_argument(
-        "--image", default=DEFAULT_IMAGE, help=f"container image (default: {DEFAULT_IMAGE})"
+        "--workers",
+        type=whole_number("--workers", high=10_000, example=4),
+        required=True,
+        metavar="N",
+        help="worker pods, one GPU each",
+    )
+    parser.add_argument(
+        "--image",
+        default=DEFAULT_IMAGE,
+        type=image_reference,
+        help=f"container image (default: {DEFAULT_IMAGE})",
     )
     parser.add_argument(
         "--storage-secret",
         default=DEFAULT_STORAGE_SECRET,
+        type=secret_name,
         metavar="NAME",
         help="Secret whose key `url` holds the storage URL (default: %(default)s)",
     )
     parser.add_argument(
         "--epochs",
-        type=int,
+        type=whole_number("--epochs", example=8),
         metavar="N",
         help="epochs per trial, applied to the study even if it exists "
         "(default: a stored study keeps its own, a new one gets the workload class's)",
     )
     parser.add_argument(
-        "--trials", type=int, metavar="N", help="the study's trial budget, shared by all workers"
+        "--trials",
+        type=whole_number("--trials", example=40),
+        metavar="N",
+        help="the study's trial budget, shared by all workers",
     )
     parser.add_argument(
         "--out",
@@ -52,6 +66,35 @@ def register(subparsers) -> None:  # noqa: ANN001
     )
     add_workloads_argument(parser)
     parser.set_defaults(handler=manifests_command)
+
+
+# A container image reference as Docker and Kubernetes read it: [registry[:port]/]name[:tag][@digest],
+# with lower-case path components (github.com/distribution/reference's grammar).
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+_IMAGE = re.compile(
+    rf"(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{{32,}})?"
+)
+# A Secret's name: a DNS-1123 subdomain.
+_SECRET = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*")
+
+
+def image_reference(text: str) -> str:
+    if len(text) > 255 or not _IMAGE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"--image {text!r} is not a container image reference: write "
+            "[REGISTRY/]NAME[:TAG] in lower case, e.g. registry.example.com/orchestrator:0.1.0"
+        )
+    return text
+
+
+def secret_name(text: str) -> str:
+    if len(text) > 253 or not _SECRET.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"--storage-secret {text!r} is not a Kubernetes Secret name: use lower-case letters, "
+            "digits, '-' and '.', e.g. orchestrator-storage"
+        )
+    return text
 
 
 def manifests_command(args: argparse.Namespace) -> int:

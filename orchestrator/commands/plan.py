@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.cli import add_storage_argument, command_parser, user_checked, whole_number
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -29,29 +29,33 @@ def register(subparsers) -> None:  # noqa: ANN001
     parser.add_argument(
         "adapter", nargs="?", metavar="ADAPTER", help="adapter name (see `adapters`)"
     )
+    from orchestrator.gpu import check_gpu_spec
+    from orchestrator.workloads import add_workloads_argument
+
     parser.add_argument(
         "--gpus",
         default="auto",
         metavar="SPEC",
+        type=user_checked(check_gpu_spec),
         help="auto (default), none, indices such as 0,2, or simulated sizes sim:MB[,sim:MB...]",
     )
     add_storage_argument(parser)
     parser.add_argument(
         "--swarm-size",
-        type=int,
+        type=whole_number("--swarm-size", high=100_000, example=20),
         default=DEFAULT_SWARM_SIZE,
         metavar="N",
         help=f"particles in the swarm: the most trials one GPU runs at once (default {DEFAULT_SWARM_SIZE})",
     )
     parser.add_argument(
         "--concurrency",
-        type=int,
+        type=whole_number("--concurrency", high=10_000),
         metavar="N",
         help="at most N trials at once per GPU (lowers the plan, never raises it past VRAM)",
     )
     parser.add_argument(
         "--cpu-cores",
-        type=int,
+        type=whole_number("--cpu-cores", high=100_000, example=8),
         metavar="N",
         help="plan for a host with N usable CPU cores (default: this machine's, after affinity and cgroup quota)",
     )
@@ -69,6 +73,7 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="measure the memory model on each kind of GPU first (two short trainings) and store it",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    add_workloads_argument(parser)
     parser.set_defaults(handler=plan_command)
 
 
@@ -98,7 +103,7 @@ def plan_command(args: argparse.Namespace) -> int:
     adapter = ref.load()
     options = adapters.parse_options(adapter, args.option)
     declared = adapters.memory_model_of(adapter, options)
-    workload = workload_class(adapter.workload_class)
+    workload = workload_class(adapter.workload_class, args.workloads)
     url = resolve_storage_url(args.storage)
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-plan-") as sim_dir:

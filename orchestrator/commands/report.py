@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.cli import add_storage_argument, command_parser, study_name
 
 
 def register(subparsers) -> None:  # noqa: ANN001
@@ -16,7 +16,10 @@ def register(subparsers) -> None:  # noqa: ANN001
         example="python -m orchestrator report --study dqn --out reports/dqn",
     )
     parser.add_argument(
-        "--study", metavar="NAME", help="the study to report on (default: the storage's only study)"
+        "--study",
+        metavar="NAME",
+        type=study_name,
+        help="the study to report on (default: the storage's only study)",
     )
     add_storage_argument(parser)
     parser.add_argument(

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from orchestrator.cli import add_output_arguments, add_storage_argument, command_parser
+from orchestrator.cli import (
+    SEED_MAX,
+    add_output_arguments,
+    add_storage_argument,
+    command_parser,
+    input_file,
+    study_name,
+    whole_number,
+)
 from orchestrator.errors import UserError
 
 
@@ -31,16 +39,21 @@ def register(subparsers) -> None:  # noqa: ANN001
         metavar="MODULE:ATTRIBUTE",
         help="use an adapter object from your own module",
     )
-    parser.add_argument("--study", metavar="NAME", help="study name (default: the adapter's name)")
+    parser.add_argument(
+        "--study", metavar="NAME", type=study_name, help="study name (default: the adapter's name)"
+    )
     add_storage_argument(parser)
     parser.add_argument(
         "--trials",
-        type=int,
+        type=whole_number("--trials", example=40),
         metavar="N",
         help="the study's total budget of trials (resuming keeps it)",
     )
     parser.add_argument(
-        "--epochs", type=int, metavar="N", help="epochs per trial (default: the workload class's)"
+        "--epochs",
+        type=whole_number("--epochs", example=8),
+        metavar="N",
+        help="epochs per trial (default: the workload class's)",
     )
     parser.add_argument(
         "--option",
@@ -57,14 +70,22 @@ def register(subparsers) -> None:  # noqa: ANN001
     parser.add_argument(
         "--data",
         metavar="CSV",
+        type=input_file("--data", "a CSV file with a `close` column"),
         help="prices from a CSV file with a close column (default: synthetic)",
     )
     parser.add_argument(
         "--sampler", choices=SAMPLERS, help="pso (default) or one of Optuna's samplers"
     )
-    parser.add_argument("--seed", type=int, help="sampler seed")
     parser.add_argument(
-        "--swarm-size", type=int, metavar="N", help="particles in the swarm (default 20)"
+        "--seed",
+        type=whole_number("--seed", low=0, high=SEED_MAX, example=7),
+        help="sampler seed (default: one is drawn and stored with the study)",
+    )
+    parser.add_argument(
+        "--swarm-size",
+        type=whole_number("--swarm-size", high=100_000, example=20),
+        metavar="N",
+        help="particles in the swarm (default 20)",
     )
     parser.add_argument(
         "--pruner",
@@ -72,7 +93,10 @@ def register(subparsers) -> None:  # noqa: ANN001
         help=f"stop poor trials early: {', '.join(PRUNERS)} (default median; docs/pruners.md)",
     )
     parser.add_argument(
-        "--max-retries", type=int, metavar="N", help="re-runs of an OOM'd or lost trial (default 2)"
+        "--max-retries",
+        type=whole_number("--max-retries", low=0, high=1000, example=2),
+        metavar="N",
+        help="re-runs of an OOM'd or lost trial (default 2)",
     )
     parser.add_argument(
         "--enqueue-defaults",
@@ -117,12 +141,6 @@ def run_command(args: argparse.Namespace) -> int:
         raise UserError(
             "name an adapter (python -m orchestrator run dqn) or give --adapter-path module:attribute"
         )
-    for flag in ("trials", "epochs", "swarm_size"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise UserError(f"--{flag.replace('_', '-')} {value} must be at least 1")
-    if args.max_retries is not None and args.max_retries < 0:
-        raise UserError(f"--max-retries {args.max_retries} must be 0 or more")
     check_pool_arguments(args)
     url = resolve_storage_url(args.storage)
     parse_url(url)
@@ -179,7 +197,7 @@ def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN2
     """The study to resume (or None) and the spec this run will store: read only, checked."""
     import optuna
 
-    from orchestrator.study import StudySpec, count_trials
+    from orchestrator.study import StudySpec, count_trials, draw_seed
     from orchestrator.workloads import workload_class
 
     name = args.study or adapter.name
@@ -196,7 +214,7 @@ def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN2
             direction=adapter.direction,
             options=options,
             sampler=args.sampler or "pso",
-            seed=args.seed,
+            seed=args.seed if args.seed is not None else draw_seed(),
             swarm_size=args.swarm_size or 20,
             pruner=args.pruner or "median",
             max_retries=args.max_retries if args.max_retries is not None else 2,

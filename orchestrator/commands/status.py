@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.cli import add_storage_argument, command_parser, study_name, whole_number
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -24,12 +24,14 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="show every study in the storage, or one study in detail",
         example="python -m orchestrator status --study dqn --storage postgresql://user@db:5432/studies",
     )
-    parser.add_argument("--study", metavar="NAME", help="show this study in detail")
+    parser.add_argument(
+        "--study", metavar="NAME", type=study_name, help="show this study in detail"
+    )
     add_storage_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument(
         "--limit",
-        type=int,
+        type=whole_number("--limit", low=0, example=50),
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"VRAM rows of the last N trials (default {DEFAULT_LIMIT}; 0 shows all)",

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.cli import add_output_arguments, add_storage_argument, command_parser
+from orchestrator.cli import (
+    add_output_arguments,
+    add_storage_argument,
+    command_parser,
+    study_name,
+)
 
 
 def register(subparsers) -> None:  # noqa: ANN001
@@ -18,7 +23,9 @@ def register(subparsers) -> None:  # noqa: ANN001
         example="python -m orchestrator worker --study dqn --storage postgresql://user@db:5432/studies",
     )
     # Not required by argparse: it may come from --config, and is checked once that is read.
-    parser.add_argument("--study", metavar="NAME", help="the study to join (required)")
+    parser.add_argument(
+        "--study", metavar="NAME", type=study_name, help="the study to join (required)"
+    )
     add_storage_argument(parser)
     add_config_argument(parser)
     add_pool_arguments(parser)
