@@ -267,20 +267,29 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # a usage error (said in one line) or --help: its status
         return stop.code if isinstance(stop.code, int) else 2
+    from orchestrator.outage import note_command, storage_failure
+
+    note_command(argv)
     try:
         return int(args.handler(args) or 0)
     except UserError as error:
         print(redact(f"error: {error}"), file=sys.stderr)
-        return 2
+        return error.exit_status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader went away (`status --json | head`): stop quietly, as Unix tools do.
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as error:
+        # A database error no command caught (a locked or read-only SQLite file, a server
+        # gone): one line. Anything else is a bug, and its traceback is what helps.
+        failure = storage_failure(error)
+        if failure is None:
+            raise
+        print(redact(f"error: {failure}"), file=sys.stderr)
+        return failure.exit_status
 
 
 if __name__ == "__main__":

@@ -27,6 +27,17 @@ GRACE_PERIOD_S = 40
 HEARTBEAT_ENV = "ORCHESTRATOR_HEARTBEAT_INTERVAL"
 GRACE_ENV = "ORCHESTRATOR_GRACE_PERIOD"
 SQLITE_BUSY_TIMEOUT_S = 60
+SQLITE_BUSY_ENV = "ORCHESTRATOR_SQLITE_BUSY_TIMEOUT"
+# PostgreSQL connections: give up connecting after this long (a server that is down answers at
+# once; one behind a dead network would hang for minutes), and let TCP keepalives find a
+# connection whose server vanished without a word (a failover, a cut cable) in about a minute.
+CONNECT_TIMEOUT_S = 10
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
 
 
 def resolve_storage_url(cli_value: str | None, environ: Mapping[str, str] = os.environ) -> str:
@@ -221,11 +232,30 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def sqlite_busy_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """How long SQLite waits for another process's lock before it says "database is locked"."""
+    text = environ.get(SQLITE_BUSY_ENV)
+    try:
+        value = float(text) if text else SQLITE_BUSY_TIMEOUT_S
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise UserError(f"{SQLITE_BUSY_ENV}={text!r} must be a number of seconds, e.g. 60")
+    return value
+
+
 def engine_kwargs(url: str) -> dict[str, Any]:
-    """Engine settings: connection liveness checks everywhere, a busy timeout for SQLite."""
+    """Engine settings that ride out outages.
+
+    Every engine checks a pooled connection before using it (`pool_pre_ping`: after a
+    PostgreSQL restart the pool holds dead connections, and SQLAlchemy replaces them instead of
+    failing the call; Optuna's RDBStorage then just works on its next session). PostgreSQL
+    connections time out and keep alive; SQLite waits for a busy file."""
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if is_sqlite(url):
-        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+        kwargs["connect_args"] = {"timeout": sqlite_busy_timeout()}
+    else:
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES}
     return kwargs
 
 
@@ -235,7 +265,7 @@ def _enable_sqlite_wal(url: str) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    connection = sqlite3.connect(path, timeout=SQLITE_BUSY_TIMEOUT_S)
+    connection = sqlite3.connect(path, timeout=sqlite_busy_timeout())
     try:
         connection.execute("PRAGMA journal_mode=WAL")
     finally:
@@ -272,6 +302,36 @@ def quiet_optuna_warnings() -> None:
 
     warnings.filterwarnings("ignore", category=ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    _quiet_optuna_fallback()
+
+
+class _LostConnectionFallback:
+    """Drops Optuna's "Caught an error from sqlalchemy ... Falling back" warning when the error
+    is a lost connection: the fallback fails as well, and the outage says so in one line."""
+
+    LOST = (
+        "server closed the connection",
+        "connection refused",
+        "terminating connection",
+        "could not connect",
+        "connection already closed",
+        "the database system is",
+        "database is locked",
+    )
+
+    def filter(self, record: Any) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Caught an error from sqlalchemy"):
+            return True
+        return not any(words in message for words in self.LOST)
+
+
+def _quiet_optuna_fallback() -> None:
+    import logging
+
+    logger = logging.getLogger("optuna.storages._rdb.storage")
+    if not any(isinstance(f, _LostConnectionFallback) for f in logger.filters):
+        logger.addFilter(_LostConnectionFallback())
 
 
 def heartbeat_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, int]:
@@ -299,18 +359,22 @@ def create_storage(
     """Open Optuna's RDBStorage on URL, creating Optuna's schema when it is missing.
 
     With `heartbeat`, trials record heartbeats and a silent one is failed (and handed to the
-    callback) by `optuna.storages.fail_stale_trials`.
+    callback) by `optuna.storages.fail_stale_trials`. Opening fails at once when the database
+    cannot be reached (a wrong URL says so in a second); once open, every call rides out an
+    outage (see RidingRDBStorage).
     """
-    from optuna.storages import RDBStorage
     from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.outage import note_storage
 
     remember_secret(url)
     protect_output()
+    note_storage(url)  # outage lines name the storage
     url = normalize_url(url)
     quiet_optuna_warnings()
     try:
         _enable_sqlite_wal(url)
-        return RDBStorage(
+        return _riding_storage_class()(
             url,
             engine_kwargs=engine_kwargs(url),
             heartbeat_interval=heartbeat_settings()[0] if heartbeat else None,
@@ -321,3 +385,188 @@ def create_storage(
         raise unreachable(url, error) from None
     except ImportError as error:
         raise missing_driver(url, error) from None
+
+
+# --- Optuna's storage, riding out outages --------------------------------------------------
+
+# RDBStorage's methods that use the database, and what each does in a user's words.
+_RIDDEN = {
+    "create_new_study": "create the study",
+    "delete_study": "delete a study",
+    "set_study_user_attr": "store the study's settings",
+    "set_study_system_attr": "store the sampler's state",
+    "get_study_id_from_name": "find the study",
+    "get_study_name_from_id": "read the study's name",
+    "get_study_directions": "read the study's direction",
+    "get_study_user_attrs": "read the study's settings",
+    "get_study_system_attrs": "read the sampler's state",
+    "get_trial_user_attrs": "read a trial's attributes",
+    "get_trial_system_attrs": "read a trial's sampler state",
+    "get_all_studies": "list the studies",
+    "create_new_trial": "ask for a trial",
+    "set_trial_param": "store a trial's parameter",
+    "_set_trial_param": "store a trial's parameter",  # what Optuna's trial cache calls
+    "_get_best_trial_id": "read the best trial",
+    "get_trial_param": "read a trial's parameter",
+    "set_trial_intermediate_value": "report a trial's progress",
+    "set_trial_user_attr": "store a trial's attribute",
+    "set_trial_system_attr": "store a trial's sampler state",
+    "get_trial_id_from_study_id_trial_number": "find a trial",
+    "get_trial": "read a trial",
+    "get_all_trials": "read the trials",
+    "_get_trials": "read the trials",
+    "get_best_trial": "read the best trial",
+    "record_heartbeat": "record a trial's heartbeat",
+    "_get_stale_trial_ids": "look for lost trials",
+}
+
+
+def _ridden(method: Callable[..., Any], what: str) -> Callable[..., Any]:
+    import functools
+
+    from orchestrator.outage import ride_out
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return ride_out(lambda: method(self, *args, **kwargs), what=what)
+
+    return call
+
+
+def _set_trial_state_values(self: Any, trial_id: int, state: Any, values: Any = None) -> bool:
+    """Tell, riding out an outage. A connection lost at the commit leaves it unknown whether the
+    state landed: a retry that finds the trial finished in that very state has told it."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages import RDBStorage
+
+    from orchestrator.outage import ride_out
+
+    attempts = 0
+
+    def attempt() -> bool:
+        nonlocal attempts
+        attempts += 1
+        try:
+            return RDBStorage.set_trial_state_values(self, trial_id, state, values)
+        except UpdateFinishedTrialError:
+            landed = attempts > 1 and state.is_finished()
+            if landed and RDBStorage.get_trial(self, trial_id).state == state:
+                return True
+            raise
+
+    return ride_out(attempt, what="tell a trial's result")
+
+
+# Each new trial carries a mark of its own, written in the same transaction: a retry after a
+# connection lost at the commit finds the trial its lost attempt made instead of making another
+# (which would stay RUNNING for ever, holding a slot of the budget).
+ASK_MARK = "orchestrator:ask"
+
+
+def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> Any:
+    import copy
+    import datetime as dt
+    import uuid
+
+    from optuna.storages import RDBStorage
+    from optuna.trial import FrozenTrial, TrialState
+
+    from orchestrator.outage import ride_out
+
+    mark = uuid.uuid4().hex
+    if template_trial is None:
+        template = FrozenTrial(
+            number=-1,
+            state=TrialState.RUNNING,
+            value=None,
+            values=None,
+            datetime_start=dt.datetime.now(),
+            datetime_complete=None,
+            params={},
+            distributions={},
+            user_attrs={},
+            system_attrs={},
+            intermediate_values={},
+            trial_id=-1,
+        )
+    else:
+        template = copy.deepcopy(template_trial)
+    template._system_attrs = {**template.system_attrs, ASK_MARK: mark}
+    attempts = 0
+
+    def attempt() -> Any:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1:
+            made = _marked_trial_id(self, study_id, mark)
+            if made is not None:
+                return RDBStorage.get_trial(self, made)
+        return _create_once(self, study_id, template)
+
+    return ride_out(attempt, what="ask for a trial")
+
+
+def _create_once(storage: Any, study_id: int, template: Any) -> Any:
+    """One attempt of RDBStorage._create_new_trial. Optuna's own method retries a failed commit
+    itself, blind to whether it landed, and would make a second trial with the same mark."""
+    import copy
+
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(storage.scoped_session) as session:
+        # Optuna's lock on the study row: numbering a new trial is not atomic otherwise.
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        trial = storage._get_prepared_new_trial(study_id, template, session)
+        frozen = copy.deepcopy(template)
+        frozen.number = trial.number
+        frozen.datetime_start = trial.datetime_start
+        frozen._trial_id = trial.trial_id
+        return frozen
+
+
+def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
+    import json
+
+    import sqlalchemy as sa
+    from optuna.storages._rdb import models
+
+    attrs, trials = models.TrialSystemAttributeModel.__table__, models.TrialModel.__table__
+    query = (
+        sa.select(attrs.c.trial_id)
+        .join(trials, trials.c.trial_id == attrs.c.trial_id)
+        .where(
+            trials.c.study_id == study_id,
+            attrs.c.key == ASK_MARK,
+            attrs.c.value_json == json.dumps(mark),
+        )
+    )
+    with storage.engine.connect() as conn:
+        return conn.execute(query).scalar()
+
+
+_RIDING_CLASS: type | None = None
+
+
+def _riding_storage_class() -> type[RDBStorage]:
+    """RDBStorage whose every database call rides out an outage (`orchestrator.outage`).
+
+    A subclass, not a wrapper, so that Optuna still puts its trial cache in front of it
+    (`optuna.load_study` caches an RDBStorage, and only an RDBStorage)."""
+    global _RIDING_CLASS
+    if _RIDING_CLASS is None:
+        from optuna.storages import RDBStorage
+
+        body = {name: _ridden(getattr(RDBStorage, name), what) for name, what in _RIDDEN.items()}
+        body["set_trial_state_values"] = _set_trial_state_values
+        body["_create_new_trial"] = _create_new_trial
+        body["__module__"] = __name__
+        _RIDING_CLASS = type("RidingRDBStorage", (RDBStorage,), body)
+    return _RIDING_CLASS
+
+
+def __getattr__(name: str) -> Any:
+    # `RidingRDBStorage` is made on first use (Optuna is imported late); pickle finds it here.
+    if name == "RidingRDBStorage":
+        return _riding_storage_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,350 @@
+"""Riding out a database outage (orchestrator.outage): which errors, how long, what is said.
+
+The decisions are tested with an injected clock and sleep (no waiting); the errors are real ones,
+from a PostgreSQL cluster of the tests' own that they stop and restart, and from SQLite files.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+
+import optuna
+import pytest
+import sqlalchemy as sa
+
+from orchestrator import outage
+from orchestrator.errors import UserError
+from tests.pg_cluster import PgCluster
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with PgCluster.create() as made:
+        yield made
+
+
+def _error_of(engine: sa.Engine, statement: str) -> BaseException:
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(statement))
+    except Exception as error:  # the real error, as a storage call would see it
+        return error
+    raise AssertionError(f"{statement!r} did not fail")
+
+
+class FakeTime:
+    """A clock that moves only when someone sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def fake():
+    time = FakeTime()
+    log = logging.getLogger("test.outage")
+    state = outage.Outages(
+        clock=time.clock,
+        sleep=time.sleep,
+        jitter=lambda: 1.0,
+        log=log,
+        where="PostgreSQL at db:5432",
+    )
+    state.resume = "python -m orchestrator run synthetic --study s"
+    return time, state
+
+
+def connection_lost() -> BaseException:
+    import psycopg2
+
+    return sa.exc.OperationalError(
+        "SELECT 1", {}, psycopg2.OperationalError("server closed the connection unexpectedly")
+    )
+
+
+def failing(times: int, error_factory=connection_lost):
+    calls = {"n": 0}
+
+    def call():
+        calls["n"] += 1
+        if calls["n"] <= times:
+            raise error_factory()
+        return "done"
+
+    return call, calls
+
+
+# --- which errors are outages, on real errors ------------------------------------------
+
+
+def test_a_stopped_server_is_an_outage_and_a_bad_statement_is_not(cluster):
+    url = cluster.create_database("kinds")
+    engine = sa.create_engine(url, pool_pre_ping=True)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE t (id int PRIMARY KEY, name varchar(4))"))
+        conn.execute(sa.text("INSERT INTO t VALUES (1, 'a')"))
+    integrity = _error_of(engine, "INSERT INTO t VALUES (1, 'b')")
+    too_long = _error_of(engine, "INSERT INTO t VALUES (2, 'much too long')")
+    syntax = _error_of(engine, "SELEC 1")
+    assert isinstance(integrity, sa.exc.IntegrityError) and outage.outage_kind(integrity) is None
+    assert isinstance(too_long, sa.exc.DataError) and outage.outage_kind(too_long) is None
+    assert isinstance(syntax, sa.exc.ProgrammingError) and outage.outage_kind(syntax) is None
+
+    # An administrator's shutdown of our session (57P01), as a fast restart does to every one.
+    with engine.connect() as victim:
+        pid = victim.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+        with engine.begin() as admin:
+            admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(sa.exc.DBAPIError) as terminated:
+            victim.execute(sa.text("SELECT 1"))
+    assert outage.outage_kind(terminated.value) == outage.CONNECTION
+
+    cluster.stop()
+    try:
+        refused = _error_of(engine, "SELECT 1")
+    finally:
+        cluster.start()
+    assert outage.outage_kind(refused) == outage.CONNECTION
+    assert "refused" in outage.first_line(refused)
+    engine.dispose()
+
+
+def test_a_database_that_does_not_exist_is_no_outage(cluster):
+    engine = sa.create_engine(cluster.database_url("no_such_database"))
+    error = _error_of(engine, "SELECT 1")
+    assert outage.outage_kind(error) is None  # waiting will not create it
+    engine.dispose()
+
+
+def test_optuna_s_wrapped_error_is_judged_by_its_cause(cluster):
+    """Optuna turns any error at commit into "invalid data in the commit": the cause decides."""
+    from optuna.exceptions import StorageInternalError
+
+    engine = sa.create_engine(cluster.create_database("wrapped"))
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE t (name varchar(2))"))
+    for statement, expected in [("INSERT INTO t VALUES ('abc')", None)]:
+        cause = _error_of(engine, statement)
+        try:
+            raise StorageInternalError("invalid data in the commit") from cause
+        except StorageInternalError as wrapped:
+            assert outage.outage_kind(wrapped) is expected
+    cluster.stop()
+    try:
+        cause = _error_of(engine, "SELECT 1")
+    finally:
+        cluster.start()
+    try:
+        raise StorageInternalError("invalid data in the commit") from cause
+    except StorageInternalError as wrapped:
+        assert outage.outage_kind(wrapped) == outage.CONNECTION
+    engine.dispose()
+
+
+def test_a_locked_sqlite_file_is_a_short_outage_and_a_read_only_one_is_not(tmp_path):
+    path = tmp_path / "s.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    engine = sa.create_engine(f"sqlite:///{path}", connect_args={"timeout": 0.1})
+    locked = _error_of(engine, "INSERT INTO t VALUES (1)")
+    holder.execute("ROLLBACK")
+    holder.close()
+    assert outage.outage_kind(locked) == outage.LOCKED
+
+    reader = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
+    read_only = _error_of(reader, "INSERT INTO t VALUES (1)")
+    assert outage.outage_kind(read_only) is None
+    assert "read-only" in str(outage.storage_failure(read_only))
+    engine.dispose()
+    reader.dispose()
+
+
+# --- the retry, on an injected clock ----------------------------------------------------
+
+
+def test_an_outage_is_ridden_out_with_one_line_when_it_goes_and_one_when_it_is_back(fake, caplog):
+    time, state = fake
+    call, calls = failing(6)
+    with caplog.at_level(logging.INFO, logger="test.outage"):
+        assert outage.ride_out(call, what="tell trial 3", bound=60, outages=state) == "done"
+    assert calls["n"] == 7
+    # Capped exponential backoff: 0.5, 1, 2, 4, 8, 8 seconds.
+    assert time.sleeps == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("the database (PostgreSQL at db:5432) went away: server closed")
+    assert lines[1] == "the database (PostgreSQL at db:5432) is back after 24 s"
+    assert state.outages == 1 and state.began_at is None
+
+
+def test_after_the_bound_one_line_says_how_long_and_how_to_resume(fake):
+    time, state = fake
+    call, calls = failing(10**6)
+    with pytest.raises(outage.StorageUnreachable) as stopped:
+        outage.ride_out(call, what="tell trial 3", bound=30, outages=state)
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message.startswith("the database (PostgreSQL at db:5432) has been unreachable for 30 s")
+    assert "while trying to tell trial 3" in message
+    assert "`python -m orchestrator run synthetic --study s`" in message
+    assert isinstance(stopped.value, UserError) and stopped.value.exit_status == 75
+    assert sum(time.sleeps) == pytest.approx(30)  # the last pause is cut to the bound
+
+
+def test_a_data_error_is_never_retried(fake):
+    _time, state = fake
+    call, calls = failing(1, lambda: sa.exc.IntegrityError("INSERT", {}, Exception("duplicate")))
+    with pytest.raises(sa.exc.IntegrityError):
+        outage.ride_out(call, what="insert", bound=60, outages=state)
+    assert calls["n"] == 1 and state.outages == 0
+
+
+def test_only_the_outermost_call_retries(fake):
+    """A section (take the lock, count, ask) is redone whole, never resumed half-way."""
+    _time, state = fake
+    inner, inner_calls = failing(2)
+    sections = {"n": 0}
+
+    def section():
+        sections["n"] += 1
+        return outage.ride_out(inner, what="ask", bound=60, outages=state)
+
+    assert outage.ride_out(section, what="ask under the lock", bound=60, outages=state) == "done"
+    assert sections["n"] == 3 and inner_calls["n"] == 3
+
+
+def test_many_threads_in_one_outage_say_it_once(caplog):
+    """The state is per process: eight threads waiting through one outage log two lines."""
+    down = threading.Event()
+    down.set()
+    state = outage.Outages(log=logging.getLogger("test.outage.threads"), jitter=lambda: 0.1)
+
+    def call():
+        if down.is_set():
+            raise connection_lost()
+        return 1
+
+    results = []
+    with caplog.at_level(logging.INFO, logger="test.outage.threads"):
+        threads = [
+            threading.Thread(
+                target=lambda: results.append(
+                    outage.ride_out(call, what="work", bound=30, outages=state)
+                )
+            )
+            for _ in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        threading.Timer(0.3, down.clear).start()
+        for thread in threads:
+            thread.join(10)
+    assert results == [1] * 8
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "went away" in messages[0] and "is back" in messages[1]
+
+
+def test_stale_trials_are_not_failed_right_after_an_outage(fake):
+    time, state = fake
+    call, _ = failing(3)
+    outage.ride_out(call, what="x", bound=60, outages=state)
+    assert not state.quiet_for(40)
+    time.now += 40
+    assert state.quiet_for(40)
+
+
+def test_the_bound_comes_from_the_flag_through_the_environment(monkeypatch):
+    monkeypatch.delenv(outage.RETRY_ENV, raising=False)
+    assert outage.retry_seconds() == outage.DEFAULT_RETRY_SECONDS
+    outage.set_retry_seconds(12)
+    assert outage.retry_seconds() == 12.0
+    monkeypatch.setenv(outage.RETRY_ENV, "soon")
+    with pytest.raises(UserError, match="must be a number of seconds"):
+        outage.retry_seconds()
+
+
+def test_a_trial_asked_for_but_never_started_is_failed_and_re_run(sqlite_url, monkeypatch):
+    """A connection lost as `ask` committed leaves a RUNNING trial with no heartbeat: Optuna never
+    finds it stale, so it would hold the budget for ever. It is failed and re-queued."""
+    import time
+
+    from orchestrator.migrate import open_storage
+    from orchestrator.retry import stale_trial_callback
+
+    monkeypatch.setattr(outage, "OUTAGES", outage.Outages())
+    storage = open_storage(
+        sqlite_url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
+    )
+    study = optuna.create_study(storage=storage, study_name="orphans")
+    orphan = study.ask()
+    orphan.suggest_float("x", 0.0, 1.0)
+    alive = study.ask()
+    storage.record_heartbeat(alive._trial_id)
+    assert outage.fail_stale_trials(study, grace_s=30)  # too young: nothing failed
+    assert [t.state.name for t in study.trials] == ["RUNNING", "RUNNING"]
+    time.sleep(1.2)
+    storage.record_heartbeat(alive._trial_id)
+    assert outage.fail_stale_trials(study, grace_s=1)
+    trials = study.get_trials()
+    assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "WAITING"]
+    assert trials[2].system_attrs["retry_history"] == [0]
+
+
+def _lose_the_first_answer(monkeypatch, owner, name: str) -> dict:
+    """Let `owner.name` do its work, then raise a lost connection once, as a commit whose
+    answer never came back: the caller cannot know that it landed."""
+    original = getattr(owner, name)
+    seen = {"calls": 0}
+
+    def call(*args, **kwargs):
+        seen["calls"] += 1
+        result = original(*args, **kwargs)
+        if seen["calls"] == 1:
+            raise connection_lost()
+        return result
+
+    monkeypatch.setattr(owner, name, call)
+    return seen
+
+
+def test_an_ask_whose_answer_was_lost_makes_one_trial(sqlite_url, monkeypatch):
+    import orchestrator.storage as storage_module
+    from orchestrator.migrate import open_storage
+
+    state = outage.Outages(jitter=lambda: 0.01)
+    monkeypatch.setattr(outage, "OUTAGES", state)
+    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="once")
+    seen = _lose_the_first_answer(monkeypatch, storage_module, "_create_once")
+    trial = study.ask()
+    assert seen["calls"] == 1  # the retry found the trial by its mark: no second insert
+    assert [t.number for t in study.get_trials()] == [trial.number] == [0]
+    assert state.outages == 1
+
+
+def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
+    from optuna.storages import RDBStorage
+
+    from orchestrator.migrate import open_storage
+
+    monkeypatch.setattr(outage, "OUTAGES", outage.Outages(jitter=lambda: 0.01))
+    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="told")
+    trial = study.ask()
+    seen = _lose_the_first_answer(monkeypatch, RDBStorage, "set_trial_state_values")
+    study.tell(trial, 2.5)
+    assert seen["calls"] == 2  # the retry met a finished trial in the state it was to get
+    (told,) = study.get_trials()
+    assert told.state.name == "COMPLETE" and told.value == 2.5
