@@ -168,22 +168,48 @@ class BaseAdapter:
     ) -> float:
         """One trial: draw parameters, train, report every epoch (pruning works), return the value."""
         params = self.suggest(trial, options)
-        return self.train(
-            params, epochs=epochs, device=device, options=options, report=reporter(trial)
-        )
+        report = reporter(trial)
+        value = self.train(params, epochs=epochs, device=device, options=options, report=report)
+        report.flush()  # type: ignore[attr-defined]
+        return value
 
 
 def reporter(trial: optuna.Trial) -> Report:
     """The `report` an adapter calls once per epoch: records the value, and raises
-    `optuna.TrialPruned` when the study's pruner says the trial is not worth finishing."""
+    `optuna.TrialPruned` when the study's pruner says the trial is not worth finishing.
+
+    While the database is away the trial keeps training: the values wait in the reporter (no
+    pruning decision is made without them) and go out with the next report once it is back, or
+    with `report.flush()`, which the caller runs before it tells the result."""
+    from orchestrator.outage import is_outage, ride_out, single_attempt
+
+    pending: list[tuple[int, float]] = []
+
+    def deliver() -> None:
+        while pending:
+            epoch, value = pending[0]
+            trial.report(value, epoch)
+            pending.pop(0)
 
     def report(epoch: int, value: float) -> None:
         import optuna
 
-        trial.report(value, epoch)
-        if trial.should_prune():
+        pending.append((epoch, value))
+        try:
+            with single_attempt():
+                deliver()
+                prune = trial.should_prune()
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            return  # delivered later; the outage has its one line already
+        if prune:
             raise optuna.TrialPruned(f"pruned at epoch {epoch}")
 
+    def flush() -> None:
+        ride_out(deliver, what=f"report the progress of trial {trial.number}")
+
+    report.flush = flush  # type: ignore[attr-defined]
     return report
 
 

@@ -7,6 +7,11 @@
 
 On PostgreSQL each is an advisory lock on a key derived from its name, held by a connection of
 its own while Optuna works through another; beside an SQLite file, an exclusive file lock.
+
+An advisory lock lives as long as its connection: when PostgreSQL restarts, the lock is gone with
+the session, and another process may take it. So a section is never resumed half-way after an
+outage: `locked` runs the whole section again (take the lock on a new connection, count, ask)
+until it completes, and a lock whose connection is already gone is not released a second time.
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
+from orchestrator.outage import is_outage, ride_out
 from orchestrator.storage import engine_kwargs, normalize_url, sqlite_path
+
+T = TypeVar("T")
 
 
 def lock_key(name: str) -> int:
@@ -53,14 +62,42 @@ def storage_lock(url: str, name: str) -> Iterator[None]:
             try:
                 yield
             finally:
-                conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), key)
-                conn.commit()
+                _unlock(conn, key)
     finally:
         engine.dispose()
 
 
+def _unlock(conn, key: dict[str, int]) -> None:  # noqa: ANN001
+    import sqlalchemy as sa
+
+    try:
+        conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), key)
+        conn.commit()
+    except sa.exc.SQLAlchemyError as error:
+        if not is_outage(error):
+            raise
+        # The connection is gone, and the lock with its session: nothing is left to release.
+        conn.invalidate()
+
+
 def budget_lock(url: str, study_name: str) -> contextlib.AbstractContextManager[None]:
     return storage_lock(url, f"budget:{study_name}")
+
+
+def locked(url: str, name: str, section: Callable[[], T], *, what: str) -> T:
+    """`section()` under the lock called `name`, riding out an outage: a section that a lost
+    connection interrupted is run again whole, under the lock taken anew."""
+
+    def attempt() -> T:
+        with storage_lock(url, name):
+            return section()
+
+    return ride_out(attempt, what=what)
+
+
+def under_budget_lock(url: str, study_name: str, section: Callable[[], T], *, what: str) -> T:
+    """Count and ask under the study's budget lock, whole or not at all (see `locked`)."""
+    return locked(url, f"budget:{study_name}", section, what=what)
 
 
 def schema_lock(url: str) -> contextlib.AbstractContextManager[None]:

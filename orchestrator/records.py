@@ -2,6 +2,8 @@
 
 The schema is owned by the alembic chain in `migrations/`; these Table objects mirror it so code
 and autogenerate agree. Every function takes an SQLAlchemy Engine: the caller decides where.
+Every read and write rides out a database outage (`orchestrator.outage`); an insert that is
+retried first looks for the row its lost attempt may have committed, so none is written twice.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+
+from orchestrator.outage import retried, ride_out
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -116,6 +120,30 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
+def _insert_once(engine: Engine, table: sa.Table, values: dict[str, Any], *, what: str) -> int:
+    """INSERT one row, riding out an outage. A connection lost at the commit leaves it unknown
+    whether the row landed: each retry looks for it (every value equal) before inserting again."""
+    attempts = 0
+
+    def insert() -> int:
+        nonlocal attempts
+        attempts += 1
+        with engine.begin() as conn:
+            if attempts > 1:
+                match = sa.and_(
+                    *(
+                        table.c[k].is_(None) if v is None else table.c[k] == v
+                        for k, v in values.items()
+                    )
+                )
+                found = conn.execute(sa.select(table.c.id).where(match).limit(1)).scalar()
+                if found is not None:
+                    return int(found)
+            return int(conn.execute(table.insert().values(**values)).inserted_primary_key[0])
+
+    return ride_out(insert, what=what)
+
+
 # --- workers -------------------------------------------------------------------------------
 
 
@@ -123,21 +151,19 @@ def register_worker(
     engine: Engine, *, study_name: str, host: str, gpu_index: int | None, gpu_name: str, pid: int
 ) -> int:
     stamp = now()
-    with engine.begin() as conn:
-        result = conn.execute(
-            workers.insert().values(
-                study_name=study_name,
-                host=host,
-                gpu_index=gpu_index,
-                gpu_name=gpu_name,
-                pid=pid,
-                started_at=stamp,
-                last_seen=stamp,
-            )
-        )
-        return int(result.inserted_primary_key[0])
+    values = {
+        "study_name": study_name,
+        "host": host,
+        "gpu_index": gpu_index,
+        "gpu_name": gpu_name,
+        "pid": pid,
+        "started_at": stamp,
+        "last_seen": stamp,
+    }
+    return _insert_once(engine, workers, values, what="register this worker")
 
 
+@retried("record that this worker is alive")
 def touch_worker(engine: Engine, worker_id: int, *, stopped: bool = False) -> None:
     stamp = now()
     values: dict[str, Any] = {"last_seen": stamp}
@@ -165,24 +191,23 @@ class ConcurrencyEvent:
 
 
 def record_concurrency_event(engine: Engine, *, study_name: str, event: ConcurrencyEvent) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            concurrency_events.insert().values(
-                study_name=study_name,
-                at=event.at,
-                host=event.host,
-                gpu_index=event.gpu_index,
-                gpu_name=event.gpu_name,
-                from_slots=event.from_slots,
-                to_slots=event.to_slots,
-                reason=event.reason,
-                detail=event.detail,
-                from_mb=event.from_mb,
-                to_mb=event.to_mb,
-            )
-        )
+    values = {
+        "study_name": study_name,
+        "at": event.at,
+        "host": event.host,
+        "gpu_index": event.gpu_index,
+        "gpu_name": event.gpu_name,
+        "from_slots": event.from_slots,
+        "to_slots": event.to_slots,
+        "reason": event.reason,
+        "detail": event.detail,
+        "from_mb": event.from_mb,
+        "to_mb": event.to_mb,
+    }
+    _insert_once(engine, concurrency_events, values, what="record a change of slots")
 
 
+@retried("read the changes of slots")
 def list_concurrency_events(engine: Engine, study_name: str) -> list[ConcurrencyEvent]:
     query = (
         sa.select(concurrency_events)
@@ -211,14 +236,11 @@ def list_concurrency_events(engine: Engine, study_name: str) -> list[Concurrency
 
 
 def record_trial_vram(engine: Engine, *, study_name: str, trial_number: int, **values: Any) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            trial_vram.insert().values(
-                study_name=study_name, trial_number=trial_number, recorded_at=now(), **values
-            )
-        )
+    row = {"study_name": study_name, "trial_number": trial_number, "recorded_at": now(), **values}
+    _insert_once(engine, trial_vram, row, what=f"record the VRAM of trial {trial_number}")
 
 
+@retried("read the VRAM of the trials")
 def list_trial_vram(engine: Engine, study_name: str) -> list[dict[str, Any]]:
     query = (
         sa.select(trial_vram)
@@ -250,6 +272,7 @@ def _insert(engine: Engine, table: sa.Table):  # noqa: ANN202
     return insert(table)
 
 
+@retried("store a measured memory model")
 def save_memory_model(
     engine: Engine,
     *,
@@ -276,6 +299,7 @@ def save_memory_model(
         conn.execute(statement)
 
 
+@retried("read a measured memory model")
 def load_memory_model(engine: Engine, *, adapter: str, gpu_name: str) -> MeasuredMemoryModel | None:
     query = sa.select(memory_models).where(
         (memory_models.c.adapter == adapter) & (memory_models.c.gpu_name == gpu_name)
@@ -293,6 +317,7 @@ def load_memory_model(engine: Engine, *, adapter: str, gpu_name: str) -> Measure
     )
 
 
+@retried("record a GPU's batch-size limit")
 def lower_batch_limit(
     engine: Engine, *, study_name: str, gpu_name: str, max_batch_size: int, trial_number: int | None
 ) -> None:
@@ -325,6 +350,7 @@ def lower_batch_limit(
         conn.execute(statement)
 
 
+@retried("read a GPU's batch-size limit")
 def load_batch_limit(engine: Engine, *, study_name: str, gpu_name: str) -> int | None:
     query = sa.select(batch_limits.c.max_batch_size).where(
         (batch_limits.c.study_name == study_name) & (batch_limits.c.gpu_name == gpu_name)
