@@ -138,6 +138,7 @@ def check_pool_arguments(args: argparse.Namespace) -> None:
 
     from orchestrator.gpu import check_gpus_exist
     from orchestrator.outage import set_retry_seconds
+    from orchestrator.storage import heartbeat_settings
     from orchestrator.workloads import WORKLOADS_ENV, load_workload_classes
 
     if args.concurrency is not None and args.concurrency < 1:
@@ -158,6 +159,7 @@ def check_pool_arguments(args: argparse.Namespace) -> None:
             raise UserError(f"--storage-retry-seconds {retry} must be 0 or more seconds")
         set_retry_seconds(retry)
     check_gpus_exist(args.gpus)
+    heartbeat_settings()  # a bad value in the environment is refused before anything starts
     if getattr(args, "workloads", None):
         # Checked now (a bad file stops before anything is stored), then named in the
         # environment, where every later read of the workload classes looks, trial processes too.
