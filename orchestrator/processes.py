@@ -131,6 +131,11 @@ def _dismiss_all(spare: list[_Process]) -> None:
     for worker in spare:
         with contextlib.suppress(BrokenPipeError, OSError):
             worker.conn.send(None)
+        # A spare may still be unpickling its start-up arguments, which fails with a traceback
+        # once this process is gone; it holds nothing yet (no trial, no storage), so it need
+        # not finish.
+        worker.process.kill()
+        worker.process.join()
     spare.clear()
 
 
