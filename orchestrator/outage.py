@@ -161,11 +161,22 @@ class StorageUnreachable(UserError):
 
     exit_status = EXIT_STATUS
 
-    def __init__(self, seconds: float, *, where: str, what: str, detail: str, resume: str) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        *,
+        where: str,
+        what: str,
+        detail: str,
+        resume: str,
+        kind: str = CONNECTION,
+    ) -> None:
         self.seconds = seconds
+        state = "locked by another process" if kind == LOCKED else "unreachable"
+        back = "free" if kind == LOCKED else "back"
         super().__init__(
-            f"the database ({where}) has been unreachable for {seconds:.0f} s (last: {detail}, "
-            f"while trying to {what}); the study is kept as it was: when the database is back, "
+            f"the database ({where}) has been {state} for {seconds:.0f} s (last: {detail}, "
+            f"while trying to {what}); the study is kept as it was: when the database is {back}, "
             f"resume with `{resume}`"
         )
 
@@ -343,6 +354,7 @@ def ride_out(
                         what=what,
                         detail=first_line(error),
                         resume=state.resume,
+                        kind=kind,
                     ) from None
                 state.sleep(max(0.0, min(pause * state.jitter(), limit - waited)))
                 pause = min(pause * 2, LONGEST_PAUSE_S)
