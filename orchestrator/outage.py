@@ -338,6 +338,7 @@ def ride_out(
             return call()  # the outermost ride_out retries the whole block
         limit = retry_seconds() if bound is None else bound
         pause = FIRST_PAUSE_S
+        waited_here = False
         while True:
             try:
                 result = call()
@@ -345,6 +346,7 @@ def ride_out(
                 kind = outage_kind(error)
                 if kind is None:
                     raise
+                waited_here = True
                 began = state.went_away(kind, error, limit)
                 waited = state.clock() - began
                 if waited >= limit:
@@ -359,7 +361,10 @@ def ride_out(
                 state.sleep(max(0.0, min(pause * state.jitter(), limit - waited)))
                 pause = min(pause * 2, LONGEST_PAUSE_S)
                 continue
-            state.came_back()
+            # Only a call that met the outage may end it: beside a locked SQLite file, reads
+            # go on while every write waits.
+            if waited_here:
+                state.came_back()
             return result
 
 
@@ -408,18 +413,23 @@ class Heartbeat:
         self._thread.join()
 
     def _beat(self) -> None:
+        failed = False
         while not self._stop.is_set():
             try:
-                self._storage.record_heartbeat(self._trial_id)
+                with single_attempt(self._state):
+                    self._storage.record_heartbeat(self._trial_id)
             except Exception as error:
                 kind = outage_kind(error)
                 if kind is None:
                     logger.warning("heartbeat of trial id %d stopped: %s", self._trial_id, error)
                     return
+                failed = True
                 self._state.went_away(kind, error, retry_seconds())
                 self._stop.wait(min(self._interval, FIRST_PAUSE_S * 4))
                 continue
-            self._state.came_back()
+            if failed:
+                self._state.came_back()
+                failed = False
             self._stop.wait(self._interval)
 
 

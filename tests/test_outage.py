@@ -348,3 +348,27 @@ def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
     assert seen["calls"] == 2  # the retry met a finished trial in the state it was to get
     (told,) = study.get_trials()
     assert told.state.name == "COMPLETE" and told.value == 2.5
+
+
+def test_a_call_that_never_failed_does_not_end_the_outage(fake, caplog):
+    """Beside a locked SQLite file reads go on while writes wait: a read is no sign it is over."""
+    time, state = fake
+    write, _ = failing(3)
+
+    def sleep_while_another_thread_reads(seconds: float) -> None:
+        time.sleep(seconds)
+        reader = threading.Thread(
+            target=outage.ride_out,
+            args=(lambda: "read",),
+            kwargs={"what": "read", "outages": state},
+        )
+        reader.start()
+        reader.join()
+        assert state.began_at is not None  # the read did not end the outage
+
+    state.sleep = sleep_while_another_thread_reads
+    with caplog.at_level(logging.INFO, logger="test.outage"):
+        assert outage.ride_out(write, what="write", bound=60, outages=state) == "done"
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and "is back" in messages[1], messages
+    assert state.began_at is None
