@@ -355,13 +355,15 @@ def create_storage(
     *,
     heartbeat: bool = False,
     heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+    wait: bool = False,
 ) -> RDBStorage:
     """Open Optuna's RDBStorage on URL, creating Optuna's schema when it is missing.
 
     With `heartbeat`, trials record heartbeats and a silent one is failed (and handed to the
     callback) by `optuna.storages.fail_stale_trials`. Opening fails at once when the database
-    cannot be reached (a wrong URL says so in a second); once open, every call rides out an
-    outage (see RidingRDBStorage).
+    cannot be reached (a wrong URL says so in a second), unless `wait`: then it rides out an
+    outage as every later call does (see RidingRDBStorage). A process that a running study
+    starts (a trial process) waits; a command the user just typed does not.
     """
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -372,15 +374,24 @@ def create_storage(
     note_storage(url)  # outage lines name the storage
     url = normalize_url(url)
     quiet_optuna_warnings()
-    try:
+    interval, grace = heartbeat_settings() if heartbeat else (None, None)
+
+    def open_it() -> RDBStorage:
         _enable_sqlite_wal(url)
         return _riding_storage_class()(
             url,
             engine_kwargs=engine_kwargs(url),
-            heartbeat_interval=heartbeat_settings()[0] if heartbeat else None,
-            grace_period=heartbeat_settings()[1] if heartbeat else None,
+            heartbeat_interval=interval,
+            grace_period=grace,
             heartbeat_stale_trial_callback=heartbeat_stale_trial_callback,
         )
+
+    try:
+        if wait:
+            from orchestrator.outage import ride_out
+
+            return ride_out(open_it, what="open the storage")
+        return open_it()
     except (SQLAlchemyError, sqlite3.Error, OSError) as error:
         raise unreachable(url, error) from None
     except ImportError as error:

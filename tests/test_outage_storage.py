@@ -194,3 +194,21 @@ def test_a_training_trial_keeps_training_and_its_reports_arrive_later(cluster, s
     assert trained_s < epochs * 0.2 + 1.5
     told = optuna.load_study(study_name="train", storage=url).trials[0]
     assert told.intermediate_values == {epoch: float(epoch) for epoch in range(epochs)}
+
+
+def test_a_process_the_study_starts_waits_for_the_database_to_open(cluster, state):
+    """A trial process started during an outage waits for the storage; a command does not."""
+    from orchestrator.errors import UserError
+    from orchestrator.storage import create_storage
+
+    url = cluster.create_database("opening")
+    cluster.stop()
+    started = time.monotonic()
+    with pytest.raises(UserError, match="cannot reach the storage"):
+        create_storage(url)
+    assert time.monotonic() - started < 5
+    threading.Timer(3, cluster.start).start()
+    storage = create_storage(url, wait=True)
+    assert time.monotonic() - started >= 3
+    assert storage.get_all_studies() == []
+    assert state.outages == 1 and state.began_at is None
