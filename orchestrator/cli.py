@@ -200,8 +200,9 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _storage_url(text: str) -> str:
-    from orchestrator.storage import parse_url
+    from orchestrator.storage import parse_url, remember_secret
 
+    remember_secret(text)  # it may come from a --config file, which argv does not show
     if not text.strip():
         raise UserError("--storage is empty: give e.g. --storage sqlite:///study.db")
     parse_url(text)

@@ -88,6 +88,12 @@ def parse_url(url: str) -> URL:
             f"the storage URL {mask_password(url)!r} has port {port}: use 1-65535 (PostgreSQL's "
             "is 5432)"
         )
+    parts = (parsed.username, parsed.password, parsed.host, parsed.database)
+    if any("\x00" in str(part) for part in parts if part is not None):
+        raise UserError(
+            f"the storage URL {mask_password(url)!r} holds a NUL character (%00), which no "
+            "database accepts: remove it"
+        )
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise UserError(f"the storage URL {mask_password(url)!r} names {backend!r}: {GOOD_URLS}")

@@ -34,7 +34,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def error_paths(url: str, port: int) -> list[tuple[list[str], dict[str, str]]]:
+def error_paths(url: str, port: int, folder: Path) -> list[tuple[list[str], dict[str, str]]]:
     """Every command, each made to fail with `url` on its command line or in the environment."""
     bad_port = url.replace("127.0.0.1:1/", "127.0.0.1:abc/")
     return [
@@ -54,8 +54,18 @@ def error_paths(url: str, port: int) -> list[tuple[list[str], dict[str, str]]]:
         (["run", "synthetic", "--trials", "many", "--storage", url], {}),
         (["run", "synthetic", "--storage", bad_port], {}),
         (["status"], {"ORCHESTRATOR_STORAGE": url}),
+        (["run", "synthetic", "--config", write_config(folder, url), "--gpus", "none"], {}),
         (["run", "synthetic", "--gpus", "none"], {"ORCHESTRATOR_STORAGE": bad_port}),
     ]
+
+
+def write_config(folder: Path, url: str) -> str:
+    """A --config file that holds the URL; its path."""
+    import json
+
+    path = folder / "secret.toml"
+    path.write_text(f"storage = {json.dumps(url, ensure_ascii=False)}\n", encoding="utf-8")
+    return str(path)
 
 
 def spellings(password: str) -> set[str]:
@@ -74,7 +84,7 @@ def _run_all(url: str, port: int, monkeypatch, capsys, log_path: Path) -> str:
     level, root.level = root.level, logging.DEBUG
     texts = []
     try:
-        for argv, env in error_paths(url, port):
+        for argv, env in error_paths(url, port, log_path.parent):
             with monkeypatch.context() as scoped:
                 scoped.delenv("ORCHESTRATOR_STORAGE", raising=False)
                 for key, value in env.items():
@@ -131,7 +141,7 @@ NASTY = ["Tr0ub@dorXsecret9", "p@ss:w/rd%40 sp ace", "пароль@секрет/
 def test_real_processes_never_print_it_nor_log_it(password, tmp_path):
     """What a user and a log collector see: stdout, and stderr written to a file."""
     url = f"postgresql://alice:{password}@127.0.0.1:1/studies"  # as typed; encoded: above
-    for argv, env in error_paths(url, _free_port()):
+    for argv, env in error_paths(url, _free_port(), tmp_path):
         log = tmp_path / "stderr.log"
         with open(log, "w", encoding="utf-8") as stderr:
             done = subprocess.run(

@@ -85,6 +85,7 @@ def test_plain_postgresql_url_uses_the_installed_driver():
         "postgresql://u:pw@[::1/db",
         "postgresql://u:pw@localhost:99999/db",
         "postgresql://u:pw@local host/db",
+        "postgresql://u:p%00w@localhost/db",  # found by tests/test_secrets.py's property
     ],
 )
 def test_malformed_or_unsupported_url_is_a_user_error(url):
