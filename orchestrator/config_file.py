@@ -113,7 +113,10 @@ def _checked(action: argparse.Action, key: Any, value: Any, path: str) -> Any:
     if action.type is not None and not isinstance(value, bool):
         try:
             value = action.type(str(value))
-        except (TypeError, ValueError, argparse.ArgumentTypeError):
+        except argparse.ArgumentTypeError as error:
+            # The flag's own check says what is wrong and what to give (finite, in range...).
+            raise UserError(f"{where} = {value!r}: {error}") from None
+        except (TypeError, ValueError):
             kind = {"int": "an integer", "float": "a number"}.get(
                 getattr(action.type, "__name__", ""), "a valid value"
             )
