@@ -46,7 +46,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "seed": 0,  # one seed for prices, environments and networks: every trial uses the same
 }
 
-# What each option accepts (both adapters declare `option_ranges = _rl.OPTION_RANGES`).
+# What each option accepts (RLAdapter's `option_ranges`, so both adapters check them).
 OPTION_RANGES = {"data": InputFile(), "seed": Range(0, SEED_MAX), "steps_per_epoch": Range(1)}
 
 TRAIN_FRACTION = 0.8
@@ -398,6 +398,7 @@ class RLAdapter(BaseAdapter):
     direction = "maximize"
     metric = "sharpe"  # held-out annualised Sharpe on trading; mean return on Gymnasium envs
     default_trials = 12
+    option_ranges = OPTION_RANGES
     config: type[Config] = Config
     learn: Callable[..., Run]
 

@@ -341,7 +341,6 @@ class DQNAdapter(_rl.RLAdapter):
     per_sample_mb = 0.0002  # seed 002: one transition of the batch
     description = "double dueling DQN with prioritised n-step replay (trading or any Gymnasium env)"
     options = {**_rl.COMMON_OPTIONS, "steps_per_epoch": 12_000}
-    option_ranges = _rl.OPTION_RANGES
     default_params = {
         k: v
         for k, v in asdict(DQNConfig()).items()

@@ -250,7 +250,6 @@ class PPOAdapter(_rl.RLAdapter):
     per_sample_mb = 0.015  # seed 002: one transition of a minibatch with its activations
     description = "PPO with GAE and clipped objective (trading or any Gymnasium env)"
     options = {**_rl.COMMON_OPTIONS, "steps_per_epoch": 25_000}
-    option_ranges = _rl.OPTION_RANGES
     default_params = {
         k: v for k, v in asdict(PPOConfig()).items() if k not in ("num_envs", "anneal_lr")
     }
