@@ -166,13 +166,26 @@ class Pool:
                     self.backend.wait(WAIT_S)
                     self._publish()
             finally:
-                self._handle(self.backend.close())
-                for supervisor in self.supervisors:
-                    if supervisor.worker_id is not None:
-                        self.study.touch_worker(supervisor.worker_id, stopped=True)
+                self._close()
         return PoolResult(
             self.trials_run, sum(s.ooms for s in self.supervisors), self.stop.interrupted
         )
+
+    def _close(self) -> None:
+        """Stop what still runs and say so in the records, without waiting for a database that
+        is away (the run is ending, perhaps because of it: each write is tried once)."""
+        from orchestrator.outage import is_outage, single_attempt
+
+        events = self.backend.close()
+        try:
+            with single_attempt():
+                self._handle(events)
+                for supervisor in self.supervisors:
+                    if supervisor.worker_id is not None:
+                        self.study.touch_worker(supervisor.worker_id, stopped=True)
+        except Exception as error:
+            if not is_outage(error):
+                raise
 
     def _turn(self) -> bool:
         """One pass: take what happened, decide, act. False when the loop is over."""
@@ -217,6 +230,10 @@ class Pool:
     def _signals(self) -> Iterator[None]:
         def count_signal(signum: int, frame: Any) -> None:
             self.signals += 1  # acted on in the loop: a handler never cuts bookkeeping in half
+            if self.signals > 1:
+                # Two not yet taken: the loop is stuck (riding out a database outage, say) and
+                # the user asked twice. Stop now, as a second signal always means.
+                raise KeyboardInterrupt("stopped by a second signal")
 
         previous = {
             sig: signal.signal(sig, count_signal) for sig in (signal.SIGINT, signal.SIGTERM)
@@ -316,6 +333,9 @@ class Pool:
             self.trials_run -= 1
             return
         number = outcome.trial_number if outcome.trial_number is not None else trial.number
+        if outcome.unreachable:  # the database, not the set-up: this pool meets it too
+            logger.warning("%s: a trial process gave up: %s", supervisor.label, outcome.error)
+            return
         self._count_failed_start(outcome, asked=number is not None)
         if outcome.recycle and outcome.recycle != "stopped":
             logger.info(

@@ -211,7 +211,7 @@ class WarmProcesses:
                     elif message[0] == "using":
                         self._pending.append(Using(worker.trial, float(message[1])))
                 elif isinstance(message, TrialOutcome):
-                    if message.recycle or message.setup_failed:
+                    if message.recycle or message.setup_failed or message.unreachable:
                         worker.ending = True
                     if worker.trial is not None:
                         self._pending.append(Finished(worker.trial, message))

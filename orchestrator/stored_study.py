@@ -46,26 +46,40 @@ class StoredStudy:
         self.direction = spec.direction
 
     def count(self) -> BudgetCount:
+        from orchestrator.outage import ride_out
         from orchestrator.trial_counts import stored_count
 
-        return stored_count(self.engine, self.study._study_id)
+        return ride_out(
+            lambda: stored_count(self.engine, self.study._study_id), what="count the trials"
+        )
 
     def fail_stale(self) -> None:
         """Fail trials whose process went silent and re-queue them (under the budget lock, so
-        nobody counts the failure before its re-run is queued)."""
-        import optuna
+        nobody counts the failure before its re-run is queued). Not during an outage, nor for a
+        grace period after it: until then no trial could record its heartbeat."""
+        from orchestrator import outage
+        from orchestrator.locks import locked
+        from orchestrator.storage import heartbeat_settings
 
-        from orchestrator.locks import budget_lock
-
-        with budget_lock(self.storage_url, self.name):
-            optuna.storages.fail_stale_trials(self.study)
+        grace = heartbeat_settings()[1]
+        locked(
+            self.storage_url,
+            f"budget:{self.name}",
+            lambda: outage.fail_stale_trials(self.study, grace),
+            what="look for lost trials",
+        )
 
     def best(self) -> Best | None:
-        try:
-            trial = self.study.best_trial  # one ordered query; finished trials are cached
-        except ValueError:
-            return None
-        return Best(float(trial.value), trial.number)
+        from orchestrator.outage import ride_out
+
+        def best_trial() -> Best | None:
+            try:
+                trial = self.study.best_trial  # one ordered query; finished trials are cached
+            except ValueError:
+                return None
+            return Best(float(trial.value), trial.number)
+
+        return ride_out(best_trial, what="read the best trial")
 
     def batch_limit(self, gpu_name: str) -> int | None:
         return records.load_batch_limit(self.engine, study_name=self.name, gpu_name=gpu_name)

@@ -25,9 +25,15 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         return
-    with _create_scoped_session(backend.scoped_session, True) as session:
-        for key, value in attrs.items():
-            backend._set_trial_attr_without_commit(
-                session, models.TrialUserAttributeModel, trial._trial_id, key, value
-            )
+    from orchestrator.outage import ride_out
+
+    def write() -> None:
+        with _create_scoped_session(backend.scoped_session, True) as session:
+            for key, value in attrs.items():
+                backend._set_trial_attr_without_commit(
+                    session, models.TrialUserAttributeModel, trial._trial_id, key, value
+                )
+
+    # An upsert each: redone whole after a lost connection, it writes the same rows again.
+    ride_out(write, what=f"write the attributes of trial {trial.number}")
     trial._cached_frozen_trial.user_attrs.update(attrs)  # as set_user_attr keeps it

@@ -68,7 +68,10 @@ class TrialContext:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config = config
         self.storage: RDBStorage = create_storage(
-            config.storage_url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
+            config.storage_url,
+            heartbeat=True,
+            heartbeat_stale_trial_callback=stale_trial_callback,
+            wait=True,  # started by a running study: ride out an outage while opening it
         )
         self.study: optuna.Study = optuna.load_study(
             study_name=config.study_name, storage=self.storage

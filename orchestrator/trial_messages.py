@@ -42,6 +42,7 @@ class TrialOutcome:
     cuda_error: bool = False  # a CUDA error other than out-of-memory: the context may be broken
     recycle: str | None = None  # why the process ends after this trial, if it does
     setup_failed: bool = False  # the process could not open the study or the adapter
+    unreachable: bool = False  # it gave up on a database away for longer than the bound
 
 
 class Channel(Protocol):

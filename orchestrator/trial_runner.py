@@ -12,7 +12,6 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -121,14 +120,21 @@ def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTi
     The budget lock covers only counting and creating: the trials that changed since the last
     ask are read before it (Optuna's cache then has little left to fetch inside), and the
     count is two aggregate queries, so no ask waits on another's read."""
-    from orchestrator.locks import budget_lock
+    from orchestrator.locks import under_budget_lock
 
     ctx.study._storage.get_all_trials(ctx.study_id, deepcopy=False)
+    marks: dict[str, float] = {}
+
+    def count_and_create() -> optuna.Trial | None:
+        marks["locked"] = time.perf_counter()  # a section redone after an outage: its last start
+        return _count_and_create(ctx, spec)
+
     asked_at = time.perf_counter()
-    with budget_lock(ctx.config.storage_url, ctx.config.study_name):
-        locked_at = time.perf_counter()
-        trial = _count_and_create(ctx, spec)
+    trial = under_budget_lock(
+        ctx.config.storage_url, ctx.config.study_name, count_and_create, what="ask for a trial"
+    )
     done_at = time.perf_counter()
+    locked_at = marks["locked"]
     timing = LockTiming((locked_at - asked_at) * 1000, (done_at - locked_at) * 1000)
     return trial, timing
 
@@ -161,16 +167,13 @@ def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
         trial.set_user_attr("batch_size_fitted_from", int(batch))
 
 
-@contextlib.contextmanager
-def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> Iterator[None]:
-    from optuna.storages._heartbeat import get_heartbeat_thread
+def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> contextlib.AbstractContextManager[Any]:
+    """The trial's heartbeat, alive through a database outage (Optuna's own thread dies at the
+    first error, and the trial would be failed as lost while it trains)."""
+    from orchestrator.outage import Heartbeat
+    from orchestrator.storage import heartbeat_settings
 
-    heartbeat = get_heartbeat_thread(trial._trial_id, ctx.storage)
-    heartbeat.start()
-    try:
-        yield
-    finally:
-        heartbeat.join()
+    return Heartbeat(ctx.storage, trial._trial_id, heartbeat_settings()[0])
 
 
 def run_objective(
@@ -200,14 +203,16 @@ def run_objective(
             if not isinstance(go, Go):
                 raise Interrupted("stopped before it was admitted")
             _admitted(ctx, trial, go, result)
+            report = reporter(trial)  # holds its values while the database is away
             value = ctx.adapter.train(
                 params,
                 epochs=spec.epochs,
                 device=ctx.torch_device,
                 options=spec.options,
-                report=reporting_memory(ctx, result, channel, reporter(trial)),
+                report=reporting_memory(ctx, result, channel, report),
             )
             hold_simulated(ctx, result)  # a model that never reports still held it all
+            report.flush()  # progress reports held through an outage, before the result
         result.state, result.value = TrialState.COMPLETE, float(value)
     except optuna.TrialPruned:
         result.state = TrialState.PRUNED

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.outage import StorageUnreachable
 from orchestrator.trial_context import Recycling, WorkerConfig, pin_device
 from orchestrator.trial_messages import TrialOutcome
 from orchestrator.trial_runner import run_trial
@@ -90,6 +91,9 @@ def serve(conn: Connection, company: Any) -> None:
         from orchestrator.trial_context import TrialContext
 
         ctx = TrialContext(config)
+    except StorageUnreachable as error:
+        _send(conn, TrialOutcome(None, "FAIL", error=str(error), unreachable=True))
+        return
     except BaseException as error:  # report, never leave the supervisor guessing
         logger.error("trial process could not start: %s", traceback.format_exc())
         _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), setup_failed=True))
@@ -111,6 +115,12 @@ def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
             return
         try:
             outcome = run_trial(ctx, job, conn, company)
+        except StorageUnreachable as error:  # its one line says it all: no traceback
+            _send(
+                conn,
+                TrialOutcome(None, "FAIL", error=str(error), unreachable=True, recycle="gave up"),
+            )
+            return
         except BaseException as error:  # the trial's own errors are outcomes; this is the process
             logger.error("trial process failed: %s", traceback.format_exc())
             _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), recycle="crashed"))

@@ -25,9 +25,6 @@ RUN = (
     "run", "synthetic", "--trials", str(TRIALS), "--option", "trial_seconds=2", "--epochs", "4",
     "--gpus", "sim:24576", "--concurrency", "4", "--pruner", "none",
 )  # fmt: skip
-# The pool is to ride out the outage through every storage call of the supervisor and of its
-# trial processes; orchestrator.outage is the building block, the pool does not use it yet.
-PENDING = pytest.mark.xfail(strict=True, reason="pool integration pending")
 
 
 @pytest.fixture
@@ -74,7 +71,6 @@ def _assert_study_finished_exactly(url: str, done, stderr: str) -> None:  # noqa
     assert 1 <= len(lines) <= 4, lines  # one when it goes, one when it is back, per process
 
 
-@PENDING
 def test_run_rides_out_a_restart_mid_study(cluster):
     """A restart as a minor-version upgrade does it: about 3 s without a server."""
     url = cluster.create_database("restart")
@@ -87,7 +83,6 @@ def test_run_rides_out_a_restart_mid_study(cluster):
     _assert_study_finished_exactly(url, runner, stderr)
 
 
-@PENDING
 def test_run_rides_out_a_stop_longer_than_a_heartbeat_interval(cluster):
     """cli_env's heartbeat is 1 s, its grace period 3 s: the database is away for 8."""
     url = cluster.create_database("stop")
@@ -100,7 +95,6 @@ def test_run_rides_out_a_stop_longer_than_a_heartbeat_interval(cluster):
     _assert_study_finished_exactly(url, runner, stderr)
 
 
-@PENDING
 def test_past_the_bound_one_line_says_how_to_resume_and_resuming_finishes(cluster):
     url = cluster.create_database("bound")
     runner = start_cli(*RUN, "--storage", url, "--storage-retry-seconds", "6")
