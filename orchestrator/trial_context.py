@@ -81,6 +81,9 @@ class TrialContext:
         self.torch_device: torch.device = torch.device(
             "cuda:0" if device is not None and device.kind == "cuda" else "cpu"
         )
+        if device is not None and device.kind == "cuda" and device.physical_mb:
+            # `--gpus 0:MB`: a trial cannot take more than the study's part of the GPU.
+            torch.cuda.set_per_process_memory_fraction(device.total_mb / device.physical_mb, 0)
         self.ledger: SimLedger | None = (
             SimLedger(device.ledger_path, device.total_mb)
             if device is not None and device.kind == "sim"

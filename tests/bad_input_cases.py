@@ -116,6 +116,7 @@ CASES: tuple[Case, ...] = (
     case("negative simulated size", "run", "synthetic", "--gpus", "sim:-5", expect="must be more than 0 MB"),
     case("real and simulated GPUs mixed", "run", "synthetic", "--gpus", "sim:24576,0", expect="real and simulated GPUs do not mix"),
     case("the same GPU twice", "run", "synthetic", "--gpus", "0,0", expect="names a GPU twice"),
+    case("a part of a GPU that is not a size", "run", "synthetic", "--gpus", "0:lots", expect="must be a number of MB more than 0"),
     case("GPUs named by words", "plan", "synthetic", "--gpus", "all", expect="use auto, none, GPU indices"),
     case("a model that fits no GPU", "run", "synthetic", "--study", "tiny", "--gpus", "sim:100", expect="only 80 MB are usable"),
     # --- Kubernetes manifests ---------------------------------------------------------------

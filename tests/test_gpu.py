@@ -131,6 +131,44 @@ def test_selecting_gpus_by_index(monkeypatch) -> None:
         gpu.select_devices("first")
 
 
+def test_part_of_a_gpu_is_planned_and_watched_as_a_gpu_of_that_size(monkeypatch) -> None:
+    # GPU 0 has 100 MB of which 80 are free; the study may use 50 of it.
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([100, 200], [80, 150]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    probe, devices = gpu.select_devices("0:50,1")
+    limited, whole = devices
+    assert (limited.total_mb, limited.physical_mb) == (50.0, 100.0)
+    assert (whole.total_mb, whole.physical_mb) == (200.0, None)
+    assert isinstance(probe, gpu.LimitedProbe)
+    # Free of its 50 MB: the 20 MB in use count against the other 50 first, so 30 are free.
+    assert probe.free_mb(limited) == 30.0
+    assert probe.free_mb(whole) == 150.0
+    # A part as large as the GPU, or larger, is the whole GPU.
+    _, (all_of_it,) = gpu.select_devices("0:500")
+    assert all_of_it.total_mb == 100.0 and all_of_it.physical_mb is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [("0:abc", "must be a number of MB"), ("0:-5", "more than 0"), ("0:50,0", "names a GPU twice")],
+)
+def test_bad_parts_of_gpus(spec: str, words: str) -> None:
+    with pytest.raises(UserError, match=words):
+        gpu.check_gpu_spec(spec)
+
+
+def test_planning_part_of_a_gpu(monkeypatch, capsys, tmp_path) -> None:
+    from adapters.base import MemoryModel
+    from orchestrator.planner import plan_node
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([81920], [81000]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _, devices = gpu.select_devices("0:24576")
+    (plan,) = plan_node(devices, MemoryModel(1500.0, 10.0), cpu_bound=False, cpu_cores=2).gpus
+    assert plan.usable_mb == 0.8 * 24576  # planned as the 24 GB it may use
+    assert plan.batch_bounds == (64, 1816)  # what fits in 19,661 MB, not in 65,536
+
+
 def test_none_and_simulated(tmp_path) -> None:
     probe, devices = gpu.select_devices("none")
     assert devices == [] and isinstance(probe, gpu.NoProbe)

@@ -1,8 +1,15 @@
-"""GPU discovery: `--gpus auto|none|0,2|sim:MB[,sim:MB...]` to a probe and its devices."""
+"""GPU discovery: `--gpus auto|none|0,2|0:24576|sim:MB[,sim:MB...]` to a probe and its devices.
+
+`INDEX:MB` uses at most MB of that GPU, to share it with other work or to try a large GPU as a
+smaller one: the device is planned and admitted as an MB-sized GPU (`LimitedProbe` reports what is
+free of that part), and its trial processes cannot allocate past it
+(`torch.cuda.set_per_process_memory_fraction`).
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import Device, Probe
@@ -10,6 +17,7 @@ from orchestrator.gpu.sim import SimLedger, SimProbe, make_sim_devices
 
 __all__ = [
     "Device",
+    "LimitedProbe",
     "NoProbe",
     "Probe",
     "SimLedger",
@@ -19,7 +27,10 @@ __all__ = [
     "select_devices",
 ]
 
-SPEC_FORMS = "auto, none, GPU indices such as 0,2, or simulated sizes such as sim:24576"
+SPEC_FORMS = (
+    "auto, none, GPU indices such as 0,2, a part of one such as 0:24576 (MB), "
+    "or simulated sizes such as sim:24576"
+)
 
 
 class NoProbe:
@@ -56,14 +67,53 @@ def _parse_sim(spec: str) -> list[float]:
     return sizes
 
 
-def _parse_indices(spec: str) -> list[int]:
-    parts = [part.strip() for part in spec.split(",")]
-    if not all(part.isdigit() for part in parts):
-        raise UserError(f"--gpus {spec!r}: use {SPEC_FORMS}")
-    indices = [int(part) for part in parts]
+def _parse_indices(spec: str) -> list[tuple[int, float | None]]:
+    """(GPU index, MB it may use or None for all of it) for each part of `spec`."""
+    chosen: list[tuple[int, float | None]] = []
+    for part in (p.strip() for p in spec.split(",")):
+        index, _, limit = part.partition(":")
+        if not index.isdigit():
+            raise UserError(f"--gpus {spec!r}: use {SPEC_FORMS}")
+        mb = None
+        if limit:
+            try:
+                mb = float(limit)
+            except ValueError:
+                mb = math.nan
+            if not math.isfinite(mb) or mb <= 0:
+                raise UserError(
+                    f"--gpus {part!r}: the part of GPU {index} to use must be a number of MB "
+                    "more than 0, e.g. 0:24576"
+                )
+        chosen.append((int(index), mb))
+    indices = [index for index, _ in chosen]
     if len(set(indices)) != len(indices):
         raise UserError(f"--gpus {spec!r} names a GPU twice: name each once, e.g. --gpus 0,1")
-    return indices
+    return chosen
+
+
+class LimitedProbe:
+    """A probe over GPUs of which only a part is ours (`--gpus 0:24576`): what is free of that
+    part, counting all the rest of the GPU as held by others, and any overflow of theirs."""
+
+    def __init__(self, inner: Probe, devices: list[Device]) -> None:
+        self._inner = inner
+        self._devices = devices
+
+    def devices(self) -> list[Device]:
+        return list(self._devices)
+
+    def free_mb(self, device: Device) -> float:
+        free = self._inner.free_mb(device)
+        if device.physical_mb is None:
+            return free
+        return max(0.0, free - (device.physical_mb - device.total_mb))
+
+
+def _limited(device: Device, mb: float | None) -> Device:
+    if mb is None or mb >= device.total_mb:
+        return device
+    return replace(device, total_mb=float(mb), physical_mb=device.total_mb)
 
 
 def check_gpu_spec(spec: str) -> str:
@@ -102,7 +152,7 @@ def select_devices(spec: str = "auto", *, sim_dir: str | None = None) -> tuple[P
         return probe, found
     wanted = _parse_indices(spec)
     by_index = {device.index: device for device in found}
-    missing = [index for index in wanted if index not in by_index]
+    missing = [index for index, _ in wanted if index not in by_index]
     if missing:
         have = ", ".join(str(i) for i in sorted(by_index))
         fix = (
@@ -111,7 +161,10 @@ def select_devices(spec: str = "auto", *, sim_dir: str | None = None) -> tuple[P
             else "none here: use --gpus none, or sim:MB to simulate one"
         )
         raise UserError(f"--gpus {spec!r}: no GPU {missing[0]} on this machine ({fix})")
-    return probe, [by_index[index] for index in wanted]
+    devices = [_limited(by_index[index], mb) for index, mb in wanted]
+    if any(device.physical_mb is not None for device in devices):
+        return LimitedProbe(probe, devices), devices
+    return probe, devices
 
 
 def _real_probe() -> Probe:

@@ -16,10 +16,13 @@ class Device:
     total_mb: float
     kind: str = "cuda"
     ledger_path: str | None = None  # simulated devices: the shared file that holds their memory
+    physical_mb: float | None = None  # `--gpus 0:MB`: the whole GPU's memory, of which
 
+    # `total_mb` is the part this study may use
     @property
     def label(self) -> str:
-        return f"{self.kind}:{self.index} {self.name}"
+        part = f" ({self.total_mb:,.0f} MB of it)" if self.physical_mb else ""
+        return f"{self.kind}:{self.index} {self.name}{part}"
 
 
 class Probe(Protocol):
