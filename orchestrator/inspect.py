@@ -634,6 +634,8 @@ def snapshot_study(study: Any, trials: list[FrozenTrial]) -> Any:
         snapshot = optuna.create_study(study_name=study.study_name, directions=study.directions)
     finally:
         optuna.logging.set_verbosity(verbosity)
+    for key, value in study.user_attrs.items():  # the study's settings: its metric, its spec
+        snapshot.set_user_attr(key, value)
 
     def get_trials(deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list:
         return [t for t in trials if states is None or t.state in states]
