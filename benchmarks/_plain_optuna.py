@@ -18,8 +18,8 @@ import torch
 
 from adapters.base import reporter
 from adapters.synthetic import adapter
-from orchestrator.storage import normalize_url, sqlite_path
-from orchestrator.study import StudySpec, pruner_for
+from orchestrator.record.storage import normalize_url, sqlite_path
+from orchestrator.record.study import StudySpec, pruner_for
 from samplers import make_sampler
 
 

@@ -165,7 +165,7 @@ def prefill(url: str, study_name: str, finished: int, *, epochs: int = EPOCHS) -
     import optuna
 
     from adapters.synthetic import synthetic_value
-    from orchestrator.storage import normalize_url
+    from orchestrator.record.storage import normalize_url
     from samplers._space import to_unit
 
     study = optuna.load_study(study_name=study_name, storage=normalize_url(url))
@@ -204,7 +204,7 @@ def steady_interval_s(url: str, study_name: str, after: int) -> float:
     """Median time from one trial's start to the next's, for trials numbered `after` and up."""
     import optuna
 
-    from orchestrator.storage import normalize_url
+    from orchestrator.record.storage import normalize_url
 
     trials = optuna.load_study(study_name=study_name, storage=normalize_url(url)).get_trials(
         deepcopy=False
@@ -248,8 +248,8 @@ def part_size(kinds: list[str], server: str | None, sizes: list[int], new: int) 
 def part_lock(kinds: list[str], server: str | None, sizes: list[int], new: int) -> list[dict]:
     import sqlalchemy as sa
 
-    from orchestrator.records import list_trial_vram
-    from orchestrator.storage import normalize_url
+    from orchestrator.record.records import list_trial_vram
+    from orchestrator.record.storage import normalize_url
 
     rows = []
     for kind in kinds:
@@ -346,7 +346,7 @@ def part_dqn(reps: int, trials: int) -> list[dict]:
                 runs[who].append(timed(command)[0])
     planned = statistics.median(runs["planned"])
     single = statistics.median(runs["one at a time"])
-    from orchestrator.planner import usable_cpu_cores
+    from orchestrator.planning.planner import usable_cpu_cores
 
     row = {
         "trials": trials,

@@ -11,8 +11,8 @@ not fit runs out of memory then, and the time until then is lost.
   a trial that runs out of memory is lost;
 - equal slots: the pool as it was before admission by bytes (`benchmarks/_equal_slots.py`): N
   slots sized at the smallest batch, ramp-up, halving, watchdog, OOM'd trials re-run twice;
-- bytes, fixed: this project's pool, `orchestrator.pool.Pool` itself on a simulated backend and
-  a virtual clock (`orchestrator.simulated_backend`), admitting trials by their estimate, with
+- bytes, fixed: this project's pool, `orchestrator.run.pool.Pool` itself on a simulated backend and
+  a virtual clock (`orchestrator.run.simulated_backend`), admitting trials by their estimate, with
   the estimate never refined;
 - bytes, learning: the same, refining the estimate from each finished trial (`footprint`) as
   `run` does;
@@ -40,9 +40,9 @@ from _equal_slots import SlotPolicy, after_trial, before_spawn
 
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
-from orchestrator.planner import GpuPlan, HardwareBudget, plan_node
-from orchestrator.pool import Pool
-from orchestrator.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
+from orchestrator.planning.planner import GpuPlan, HardwareBudget, plan_node
+from orchestrator.run.pool import Pool
+from orchestrator.run.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
 
 GPU_MB = 24576
 ALLOCATE_AFTER_S = 5.0  # a trial takes its memory early: model and first batch

@@ -98,7 +98,7 @@ def context_reading(adapter_path: str, options: Mapping[str, Any], batch_sizes: 
     import torch
 
     import adapters
-    from orchestrator.calibrate import calibration_epoch
+    from orchestrator.planning.calibrate import calibration_epoch
 
     adapter = adapters.load_path(adapter_path)
     options = adapters.parse_options(adapter, {k: str(v) for k, v in options.items()})

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import optuna
 
-    from orchestrator.planner import NodePlan
+    from orchestrator.planning.planner import NodePlan
 
 
 def optimize(
@@ -61,7 +61,7 @@ def optimize(
     concurrency, timeout, grace, sim_memory_scale, log_dir, recycle_after, fresh_process, ...
     """
     from adapters.objective import objective_ref
-    from orchestrator.study import StudySpec
+    from orchestrator.record.study import StudySpec
 
     ref = objective_ref(objective)
     low, high = batch_sizes if batch_sizes is not None else (0, 0)
@@ -101,7 +101,7 @@ def plan(
     """What this host would run: per GPU, the trials at once and the batch sizes that fit."""
     from adapters.base import MemoryModel
     from orchestrator.gpu import select_devices
-    from orchestrator.planner import plan_node, usable_cpu_cores
+    from orchestrator.planning.planner import plan_node, usable_cpu_cores
 
     _, devices = select_devices(gpus)
     return plan_node(
@@ -126,10 +126,10 @@ def _run(spec: Any, name: str, storage: str | None, gpus: str, host: dict[str, A
         execute,
         pool_settings,
     )
-    from orchestrator.migrate import open_storage
-    from orchestrator.processes import prestart
-    from orchestrator.retry import stale_trial_callback
-    from orchestrator.storage import parse_url, resolve_storage_url
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.record.storage import parse_url, resolve_storage_url
+    from orchestrator.run.processes import prestart
 
     settings = pool_settings(gpus=gpus, quiet=host.pop("quiet", True), **host)
     check_pool_arguments(settings)
@@ -160,7 +160,7 @@ def _resume(storage: Any, name: str, spec: Any) -> Any:
     import optuna
 
     from orchestrator.errors import UserError
-    from orchestrator.study import load_spec
+    from orchestrator.record.study import load_spec
 
     existing = None
     with contextlib.suppress(KeyError):
@@ -176,7 +176,7 @@ def _resume(storage: Any, name: str, spec: Any) -> Any:
 def _store(storage: Any, name: str, spec: Any) -> Any:
     import optuna
 
-    from orchestrator.study import save_spec
+    from orchestrator.record.study import save_spec
 
     study = optuna.create_study(
         study_name=name, storage=storage, direction=spec.direction, load_if_exists=True

@@ -17,7 +17,7 @@ from orchestrator.errors import UserError
 if TYPE_CHECKING:
     import optuna
 
-    from orchestrator.study import StudySpec
+    from orchestrator.record.study import StudySpec
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags about this host: which GPUs, how many trials at once, for how long."""
     from orchestrator.cli import number, user_checked, whole_number
     from orchestrator.gpu import check_gpu_spec
-    from orchestrator.outage import DEFAULT_RETRY_SECONDS
-    from orchestrator.workloads import add_workloads_argument
+    from orchestrator.planning.workloads import add_workloads_argument
+    from orchestrator.record.outage import DEFAULT_RETRY_SECONDS
 
     parser.add_argument(
         "--gpus",
@@ -119,7 +119,7 @@ def add_pool_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_storage_for_workers(url: str) -> None:
     """Trial processes open the storage themselves: an in-memory database cannot be shared."""
-    from orchestrator.storage import is_sqlite, sqlite_path
+    from orchestrator.record.storage import is_sqlite, sqlite_path
 
     if is_sqlite(url) and sqlite_path(url) is None:
         raise UserError(
@@ -137,9 +137,9 @@ def check_pool_arguments(args: argparse.Namespace) -> None:
     import os
 
     from orchestrator.gpu import check_gpus_exist
-    from orchestrator.outage import set_retry_seconds
-    from orchestrator.storage import heartbeat_settings
-    from orchestrator.workloads import WORKLOADS_ENV, load_workload_classes
+    from orchestrator.planning.workloads import WORKLOADS_ENV, load_workload_classes
+    from orchestrator.record.outage import set_retry_seconds
+    from orchestrator.record.storage import heartbeat_settings
 
     if args.concurrency is not None and args.concurrency < 1:
         raise UserError(f"--concurrency {args.concurrency} must be at least 1")
@@ -169,7 +169,7 @@ def check_pool_arguments(args: argparse.Namespace) -> None:
 
 def log_dir_of(url: str, args: argparse.Namespace) -> str:
     """Where trials' logs go: --log-dir, else beside the study's SQLite file or here."""
-    from orchestrator.trial_logs import default_log_dir
+    from orchestrator.record.trial_logs import default_log_dir
 
     chosen = getattr(args, "log_dir", None)
     return str(chosen) if chosen else str(default_log_dir(url))
@@ -177,7 +177,7 @@ def log_dir_of(url: str, args: argparse.Namespace) -> str:
 
 def recycling_of(args: argparse.Namespace) -> Any:
     """When a warm trial process makes way for a fresh one, from the flags."""
-    from orchestrator.trial_context import Recycling
+    from orchestrator.run.trial_context import Recycling
 
     after = 1 if getattr(args, "fresh_process", False) else getattr(args, "recycle_after", None)
     return Recycling(
@@ -215,17 +215,13 @@ class Outcome:
         }
 
 
-def resolve_adapter(spec: StudySpec) -> Any:
-    return spec.resolve_adapter()
-
-
 @dataclass(frozen=True)
 class HostPlan:
     """This host's devices and their plans for one adapter, checked to fit before any study work."""
 
     probe: Any
     devices: list[Any]
-    plan: Any  # orchestrator.planner.NodePlan
+    plan: Any  # orchestrator.planning.planner.NodePlan
     cpu_bound: bool
 
 
@@ -242,9 +238,9 @@ def plan_host(
     """Find this host's GPUs and plan them for the adapter; a model that fits nowhere is a UserError."""
     from adapters.base import memory_model_of
     from orchestrator.gpu import select_devices
-    from orchestrator.memory import measured_models
-    from orchestrator.planner import plan_node, usable_cpu_cores
-    from orchestrator.workloads import workload_class
+    from orchestrator.planning.memory import measured_models
+    from orchestrator.planning.planner import plan_node, usable_cpu_cores
+    from orchestrator.planning.workloads import workload_class
 
     probe, devices = select_devices(args.gpus, sim_dir=sim_dir)
     declared = memory_model_of(adapter, options)
@@ -281,14 +277,14 @@ def run_pool(
     spare: list[Any] | None = None,
 ) -> Outcome:
     """Run the study's trials on this host's planned GPUs until its budget is used (`spare`:
-    trial processes prestarted by `orchestrator.processes.prestart`)."""
+    trial processes prestarted by `orchestrator.run.processes.prestart`)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.memory import refine_from_trials
-    from orchestrator.pool import Pool, TrialsCannotStart
-    from orchestrator.study import count_trials
+    from orchestrator.planning.memory import refine_from_trials
+    from orchestrator.record.study import count_trials
+    from orchestrator.run.pool import Pool, TrialsCannotStart
 
-    adapter = resolve_adapter(spec)
+    adapter = spec.resolve_adapter()
     for gpu in host.plan.gpus:
         log_plan(gpu)
     _prepare_tracking(spec, study.study_name, metric_name(adapter, spec.options))
@@ -353,7 +349,7 @@ def run_pool(
 
 
 def _prepare_tracking(spec: StudySpec, study_name: str, metric: str) -> None:
-    from orchestrator.tracking import tracker_for
+    from orchestrator.record.tracking import tracker_for
 
     tracker = tracker_for(spec, study_name, metric=metric)
     if tracker is not None:
@@ -440,7 +436,7 @@ def _progress(args: argparse.Namespace) -> Any:
     if getattr(args, "json", False) and not getattr(args, "verbose", False):
         return None
     try:
-        from orchestrator.progress import make_progress
+        from orchestrator.run.progress import make_progress
     except ImportError:
         return None
     return make_progress(
@@ -492,7 +488,7 @@ def configure(args: argparse.Namespace) -> None:
     """Logging as the flags ask, and stdout kept for the result: whatever else writes to it from
     here on (an adapter's module, a library) goes to stderr, so `--json` output stays JSON."""
     from orchestrator.cli import configure_logging
-    from orchestrator.trial_logs import reserve_stdout
+    from orchestrator.record.trial_logs import reserve_stdout
 
     if not _RESULT:
         stream = reserve_stdout()

@@ -7,7 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters.base import MemoryModel
-from orchestrator.admission import (
+from orchestrator.planning.footprint import (
+    OOM_MARGIN,
+    WORST_QUANTILE,
+    Footprint,
+    observe_oom,
+    observe_peak,
+)
+from orchestrator.planning.planner import threads_per_trial
+from orchestrator.run.admission import (
     PASS_OVER_LIMIT,
     RECOVERY_TRIALS,
     Budget,
@@ -16,8 +24,6 @@ from orchestrator.admission import (
     before_admit,
     next_to_admit,
 )
-from orchestrator.footprint import OOM_MARGIN, WORST_QUANTILE, Footprint, observe_oom, observe_peak
-from orchestrator.planner import threads_per_trial
 
 GPU_MB = 10_000.0  # total; 8,000 usable
 

@@ -10,9 +10,9 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from orchestrator import records
-from orchestrator.storage import normalize_url
-from orchestrator.study import count_trials
+from orchestrator.record import records
+from orchestrator.record.storage import normalize_url
+from orchestrator.record.study import count_trials
 from tests.cli_helpers import run_cli
 
 SIM_2GB = "Simulated GPU 1.95 GB"

@@ -9,9 +9,9 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 import orchestrator
-from orchestrator import records
-from orchestrator.storage import normalize_url
-from orchestrator.study import load_spec
+from orchestrator.record import records
+from orchestrator.record.storage import normalize_url
+from orchestrator.record.study import load_spec
 from tests.api_objective import objective
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import optuna
 
 from adapters.base import MemoryModel
-from orchestrator import records
 from orchestrator.gpu.sim import SimProbe, make_sim_devices
-from orchestrator.migrate import open_storage
-from orchestrator.planner import plan_node
-from orchestrator.pool import Pool
-from orchestrator.study import StudySpec, save_spec
+from orchestrator.planning.planner import plan_node
+from orchestrator.record import records
+from orchestrator.record.migrate import open_storage
+from orchestrator.record.study import StudySpec, save_spec
+from orchestrator.run.pool import Pool
 
 
 def test_a_batch_of_2048_allowed_by_the_plan_reaches_the_trial_unclamped(tmp_path, sqlite_url):

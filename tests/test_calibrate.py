@@ -11,15 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.base import BaseAdapter, MemoryModel
-from orchestrator.calibrate import (
+from orchestrator.errors import UserError
+from orchestrator.planning.calibrate import (
     AdapterRef,
     Measurement,
     calibrate,
     calibration_epoch,
     calibration_params,
 )
-from orchestrator.errors import UserError
-from orchestrator.memory import (
+from orchestrator.planning.memory import (
     choose_memory_model,
     existing_engine,
     fit_from_trials,
@@ -27,7 +27,7 @@ from orchestrator.memory import (
     measured_models,
     refine_from_trials,
 )
-from orchestrator.records import MeasuredMemoryModel, now
+from orchestrator.record.records import MeasuredMemoryModel, now
 
 # --- fitting ----------------------------------------------------------------------------------
 
@@ -140,8 +140,8 @@ def test_planning_reads_no_storage_that_is_not_there(tmp_path) -> None:
 
 
 def test_finished_trials_refine_the_stored_model(sqlite_url) -> None:
-    from orchestrator.migrate import open_storage
-    from orchestrator.records import load_memory_model, record_trial_vram, save_memory_model
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.records import load_memory_model, record_trial_vram, save_memory_model
 
     engine = open_storage(sqlite_url).engine
     save_memory_model(

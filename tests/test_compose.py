@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import build_parser
-from orchestrator.deploy import CLAIMS_DIR
+from orchestrator.deploy.compose import CLAIMS_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 VARIABLE = re.compile(r"\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?P<rest>[^}]*)\}")
@@ -132,7 +132,7 @@ def test_workers_reserve_gpus_and_scale(compose: dict) -> None:
 def test_each_worker_replica_claims_one_gpu_through_a_shared_volume(compose: dict) -> None:
     worker = compose["services"]["worker"]
     entrypoint = worker["entrypoint"]
-    assert entrypoint[:4] == ["python", "-m", "orchestrator.deploy", "claim-gpu"]
+    assert entrypoint[:4] == ["python", "-m", "orchestrator.deploy.compose", "claim-gpu"]
     locks = entrypoint[entrypoint.index("--locks") + 1]
     assert locks == CLAIMS_DIR
     (mount,) = worker["volumes"]

@@ -17,19 +17,19 @@ from kubernetes.utils import parse_quantity
 
 import adapters
 from orchestrator.cli import build_parser, main
-from orchestrator.deploy import (
+from orchestrator.deploy.compose import claim_gpu
+from orchestrator.deploy.kubernetes import (
     GPU_RESOURCE,
     Deployment,
-    claim_gpu,
     manifests,
     object_name,
     to_yaml,
     worker_args,
 )
 from orchestrator.errors import UserError
-from orchestrator.storage import STORAGE_ENV
-from orchestrator.study import StudySpec
-from orchestrator.workloads import WORKLOADS_ENV, workload_class
+from orchestrator.planning.workloads import WORKLOADS_ENV, workload_class
+from orchestrator.record.storage import STORAGE_ENV
+from orchestrator.record.study import StudySpec
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"Job": V1Job, "Deployment": V1Deployment, "Service": V1Service}
@@ -385,7 +385,7 @@ def test_claim_gpu_runs_the_command_with_its_gpu_and_holds_it_while_it_runs(tmp_
     command = [
         sys.executable,
         "-m",
-        "orchestrator.deploy",
+        "orchestrator.deploy.compose",
         "claim-gpu",
         "--locks",
         str(tmp_path),
@@ -421,7 +421,7 @@ def test_claim_gpu_with_every_gpu_taken_exits_2_in_one_line(tmp_path) -> None:
             [
                 sys.executable,
                 "-m",
-                "orchestrator.deploy",
+                "orchestrator.deploy.compose",
                 "claim-gpu",
                 "--locks",
                 str(tmp_path),

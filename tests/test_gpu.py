@@ -159,7 +159,7 @@ def test_bad_parts_of_gpus(spec: str, words: str) -> None:
 
 def test_planning_part_of_a_gpu(monkeypatch, capsys, tmp_path) -> None:
     from adapters.base import MemoryModel
-    from orchestrator.planner import plan_node
+    from orchestrator.planning.planner import plan_node
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml([81920], [81000]))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

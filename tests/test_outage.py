@@ -1,4 +1,4 @@
-"""Riding out a database outage (orchestrator.outage): which errors, how long, what is said.
+"""Riding out a database outage (orchestrator.record.outage): which errors, how long, what is said.
 
 The decisions are tested with an injected clock and sleep (no waiting); the errors are real ones,
 from a PostgreSQL cluster of the tests' own that they stop and restart, and from SQLite files.
@@ -14,8 +14,8 @@ import optuna
 import pytest
 import sqlalchemy as sa
 
-from orchestrator import outage
 from orchestrator.errors import UserError
+from orchestrator.record import outage
 from tests.pg_cluster import PgCluster
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -282,8 +282,8 @@ def test_a_trial_asked_for_but_never_started_is_failed_and_re_run(sqlite_url, mo
     finds it stale, so it would hold the budget for ever. It is failed and re-queued."""
     import time
 
-    from orchestrator.migrate import open_storage
-    from orchestrator.retry import stale_trial_callback
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.retry import stale_trial_callback
 
     monkeypatch.setattr(outage, "OUTAGES", outage.Outages())
     storage = open_storage(
@@ -322,8 +322,8 @@ def _lose_the_first_answer(monkeypatch, owner, name: str) -> dict:
 
 
 def test_an_ask_whose_answer_was_lost_makes_one_trial(sqlite_url, monkeypatch):
-    import orchestrator.storage as storage_module
-    from orchestrator.migrate import open_storage
+    import orchestrator.record.storage as storage_module
+    from orchestrator.record.migrate import open_storage
 
     state = outage.Outages(jitter=lambda: 0.01)
     monkeypatch.setattr(outage, "OUTAGES", state)
@@ -338,7 +338,7 @@ def test_an_ask_whose_answer_was_lost_makes_one_trial(sqlite_url, monkeypatch):
 def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
     from optuna.storages import RDBStorage
 
-    from orchestrator.migrate import open_storage
+    from orchestrator.record.migrate import open_storage
 
     monkeypatch.setattr(outage, "OUTAGES", outage.Outages(jitter=lambda: 0.01))
     study = optuna.create_study(storage=open_storage(sqlite_url), study_name="told")

@@ -18,9 +18,9 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from orchestrator import outage, records
-from orchestrator.locks import under_budget_lock
-from orchestrator.migrate import open_storage
+from orchestrator.record import outage, records
+from orchestrator.record.locks import under_budget_lock
+from orchestrator.record.migrate import open_storage
 from tests.pg_cluster import PgCluster
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -199,7 +199,7 @@ def test_a_training_trial_keeps_training_and_its_reports_arrive_later(cluster, s
 def test_a_process_the_study_starts_waits_for_the_database_to_open(cluster, state):
     """A trial process started during an outage waits for the storage; a command does not."""
     from orchestrator.errors import UserError
-    from orchestrator.storage import create_storage
+    from orchestrator.record.storage import create_storage
 
     url = cluster.create_database("opening")
     cluster.stop()

@@ -75,9 +75,9 @@ def test_two_gpus_show_different_bounds_in_json(capsys, storage) -> None:
 
 
 def test_cpu_bound_work_is_capped_by_cores(capsys, storage, monkeypatch) -> None:
-    import orchestrator.planner
+    import orchestrator.planning.planner
 
-    monkeypatch.setattr(orchestrator.planner, "usable_cpu_cores", lambda: 6)
+    monkeypatch.setattr(orchestrator.planning.planner, "usable_cpu_cores", lambda: 6)
     code, out, _ = plan(
         capsys,
         "--adapter-path",
@@ -137,8 +137,8 @@ def test_user_concurrency_and_swarm_size(capsys, storage) -> None:
 
 
 def test_a_measured_model_is_used_and_named(capsys, storage) -> None:
-    from orchestrator.migrate import open_storage
-    from orchestrator.records import save_memory_model
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.records import save_memory_model
 
     engine = open_storage(storage).engine
     save_memory_model(

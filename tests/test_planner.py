@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
-from orchestrator.planner import (
+from orchestrator.planning.planner import (
     SAFETY_MARGIN,
     HardwareBudget,
     HyperoptStrategy,

@@ -1,5 +1,5 @@
 """The pool's loop itself, on simulated trials and a virtual clock: no processes, no database,
-no sleeping. The same `Pool` that `run` drives; `orchestrator.simulated_backend` plays the rest."""
+no sleeping. The same `Pool` that `run` drives; `orchestrator.run.simulated_backend` plays the rest."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
-from orchestrator.planner import plan_node
-from orchestrator.pool import Pool
-from orchestrator.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
-from orchestrator.stopping import Step, Stop, next_step
+from orchestrator.planning.planner import plan_node
+from orchestrator.run.pool import Pool
+from orchestrator.run.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
+from orchestrator.run.stopping import Step, Stop, next_step
 
 GPU = Device(0, "Simulated GPU", "sim-0", 10_000.0, kind="sim")
 

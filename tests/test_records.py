@@ -6,9 +6,9 @@ import multiprocessing as mp
 
 import sqlalchemy as sa
 
-from orchestrator import records
-from orchestrator.migrate import open_storage
-from orchestrator.storage import normalize_url
+from orchestrator.record import records
+from orchestrator.record.migrate import open_storage
+from orchestrator.record.storage import normalize_url
 
 
 def _write(url: str, limit: int) -> None:

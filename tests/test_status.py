@@ -61,9 +61,9 @@ def build_study(url: str, name: str = "demo", *, completed: int = 10) -> dict:
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from orchestrator import records
-    from orchestrator.migrate import open_storage
-    from orchestrator.study import StudySpec, save_spec
+    from orchestrator.record import records
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.study import StudySpec, save_spec
 
     storage = open_storage(url)
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize")
@@ -246,7 +246,7 @@ def test_missing_sqlite_file_is_an_error_not_a_new_file(tmp_path, capsys):
 
 
 def test_empty_storage_says_how_to_start(sqlite_url, capsys):
-    from orchestrator.migrate import open_storage
+    from orchestrator.record.migrate import open_storage
 
     open_storage(sqlite_url)
     code, out, _ = run_cli(capsys, "status", "--storage", sqlite_url)
@@ -278,7 +278,7 @@ def _trial(number: int, value: float | None, params: dict, attrs: dict, state: s
 
 
 def test_best_of_follows_the_direction():
-    from orchestrator.inspect import best_of
+    from orchestrator.show.views import best_of
 
     trials = [
         _trial(0, 3.0, {"x": 0.0}, {}),
@@ -293,7 +293,7 @@ def test_best_of_follows_the_direction():
 
 
 def test_vram_rows_fill_gaps_from_recorded_rows():
-    from orchestrator.inspect import vram_rows
+    from orchestrator.show.views import vram_rows
 
     with_attrs = _trial(0, 1.0, {"batch_size": 128}, vram_attrs(0, {"batch_size": 128}))
     without = _trial(1, 2.0, {"batch_size": 256}, {})
@@ -319,7 +319,7 @@ def test_vram_rows_fill_gaps_from_recorded_rows():
 
 
 def test_plan_lines_recover_the_memory_model():
-    from orchestrator.inspect import VramRow, plan_lines
+    from orchestrator.show.views import VramRow, plan_lines
 
     def row(gpu: str, batch: int, overhead: float, per: float) -> VramRow:
         return VramRow(0, "COMPLETE", gpu, 0, "h", batch, overhead + per * batch, None, 1, False)
@@ -337,8 +337,8 @@ def test_plan_lines_recover_the_memory_model():
 
 
 def test_slot_series_steps_per_gpu_and_ends_at_until():
-    from orchestrator.inspect import slot_series
-    from orchestrator.records import ConcurrencyEvent
+    from orchestrator.record.records import ConcurrencyEvent
+    from orchestrator.show.views import slot_series
 
     t0 = dt.datetime(2025, 1, 1, 12, 0, 0)
 
@@ -359,7 +359,8 @@ def test_slot_series_steps_per_gpu_and_ends_at_until():
 
 
 def test_to_jsonable_handles_dates_nan_and_dataclasses():
-    from orchestrator.inspect import StudyRow, to_jsonable
+    from orchestrator.show.text import to_jsonable
+    from orchestrator.show.views import StudyRow
 
     row = StudyRow("s", None, "minimize", 0, None, 0, 0, math.nan, None)
     assert to_jsonable(row)["best_value"] is None
@@ -376,7 +377,7 @@ def build_multi_objective_study(url: str, name: str = "pareto") -> None:
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
 
-    from orchestrator.migrate import open_storage
+    from orchestrator.record.migrate import open_storage
 
     study = optuna.create_study(
         study_name=name, storage=open_storage(url), directions=["minimize", "maximize"]
@@ -431,7 +432,7 @@ def test_best_and_report_of_a_multi_objective_study_say_so_in_one_line(
 def test_best_of_a_multi_objective_trial_list_is_none():
     from optuna.trial import create_trial
 
-    from orchestrator.inspect import best_of
+    from orchestrator.show.views import best_of
 
     trials = [create_trial(values=[1.0, 2.0]), create_trial(values=[0.5, 3.0])]
     assert best_of(trials, "multi-objective") is None
@@ -439,7 +440,7 @@ def test_best_of_a_multi_objective_trial_list_is_none():
 
 
 def _detail(**changes):
-    from orchestrator.inspect import StudyDetail
+    from orchestrator.show.views import StudyDetail
 
     base = {
         "name": "s",
@@ -476,9 +477,9 @@ def test_one_epoch_and_one_trial_are_singular():
 
 
 def test_mb_is_one_function_shared_by_status_and_report():
-    from orchestrator import report
     from orchestrator.commands import status
-    from orchestrator.inspect import mb_text
+    from orchestrator.show import report
+    from orchestrator.show.text import mb_text
 
     assert mb_text(None) == "-" and mb_text(1638.4) == "1,638"
     assert not hasattr(status, "_mb") and not hasattr(report, "_mb")

@@ -5,7 +5,7 @@ import sqlite3
 import pytest
 
 from orchestrator.errors import UserError
-from orchestrator.storage import (
+from orchestrator.record.storage import (
     DEFAULT_STORAGE,
     STORAGE_ENV,
     create_storage,
@@ -41,7 +41,7 @@ def test_password_is_masked(url):
 
 
 def test_an_unencoded_at_sign_in_a_password_is_never_shown_as_the_host():
-    from orchestrator.storage import describe_location
+    from orchestrator.record.storage import describe_location
 
     where = describe_location("postgresql://alice:s3cr@t@127.0.0.1:5433/x")
     assert where == "PostgreSQL at 127.0.0.1:5433"

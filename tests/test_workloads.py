@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from kubernetes.utils import parse_quantity as kubernetes_parse
 
 from orchestrator.errors import UserError
-from orchestrator.workloads import (
+from orchestrator.planning.workloads import (
     WORKLOAD_CLASSES,
     WORKLOADS_ENV,
     WorkloadClass,

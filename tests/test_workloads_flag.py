@@ -5,9 +5,9 @@ from __future__ import annotations
 import optuna
 
 from orchestrator.cli import main
-from orchestrator.storage import normalize_url
-from orchestrator.study import SPEC_ATTR
-from orchestrator.workloads import WORKLOADS_ENV
+from orchestrator.planning.workloads import WORKLOADS_ENV
+from orchestrator.record.storage import normalize_url
+from orchestrator.record.study import SPEC_ATTR
 from tests.cli_helpers import run_cli
 
 

@@ -46,8 +46,8 @@ def the_study(storage: Any, name: str | None, label: str, command: str) -> str:
     """The study named, or the storage's only one; one line when it holds none, or several."""
     if name:
         return name
-    from orchestrator.inspect import _guarded
-    from orchestrator.study import study_names
+    from orchestrator.record.study import study_names
+    from orchestrator.show.queries import _guarded
 
     with _guarded(storage):
         names = study_names(storage)
@@ -65,8 +65,9 @@ def the_study(storage: Any, name: str | None, label: str, command: str) -> str:
 
 
 def best_command(args: argparse.Namespace) -> int:
-    from orchestrator.inspect import open_for_reading, require_single_objective, study_detail
-    from orchestrator.storage import describe_location, resolve_storage_url
+    from orchestrator.record.storage import describe_location, resolve_storage_url
+    from orchestrator.show.queries import open_for_reading, study_detail
+    from orchestrator.show.views import require_single_objective
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)

@@ -60,8 +60,8 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    from orchestrator.inspect import open_for_reading
-    from orchestrator.storage import mask_password, resolve_storage_url
+    from orchestrator.record.storage import mask_password, resolve_storage_url
+    from orchestrator.show.queries import open_for_reading
 
     url = resolve_storage_url(args.storage)
     check_port_free(args.host, args.port)

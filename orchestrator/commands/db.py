@@ -25,8 +25,8 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def upgrade_command(args: argparse.Namespace) -> int:
-    from orchestrator.migrate import current_revision, open_storage
-    from orchestrator.storage import mask_password, resolve_storage_url
+    from orchestrator.record.migrate import current_revision, open_storage
+    from orchestrator.record.storage import mask_password, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
     storage = open_storage(url)
@@ -38,8 +38,8 @@ def upgrade_command(args: argparse.Namespace) -> int:
 
 
 def current_command(args: argparse.Namespace) -> int:
-    from orchestrator.migrate import current_revision, head_revision
-    from orchestrator.storage import create_storage, mask_password, resolve_storage_url
+    from orchestrator.record.migrate import current_revision, head_revision
+    from orchestrator.record.storage import create_storage, mask_password, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
     storage = create_storage(url)

@@ -23,9 +23,9 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    from orchestrator.inspect import open_for_reading
-    from orchestrator.storage import describe_location, resolve_storage_url
-    from orchestrator.study import load_existing_study
+    from orchestrator.record.storage import describe_location, resolve_storage_url
+    from orchestrator.record.study import load_existing_study
+    from orchestrator.show.queries import open_for_reading
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from orchestrator.cli import command_parser, study_name, whole_number
 from orchestrator.errors import UserError
-from orchestrator.workloads import add_workloads_argument
+from orchestrator.planning.workloads import add_workloads_argument
 
 
 def register(subparsers) -> None:  # noqa: ANN001
-    from orchestrator.deploy import DEFAULT_IMAGE, DEFAULT_STORAGE_SECRET
+    from orchestrator.deploy.kubernetes import DEFAULT_IMAGE, DEFAULT_STORAGE_SECRET
 
     parser = command_parser(
         subparsers,
@@ -99,8 +99,8 @@ def secret_name(text: str) -> str:
 
 def manifests_command(args: argparse.Namespace) -> int:
     import adapters
-    from orchestrator.deploy import Deployment, apply_commands, manifests, to_yaml
-    from orchestrator.workloads import workload_class
+    from orchestrator.deploy.kubernetes import Deployment, apply_commands, manifests, to_yaml
+    from orchestrator.planning.workloads import workload_class
 
     adapter = adapters.get(args.adapter)
     wc = workload_class(adapter.workload_class, args.workloads)

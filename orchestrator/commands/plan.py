@@ -14,7 +14,7 @@ from orchestrator.errors import UserError
 if TYPE_CHECKING:
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
-    from orchestrator.planner import GpuPlan, NodePlan
+    from orchestrator.planning.planner import GpuPlan, NodePlan
 
 DEFAULT_SWARM_SIZE = 20
 
@@ -30,7 +30,7 @@ def register(subparsers) -> None:  # noqa: ANN001
         "adapter", nargs="?", metavar="ADAPTER", help="adapter name (see `adapters`)"
     )
     from orchestrator.gpu import check_gpu_spec
-    from orchestrator.workloads import add_workloads_argument
+    from orchestrator.planning.workloads import add_workloads_argument
 
     parser.add_argument(
         "--gpus",
@@ -79,12 +79,12 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 def plan_command(args: argparse.Namespace) -> int:
     import adapters
-    from orchestrator.calibrate import AdapterRef
     from orchestrator.gpu import select_devices
-    from orchestrator.memory import DECLARED, measured_models
-    from orchestrator.planner import plan_node, usable_cpu_cores
-    from orchestrator.storage import resolve_storage_url
-    from orchestrator.workloads import workload_class
+    from orchestrator.planning.calibrate import AdapterRef
+    from orchestrator.planning.memory import DECLARED, measured_models
+    from orchestrator.planning.planner import plan_node, usable_cpu_cores
+    from orchestrator.planning.workloads import workload_class
+    from orchestrator.record.storage import resolve_storage_url
 
     if args.swarm_size < 1:
         raise UserError(f"--swarm-size {args.swarm_size}: the swarm needs at least 1 particle")
@@ -238,10 +238,10 @@ def _calibrate(
     args: argparse.Namespace,
 ) -> None:
     """Measure on the first GPU of each name and store the models, before planning with them."""
-    from orchestrator.calibrate import SOURCE, calibrate, calibration_params
-    from orchestrator.memory import save_measured
-    from orchestrator.migrate import open_storage
-    from orchestrator.storage import mask_password
+    from orchestrator.planning.calibrate import SOURCE, calibrate, calibration_params
+    from orchestrator.planning.memory import save_measured
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.storage import mask_password
 
     real = [device for device in devices if device.kind == "cuda"]
     if not real:

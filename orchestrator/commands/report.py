@@ -30,14 +30,10 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 def report_command(args: argparse.Namespace) -> int:
     from orchestrator.commands.best import the_study
-    from orchestrator.inspect import (
-        load_study_trials,
-        open_for_reading,
-        require_single_objective,
-        study_detail,
-    )
-    from orchestrator.report import write_report
-    from orchestrator.storage import describe_location, resolve_storage_url
+    from orchestrator.record.storage import describe_location, resolve_storage_url
+    from orchestrator.show.queries import load_study_trials, open_for_reading, study_detail
+    from orchestrator.show.report import write_report
+    from orchestrator.show.views import require_single_objective
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)

@@ -20,7 +20,7 @@ from orchestrator.errors import UserError
 def register(subparsers) -> None:  # noqa: ANN001
     from orchestrator.config_file import add_config_argument
     from orchestrator.launch import SAMPLERS, add_pool_arguments
-    from orchestrator.study import PRUNERS
+    from orchestrator.record.study import PRUNERS
 
     parser = command_parser(
         subparsers,
@@ -129,11 +129,11 @@ def run_command(args: argparse.Namespace) -> int:
         configure,
         plan_and_run,
     )
-    from orchestrator.migrate import open_storage
-    from orchestrator.processes import prestart
-    from orchestrator.retry import stale_trial_callback
-    from orchestrator.storage import describe_location, parse_url, resolve_storage_url
-    from orchestrator.tracking import tracking_uri_to_store
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.record.storage import describe_location, parse_url, resolve_storage_url
+    from orchestrator.record.tracking import tracking_uri_to_store
+    from orchestrator.run.processes import prestart
 
     configure(args)
     # Everything the user typed is checked before anything is stored.
@@ -179,7 +179,7 @@ def run_command(args: argparse.Namespace) -> int:
 def _fitting_queue(queue, existing, spec):  # noqa: ANN001, ANN202
     """The sets not queued before in this study, if the budget has room for them (else a UserError)."""
     from orchestrator.enqueue import not_yet_queued
-    from orchestrator.study import count_trials
+    from orchestrator.record.study import count_trials
 
     trials = existing.get_trials(deepcopy=False) if existing is not None else []
     fresh = not_yet_queued(queue, trials)
@@ -197,8 +197,8 @@ def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN2
     """The study to resume (or None) and the spec this run will store: read only, checked."""
     import optuna
 
-    from orchestrator.study import StudySpec, count_trials, draw_seed
-    from orchestrator.workloads import workload_class
+    from orchestrator.planning.workloads import workload_class
+    from orchestrator.record.study import StudySpec, count_trials, draw_seed
 
     name = args.study or adapter.name
     adapter_ref = args.adapter_path or adapter.name
@@ -257,7 +257,7 @@ def _store(storage, existing, spec, name, queue=()):  # noqa: ANN001, ANN202
     import optuna
 
     from orchestrator.enqueue import enqueue
-    from orchestrator.study import save_spec
+    from orchestrator.record.study import save_spec
 
     study = existing or optuna.create_study(
         study_name=name, storage=storage, direction=spec.direction, load_if_exists=True
@@ -272,7 +272,7 @@ def _wait_for_spec(study, seconds: float = 10.0):  # noqa: ANN001, ANN202
     this very moment (create_study and save_spec are two steps), so give it a few seconds."""
     import time
 
-    from orchestrator.study import load_spec
+    from orchestrator.record.study import load_spec
 
     deadline = time.monotonic() + seconds
     while True:

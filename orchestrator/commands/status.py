@@ -12,7 +12,7 @@ from orchestrator.cli import add_storage_argument, command_parser, study_name, w
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from orchestrator.inspect import StudyDetail, StudyRow
+    from orchestrator.show.views import StudyDetail, StudyRow
 
 DEFAULT_LIMIT = 20
 
@@ -40,8 +40,9 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from orchestrator.inspect import list_studies, open_for_reading, study_detail, to_jsonable
-    from orchestrator.storage import describe_location, mask_password, resolve_storage_url
+    from orchestrator.record.storage import describe_location, mask_password, resolve_storage_url
+    from orchestrator.show.queries import list_studies, open_for_reading, study_detail
+    from orchestrator.show.text import to_jsonable
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)
@@ -88,7 +89,7 @@ def _table(title: str, *columns: str) -> RenderableType:
 
 
 def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
-    from orchestrator.inspect import MULTI_OBJECTIVE
+    from orchestrator.show.views import MULTI_OBJECTIVE
 
     if not rows:
         return f"No studies in {location} yet: start one with `python -m orchestrator run ADAPTER`."
@@ -117,7 +118,8 @@ def render_detail(detail: StudyDetail, *, limit: int = DEFAULT_LIMIT) -> Rendera
     from rich.console import Group
     from rich.markup import escape
 
-    from orchestrator.inspect import MULTI_OBJECTIVE, describe_direction, mb_text, plural
+    from orchestrator.show.text import mb_text, plural
+    from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction
 
     parts: list[RenderableType] = []
     about = [

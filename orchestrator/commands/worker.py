@@ -40,13 +40,12 @@ def worker_command(args: argparse.Namespace) -> int:
         check_storage_for_workers,
         configure,
         plan_and_run,
-        resolve_adapter,
     )
-    from orchestrator.migrate import open_storage
-    from orchestrator.processes import prestart
-    from orchestrator.retry import stale_trial_callback
-    from orchestrator.storage import describe_location, resolve_storage_url, sqlite_path
-    from orchestrator.study import load_existing_study, load_spec, pruner_for
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.record.storage import describe_location, resolve_storage_url, sqlite_path
+    from orchestrator.record.study import load_existing_study, load_spec, pruner_for
+    from orchestrator.run.processes import prestart
 
     if not args.study:
         raise UserError('name the study to join: --study NAME (or study = "NAME" in --config)')
@@ -73,7 +72,7 @@ def worker_command(args: argparse.Namespace) -> int:
     return plan_and_run(
         url=url,
         storage=storage,
-        adapter=resolve_adapter(spec),
+        adapter=spec.resolve_adapter(),
         spec=spec,
         args=args,
         spare=spare,

@@ -1,0 +1,104 @@
+"""Locks shared by every process and machine that uses one storage.
+
+- The budget lock: counting a study's trials and asking for the next one happen under it, so the
+  budget never overshoots.
+- The schema lock: creating Optuna's tables and upgrading ours happen under it, so workers that
+  start together on an empty database do not create the same tables twice.
+
+On PostgreSQL each is an advisory lock on a key derived from its name, held by a connection of
+its own while Optuna works through another; beside an SQLite file, an exclusive file lock.
+
+An advisory lock lives as long as its connection: when PostgreSQL restarts, the lock is gone with
+the session, and another process may take it. So a section is never resumed half-way after an
+outage: `locked` runs the whole section again (take the lock on a new connection, count, ask)
+until it completes, and a lock whose connection is already gone is not released a second time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import zlib
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from orchestrator.record.outage import is_outage, ride_out
+from orchestrator.record.storage import engine_kwargs, normalize_url, sqlite_path
+
+T = TypeVar("T")
+
+
+def lock_key(name: str) -> int:
+    # Advisory locks take a bigint; a 32-bit CRC under a fixed namespace avoids other users' keys.
+    return (0x6F7263 << 32) | zlib.crc32(name.encode())
+
+
+@contextlib.contextmanager
+def storage_lock(url: str, name: str) -> Iterator[None]:
+    """Hold the lock called `name` on this storage, waiting for it as long as it takes."""
+    path = sqlite_path(url)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{path}.lock", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    if url.startswith("sqlite"):
+        yield  # in-memory SQLite: one process only
+        return
+    import sqlalchemy as sa
+
+    kwargs = engine_kwargs(url)
+    kwargs.pop("pool_pre_ping", None)
+    engine = sa.create_engine(normalize_url(url), poolclass=sa.pool.NullPool, **kwargs)
+    key = {"key": lock_key(name)}
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), key)
+            conn.commit()
+            try:
+                yield
+            finally:
+                _unlock(conn, key)
+    finally:
+        engine.dispose()
+
+
+def _unlock(conn, key: dict[str, int]) -> None:  # noqa: ANN001
+    import sqlalchemy as sa
+
+    try:
+        conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), key)
+        conn.commit()
+    except sa.exc.SQLAlchemyError as error:
+        if not is_outage(error):
+            raise
+        # The connection is gone, and the lock with its session: nothing is left to release.
+        conn.invalidate()
+
+
+def budget_lock(url: str, study_name: str) -> contextlib.AbstractContextManager[None]:
+    return storage_lock(url, f"budget:{study_name}")
+
+
+def locked(url: str, name: str, section: Callable[[], T], *, what: str) -> T:
+    """`section()` under the lock called `name`, riding out an outage: a section that a lost
+    connection interrupted is run again whole, under the lock taken anew."""
+
+    def attempt() -> T:
+        with storage_lock(url, name):
+            return section()
+
+    return ride_out(attempt, what=what)
+
+
+def under_budget_lock(url: str, study_name: str, section: Callable[[], T], *, what: str) -> T:
+    """Count and ask under the study's budget lock, whole or not at all (see `locked`)."""
+    return locked(url, f"budget:{study_name}", section, what=what)
+
+
+def schema_lock(url: str) -> contextlib.AbstractContextManager[None]:
+    return storage_lock(url, "schema")

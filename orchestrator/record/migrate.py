@@ -1,0 +1,70 @@
+"""Bring a database up to date: Optuna's schema first, then our alembic chain beside it."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from orchestrator.record.records import VERSION_TABLE
+from orchestrator.record.storage import create_storage, missing_driver, unreachable
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from optuna.storages import RDBStorage
+
+
+def alembic_config(url: str) -> Config:
+    """An alembic Config built in code, pointing at the scripts shipped inside the package."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("migrations")))
+    # ConfigParser interpolation would choke on a '%' in a URL-encoded password.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head() or ""
+
+
+def current_revision(storage: RDBStorage) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with storage.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+
+
+def upgrade_orchestrator_schema(storage: RDBStorage) -> None:
+    """Run our chain to head on the storage's engine (Optuna's tables are left alone)."""
+    from alembic import command
+    from sqlalchemy.exc import SQLAlchemyError
+
+    config = alembic_config(storage.url)
+    try:
+        with storage.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    except SQLAlchemyError as error:
+        raise unreachable(storage.url, error) from None
+
+
+def open_storage(url: str, **kwargs) -> RDBStorage:  # noqa: ANN003
+    """Open the storage with both schemas at head: what every command that writes starts with."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.record.locks import schema_lock
+
+    try:
+        with schema_lock(url):
+            storage = create_storage(url, **kwargs)
+            if current_revision(storage) != head_revision():
+                upgrade_orchestrator_schema(storage)
+    except SQLAlchemyError as error:  # the lock's own connection failed: the server is not there
+        raise unreachable(url, error) from None
+    except ImportError as error:
+        raise missing_driver(url, error) from None
+    return storage

@@ -1,0 +1,51 @@
+"""A study's budget count straight from the database: two small queries, whatever its size.
+
+`orchestrator.record.study.count_trials` counts trials already in memory; this asks the database for
+the same numbers without reading the trials, so the step that must hold the budget lock (count,
+then create) costs the same with 10 trials in the study as with 10,000. A failed trial counts
+as re-queued when a re-run names it last in its `retry_history` (Optuna's format, which
+`orchestrator.record.retry.requeue` writes too): only re-runs have that attribute, so the second
+query reads a row per re-run, not per trial.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from orchestrator.record.study import BudgetCount
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+def stored_count(engine: Engine, study_id: int) -> BudgetCount:
+    import sqlalchemy as sa
+    from optuna.storages._rdb import models
+    from optuna.trial import TrialState
+
+    trials = models.TrialModel.__table__
+    system = models.TrialSystemAttributeModel.__table__
+    by_state = (
+        sa.select(trials.c.state, sa.func.count())
+        .where(trials.c.study_id == study_id)
+        .group_by(trials.c.state)
+    )
+    histories = (
+        sa.select(system.c.value_json)
+        .select_from(system.join(trials, system.c.trial_id == trials.c.trial_id))
+        .where(trials.c.study_id == study_id, system.c.key == "retry_history")
+    )
+    with engine.connect() as connection:
+        states = {state: int(n) for state, n in connection.execute(by_state)}
+        requeued = {json.loads(text)[-1] for (text,) in connection.execute(histories) if text}
+    failed = states.get(TrialState.FAIL, 0)
+    retried = min(failed, len(requeued))
+    return BudgetCount(
+        complete=states.get(TrialState.COMPLETE, 0),
+        pruned=states.get(TrialState.PRUNED, 0),
+        failed=failed - retried,
+        retried=retried,
+        running=states.get(TrialState.RUNNING, 0),
+        waiting=states.get(TrialState.WAITING, 0),
+    )

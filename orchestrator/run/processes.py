@@ -1,0 +1,275 @@
+"""Where trials run: the small interface the pool drives, and its real backend of warm processes.
+
+The pool (`orchestrator.run.pool`) decides; a backend runs. `TrialBackend` is all the pool needs:
+start a trial on a GPU, hear what happened (`events`: asked, sized, using, finished), admit a sized
+trial, stop a trial, wait for something to happen, keep at most so many idle processes. `WarmProcesses` runs each trial in a long-lived
+`spawn`ed process of that GPU (`orchestrator.run.trial_worker`), starting a fresh one when none is
+idle. `orchestrator.run.simulated_backend` runs the same loop on a virtual clock for the benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchestrator.run.trial_messages import Go, TrialJob, TrialOutcome
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
+    from orchestrator.run.trial_context import WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A started trial has its number (it holds a trial of the study from now on)."""
+
+    handle: int
+    number: int
+
+
+@dataclass(frozen=True)
+class Sized:
+    """A trial drew its parameters: its batch size (None for a model without one) is known, so
+    its footprint is, and it waits to be admitted."""
+
+    handle: int
+    batch_size: int | None
+
+
+@dataclass(frozen=True)
+class Using:
+    """A training trial's peak memory so far, as it measured it."""
+
+    handle: int
+    mb: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A started trial ended; `outcome` says how (a lost process gives a FAIL with no report)."""
+
+    handle: int
+    outcome: TrialOutcome
+
+
+Event = Asked | Sized | Using | Finished
+
+
+class TrialBackend(Protocol):
+    def start(self, gpu: int, job: TrialJob) -> int:
+        """Run `job` on GPU `gpu` (the pool's index); returns the trial's handle."""
+
+    def admit(self, handle: int, go: Go) -> None:
+        """Let a sized trial train."""
+
+    def share(self, handle: int) -> None:
+        """Another trial joined this one's GPU while it runs."""
+
+    def events(self) -> list[Event]:
+        """What happened since the last call, without waiting."""
+
+    def interrupt(self, handle: int) -> None:
+        """Stop the trial: it fails and is re-queued (or, not asked yet, asks for nothing)."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when something may have happened, or after `timeout` seconds."""
+
+    def keep_idle(self, gpu: int, count: int) -> None:
+        """Let at most `count` idle processes of GPU `gpu` wait for work; end the rest."""
+
+    def close(self) -> list[Event]:
+        """End every process (running trials are stopped first); what they said at the end."""
+
+
+@dataclass
+class _Process:
+    gpu: int
+    process: BaseProcess
+    conn: Connection
+    company: Any  # multiprocessing Value: did another trial share the GPU during this one?
+    trial: int | None = None  # the handle of the trial it runs; None while idle
+    ending: bool = False  # told to go, or said it will
+
+
+def _spawn_blank() -> _Process:
+    """A trial process that imports what trials need, then waits to be told its GPU."""
+    from orchestrator.run.trial_worker import serve
+
+    context = mp.get_context("spawn")
+    ours, theirs = context.Pipe(duplex=True)
+    company = context.Value("b", 0)
+    process = context.Process(target=serve, args=(theirs, company), daemon=False)
+    process.start()
+    theirs.close()
+    return _Process(-1, process, ours, company)
+
+
+def prestart(count: int = 1) -> list[_Process]:
+    """Trial processes started now, before the study and its GPUs are known: their imports then
+    overlap the supervisor's own start (storage, migrations, plan) instead of following it.
+
+    `WarmProcesses(spare=...)` takes them from the list; any still in it when this process exits
+    (an error came first) are told to go before multiprocessing waits for its children."""
+    from multiprocessing import util
+
+    spare = [_spawn_blank() for _ in range(count)]
+    util.Finalize(None, _dismiss_all, args=(spare,), exitpriority=10)
+    return spare
+
+
+def _dismiss_all(spare: list[_Process]) -> None:
+    for worker in spare:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(None)
+        # A spare may still be unpickling its start-up arguments, which fails with a traceback
+        # once this process is gone; it holds nothing yet (no trial, no storage), so it need
+        # not finish.
+        worker.process.kill()
+        worker.process.join()
+    spare.clear()
+
+
+@dataclass
+class WarmProcesses:
+    """Trials in warm `spawn`ed processes, one GPU's configuration each."""
+
+    configs: Mapping[int, WorkerConfig]
+    spare: list[_Process] = field(default_factory=list)  # prestarted, not yet given a GPU
+    processes: list[_Process] = field(default_factory=list)
+    _handles: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _pending: list[Event] = field(default_factory=list)
+
+    def start(self, gpu: int, job: TrialJob) -> int:
+        worker = next(
+            (p for p in self.processes if p.gpu == gpu and p.trial is None and not p.ending), None
+        )
+        if worker is None:
+            worker = self._spawn(gpu)
+        handle = next(self._handles)
+        worker.trial = handle
+        worker.company.value = 0
+        # If it died while idle, the next events() reaps it and reports the trial lost.
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(job)
+        return handle
+
+    def _spawn(self, gpu: int) -> _Process:
+        """A process for GPU `gpu`: a prestarted one if any is alive, else a new one."""
+        worker = None
+        while self.spare and worker is None:
+            candidate = self.spare.pop(0)
+            if candidate.process.is_alive():
+                worker = candidate
+            else:
+                candidate.process.join()
+        if worker is None:
+            worker = _spawn_blank()
+        worker.gpu = gpu
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(self.configs[gpu])  # its first message: which GPU, which study
+        self.processes.append(worker)
+        return worker
+
+    def admit(self, handle: int, go: Go) -> None:
+        for worker in self.processes:
+            if worker.trial == handle:
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    worker.conn.send(go)
+
+    def share(self, handle: int) -> None:
+        for worker in self.processes:
+            if worker.trial == handle:
+                worker.company.value = 1
+
+    def events(self) -> list[Event]:
+        for worker in list(self.processes):
+            self._read(worker)
+            if not worker.process.is_alive():
+                self._reap(worker)
+        events, self._pending = self._pending, []
+        return events
+
+    def _read(self, worker: _Process) -> None:
+        try:
+            while worker.conn.poll():
+                message = worker.conn.recv()
+                if isinstance(message, tuple) and worker.trial is not None:
+                    if message[0] == "asked":
+                        self._pending.append(Asked(worker.trial, int(message[1])))
+                    elif message[0] == "sized":
+                        self._pending.append(Sized(worker.trial, message[1]))
+                    elif message[0] == "using":
+                        self._pending.append(Using(worker.trial, float(message[1])))
+                elif isinstance(message, TrialOutcome):
+                    if message.recycle or message.setup_failed or message.unreachable:
+                        worker.ending = True
+                    if worker.trial is not None:
+                        self._pending.append(Finished(worker.trial, message))
+                    worker.trial = None
+        except (EOFError, OSError):
+            pass
+
+    def _reap(self, worker: _Process) -> None:
+        worker.process.join()
+        worker.conn.close()
+        self.processes.remove(worker)
+        if worker.trial is not None:
+            # Killed before it could report: its trial stays RUNNING until its heartbeat goes
+            # stale, then the next look for stale trials fails and re-queues it.
+            code = worker.process.exitcode
+            outcome = TrialOutcome(
+                None, "FAIL", error=f"trial process exited with code {code} before reporting"
+            )
+            self._pending.append(Finished(worker.trial, outcome))
+
+    def interrupt(self, handle: int) -> None:
+        for worker in self.processes:
+            if worker.trial == handle and worker.process.is_alive():
+                worker.ending = True
+                worker.process.terminate()
+
+    def wait(self, timeout: float) -> None:
+        from multiprocessing.connection import wait
+
+        if self._pending:
+            return
+        waitables = [p.conn for p in self.processes] + [p.process.sentinel for p in self.processes]
+        if waitables:
+            wait(waitables, timeout=timeout)
+        else:
+            time.sleep(timeout)
+
+    def keep_idle(self, gpu: int, count: int) -> None:
+        idle = [p for p in self.processes if p.gpu == gpu and p.trial is None and not p.ending]
+        for worker in idle[max(0, count) :]:
+            self._dismiss(worker)
+
+    def _dismiss(self, worker: _Process) -> None:
+        worker.ending = True
+        with contextlib.suppress(BrokenPipeError, OSError):
+            worker.conn.send(None)
+
+    def close(self) -> list[Event]:
+        _dismiss_all(self.spare)
+        for worker in self.processes:
+            if worker.trial is not None and worker.process.is_alive():
+                worker.process.terminate()
+            else:
+                self._dismiss(worker)
+        deadline = time.monotonic() + 30
+        for worker in self.processes:
+            worker.process.join(max(0.1, deadline - time.monotonic()))
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+        return self.events()

@@ -1,0 +1,358 @@
+"""One trial inside a warm trial process: ask, heartbeat, run, classify the outcome, tell, record.
+
+Shaped like Optuna's own `_run_trial`, one small function a step. The process around it, made
+once and reused trial after trial, is `orchestrator.run.trial_worker`; what it opened once is the
+`TrialContext`. A trial knows nothing of concurrency beyond the numbers it records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import TrialState
+
+    from orchestrator.record.study import StudySpec
+    from orchestrator.run.trial_context import TrialContext
+
+from orchestrator.record.trial_attrs import set_user_attrs
+from orchestrator.run.trial_errors import is_cuda_error, is_cuda_out_of_memory, oom_errors
+from orchestrator.run.trial_memory import (
+    hold_simulated,
+    peak_mb,
+    release_memory,
+    reporting_memory,
+    reset_memory,
+)
+from orchestrator.run.trial_messages import Channel, Go, TrialJob, TrialOutcome
+from orchestrator.run.trial_signals import Interrupted, interruptible, stop_requested
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    """What running the objective gave, before it is told to the study."""
+
+    state: TrialState
+    value: float | None = None
+    error: str | None = None
+    oom: bool = False
+    interrupted: bool = False
+    cuda_error: bool = False
+    batch_size: int | None = None
+    planned_mb: float | None = None
+    peak_mb: float | None = None
+    concurrency: int | None = None
+
+
+def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
+    """Ask for a trial and run it to the end. The supervisor hears its number as soon as it has
+    one (("asked", n)) and its batch size once drawn (("sized", batch)), and answers with a `Go`
+    when the trial fits the GPU; `company.value` says whether another trial shared the GPU."""
+    spec = ctx.refresh_spec()
+    ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
+    ctx.study.pruner = ctx.pruner
+    trial, lock = ask(ctx, spec)
+    if trial is None:
+        return TrialOutcome(None, "NONE")
+    channel.send(("asked", trial.number))
+    if spec.sampler != "pso":
+        ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
+    fit_fixed_batch_size(trial, job.batch_bounds)
+    log_file = _log_file(ctx, trial)
+    with _output_to(log_file), _heartbeat(ctx, trial):
+        result = run_objective(ctx, job, spec, trial, channel, log_file)
+        alone = result.oom and not company.value
+        requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
+        tell(ctx, trial, result)
+        record(ctx, trial, result, lock)
+        publish(ctx, trial)
+    return TrialOutcome(
+        trial.number,
+        result.state.name,
+        oom=result.oom,
+        alone=alone,
+        batch_size=result.batch_size,
+        value=result.value,
+        vram_peak_mb=result.peak_mb,
+        error=result.error,
+        requeued=requeued,
+        interrupted=result.interrupted,
+        cuda_error=result.cuda_error,
+        log_file=None if log_file is None else str(log_file),
+    )
+
+
+def _log_file(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
+    from orchestrator.record.trial_logs import trial_log_path
+
+    if ctx.config.log_dir is None:
+        return None
+    return trial_log_path(ctx.config.log_dir, ctx.config.study_name, trial.number)
+
+
+def _output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
+    from orchestrator.record.trial_logs import captured
+
+    return contextlib.nullcontext() if path is None else captured(path)
+
+
+@dataclass(frozen=True)
+class LockTiming:
+    """How long an ask waited for the study's budget lock and then held it, in ms."""
+
+    wait_ms: float
+    held_ms: float
+
+
+def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTiming | None]:
+    """A new or queued trial (None when the study's budget is used up), and the lock's timing.
+
+    The budget lock covers only counting and creating: the trials that changed since the last
+    ask are read before it (Optuna's cache then has little left to fetch inside), and the
+    count is two aggregate queries, so no ask waits on another's read."""
+    from orchestrator.record.locks import under_budget_lock
+
+    ctx.study._storage.get_all_trials(ctx.study_id, deepcopy=False)
+    marks: dict[str, float] = {}
+
+    def count_and_create() -> optuna.Trial | None:
+        marks["locked"] = time.perf_counter()  # a section redone after an outage: its last start
+        return _count_and_create(ctx, spec)
+
+    asked_at = time.perf_counter()
+    trial = under_budget_lock(
+        ctx.config.storage_url, ctx.config.study_name, count_and_create, what="ask for a trial"
+    )
+    done_at = time.perf_counter()
+    locked_at = marks["locked"]
+    timing = LockTiming((locked_at - asked_at) * 1000, (done_at - locked_at) * 1000)
+    return trial, timing
+
+
+def _count_and_create(ctx: TrialContext, spec: StudySpec) -> optuna.Trial | None:
+    from orchestrator.record.trial_counts import stored_count
+
+    if stop_requested():
+        return None
+    if not stored_count(ctx.engine, ctx.study_id).may_ask(spec.trials):
+        return None
+    trial = ctx.study.ask()
+    # A RUNNING trial with no heartbeat row is never found stale: record one before the lock
+    # goes, so that from here on a lost process always leaves a trial someone can fail.
+    ctx.storage.record_heartbeat(trial._trial_id)
+    return trial
+
+
+def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
+    """A re-run carries its batch size fixed from the GPU it first ran on; on a smaller GPU it
+    must still fit this one's plan, so it is brought inside this GPU's bounds (and says so)."""
+    fixed = trial._fixed_params  # what Optuna hands out instead of sampling; read at ask()
+    batch = fixed.get("batch_size")
+    if batch is None:
+        return
+    low, high = bounds
+    fitted = min(max(int(batch), low), high)
+    if fitted != batch:
+        fixed["batch_size"] = fitted
+        trial.set_user_attr("batch_size_fitted_from", int(batch))
+
+
+def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> contextlib.AbstractContextManager[Any]:
+    """The trial's heartbeat, alive through a database outage (Optuna's own thread dies at the
+    first error, and the trial would be failed as lost while it trains)."""
+    from orchestrator.record.outage import Heartbeat
+    from orchestrator.record.storage import heartbeat_settings
+
+    return Heartbeat(ctx.storage, trial._trial_id, heartbeat_settings()[0])
+
+
+def run_objective(
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    trial: optuna.Trial,
+    channel: Channel,
+    log_file: Path | None = None,
+) -> RunResult:
+    """Draw the parameters, wait to be admitted, train; every way it can end is a RunResult."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from adapters.base import reporter
+
+    _placement_attrs(ctx, job, trial, log_file)
+    result = RunResult(TrialState.FAIL)
+    reset_memory(ctx)
+    try:
+        with interruptible():  # only this part can be interrupted: the outcome is written whole
+            params = ctx.adapter.suggest(trial, spec.options)
+            batch = params.get("batch_size")
+            result.batch_size = None if batch is None else int(batch)
+            channel.send(("sized", result.batch_size))
+            go = channel.recv()
+            if not isinstance(go, Go):
+                raise Interrupted("stopped before it was admitted")
+            _admitted(ctx, trial, go, result)
+            report = reporter(trial)  # holds its values while the database is away
+            value = ctx.adapter.train(
+                params,
+                epochs=spec.epochs,
+                device=ctx.torch_device,
+                options=spec.options,
+                report=reporting_memory(ctx, result, channel, report),
+            )
+            hold_simulated(ctx, result)  # a model that never reports still held it all
+            report.flush()  # progress reports held through an outage, before the result
+        result.state, result.value = TrialState.COMPLETE, float(value)
+    except optuna.TrialPruned:
+        result.state = TrialState.PRUNED
+    except oom_errors() as caught:
+        first = str(caught).splitlines()[0] if str(caught) else ""
+        result.oom, result.error = True, f"out of memory: {first}"
+    except Interrupted as caught:
+        result.interrupted, result.error = True, str(caught)
+    except Exception as caught:
+        if is_cuda_out_of_memory(caught):
+            result.oom, result.error = True, f"out of memory: {str(caught).splitlines()[0]}"
+        else:
+            result.error = f"{type(caught).__name__}: {caught}"
+            result.cuda_error = is_cuda_error(caught)
+            logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
+    result.peak_mb = peak_mb(ctx)
+    release_memory(ctx)
+    return result
+
+
+def _placement_attrs(
+    ctx: TrialContext, job: TrialJob, trial: optuna.Trial, log_file: Path | None
+) -> None:
+    device = ctx.config.device
+    attrs = {
+        "host": ctx.config.host,
+        "pid": os.getpid(),
+        "gpu": ctx.gpu_name,
+        "gpu_index": device.index if device else None,
+        "batch_bounds": list(job.batch_bounds),
+    }
+    if log_file is not None:
+        attrs["log_file"] = str(log_file)
+    set_user_attrs(trial, attrs)
+
+
+def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
+    """Admitted by its estimate: record it. A simulated GPU now holds the trial's model overhead;
+    the rest of what it really needs comes with its first report (see `_simulated_growth`)."""
+    from orchestrator.gpu.sim import process_holder
+
+    result.planned_mb = go.planned_mb
+    set_user_attrs(
+        trial, {"vram_planned_mb": round(go.planned_mb, 1), "concurrency": go.concurrency}
+    )
+    result.concurrency = go.concurrency
+    if ctx.ledger is not None:
+        held = ctx.memory.model_overhead_mb * ctx.config.sim_memory_scale
+        ctx.ledger.allocate(process_holder(), held)
+
+
+def requeue_if_interrupted(
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    trial: optuna.Trial,
+    result: RunResult,
+    *,
+    alone: bool,
+) -> bool:
+    """Queue a re-run of a trial that ran out of memory or was stopped; True if queued.
+
+    Out of memory with the GPU to itself means this batch size does not fit this GPU: the GPU's
+    batch limit goes below it and the re-run gets half the batch (none if it was the smallest)."""
+    from orchestrator.record import records
+    from orchestrator.record.retry import requeue
+
+    if not (result.oom or result.interrupted):
+        return False
+    retry_params, reason = None, "oom" if result.oom else "interrupted"
+    batch = result.batch_size
+    if alone and batch is not None:
+        low = job.batch_bounds[0]
+        records.lower_batch_limit(
+            ctx.engine,
+            study_name=ctx.config.study_name,
+            gpu_name=ctx.gpu_name,
+            max_batch_size=max(low, batch - 1),
+            trial_number=trial.number,
+        )
+        if batch <= low:
+            return False  # the smallest batch does not fit: re-running cannot help
+        retry_params = {"batch_size": max(low, batch // 2)}
+    frozen = ctx.study._storage.get_trial(trial._trial_id)
+    return requeue(
+        ctx.study,
+        frozen,
+        max_retries=spec.max_retries if result.oom else None,
+        params=retry_params,
+        reason=reason,
+    )
+
+
+def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
+    from optuna.trial import TrialState
+
+    attrs: dict[str, Any] = {"oom": result.oom}
+    if result.peak_mb is not None:
+        attrs["vram_peak_mb"] = round(result.peak_mb, 1)
+    if result.error:
+        attrs["error"] = result.error[:500]
+    set_user_attrs(trial, attrs)
+    value = result.value if result.state == TrialState.COMPLETE else None
+    ctx.study.tell(trial, value, state=result.state)
+
+
+def publish(ctx: TrialContext, trial: optuna.Trial) -> None:
+    """Where people look: the trial's optuna-dashboard note and, when the study names one, its
+    MLflow run (neither can fail the trial: a store that is away costs a warning)."""
+    from orchestrator.record.notes import write_trial_note
+
+    frozen = ctx.storage.get_trial(trial._trial_id)
+    write_trial_note(ctx.study, frozen, metric=ctx.metric)
+    if ctx.tracker is not None:
+        ctx.tracker.log_trial(frozen)
+
+
+def record(
+    ctx: TrialContext,
+    trial: optuna.Trial,
+    result: RunResult,
+    lock: LockTiming | None,
+) -> None:
+    from orchestrator.record import records
+
+    device = ctx.config.device
+    records.record_trial_vram(
+        ctx.engine,
+        study_name=ctx.config.study_name,
+        trial_number=trial.number,
+        host=ctx.config.host,
+        gpu_index=device.index if device else None,
+        gpu_name=ctx.gpu_name,
+        batch_size=result.batch_size,
+        vram_planned_mb=result.planned_mb,
+        vram_peak_mb=result.peak_mb,
+        concurrency=result.concurrency,
+        oom=result.oom,
+        state=result.state.name,
+        pid=os.getpid(),
+        ask_wait_ms=round(lock.wait_ms, 2) if lock else None,
+        ask_held_ms=round(lock.held_ms, 2) if lock else None,
+    )

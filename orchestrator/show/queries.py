@@ -1,0 +1,265 @@
+"""The views' reads of a storage: Optuna's trials and our orch_* tables, turned into the views' values."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+from orchestrator.show.views import (
+    MULTI_OBJECTIVE,
+    BestTrial,
+    MemoryLine,
+    StudyDetail,
+    StudyRow,
+    Worker,
+    best_of,
+    direction_of,
+    oom_events,
+    plan_lines,
+    states_of,
+    study_row,
+    vram_by_gpu,
+    vram_rows,
+)
+
+if TYPE_CHECKING:
+    from optuna.storages import RDBStorage
+    from optuna.trial import FrozenTrial
+
+
+def open_for_reading(url: str) -> RDBStorage:
+    """The storage at URL, for reading: an SQLite file that does not exist is an error, not a new file."""
+    from orchestrator.record.storage import create_storage, describe_location, sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise UserError(
+            f"no study database at {describe_location(url)}: start a study with "
+            "`python -m orchestrator run ADAPTER`, or point --storage at an existing one"
+        )
+    storage = create_storage(url)
+    bring_our_tables_up_to_date(storage)
+    return storage
+
+
+def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
+    """A database written by an earlier version has our tables at an older revision: bring them
+    to this version's (new columns only, nothing stored is lost), as `run` would. One with none
+    of our tables (Optuna's alone) is left as it is: the views read what is there."""
+    from orchestrator.record.locks import schema_lock
+    from orchestrator.record.migrate import (
+        current_revision,
+        head_revision,
+        upgrade_orchestrator_schema,
+    )
+
+    revision = current_revision(storage)
+    if revision is None or revision == head_revision():
+        return
+    with schema_lock(storage.url):
+        if current_revision(storage) != head_revision():
+            upgrade_orchestrator_schema(storage)
+
+
+def _guarded(storage: RDBStorage):  # noqa: ANN202
+    """Turn a database error during a read into the one-line 'cannot reach' message."""
+    from contextlib import contextmanager
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.record.storage import unreachable
+
+    @contextmanager
+    def guard():  # noqa: ANN202
+        try:
+            yield
+        except SQLAlchemyError as error:
+            raise unreachable(storage.url, error) from None
+
+    return guard()
+
+
+def list_studies(storage: RDBStorage) -> list[StudyRow]:
+    """Every study with its counts and best trial: aggregate queries, no trial read in full."""
+    from orchestrator.record.trial_counts import stored_count
+
+    rows = []
+    with _guarded(storage):
+        for study in sorted(storage.get_all_studies(), key=lambda s: s.study_name):
+            directions = [d.name.lower() for d in study.directions]
+            count = stored_count(storage.engine, study._study_id)
+            best = _stored_best(storage, study._study_id, direction_of(directions))
+            rows.append(
+                study_row(study.study_name, dict(study.user_attrs), directions, count, best)
+            )
+    return rows
+
+
+def _stored_best(storage: RDBStorage, study_id: int, direction: str) -> BestTrial | None:
+    if direction == MULTI_OBJECTIVE:
+        return None
+    try:
+        trial = storage.get_best_trial(study_id)  # one ordered query, one trial read
+    except ValueError:
+        return None
+    return best_of([trial], direction)
+
+
+def _has_table(storage: RDBStorage, name: str) -> bool:
+    import sqlalchemy as sa
+
+    return sa.inspect(storage.engine).has_table(name)
+
+
+def list_workers(storage: RDBStorage, study_name: str) -> list[Worker]:
+    import sqlalchemy as sa
+
+    from orchestrator.record.records import workers
+
+    if not _has_table(storage, workers.name):
+        return []
+    query = (
+        sa.select(workers)
+        .where(workers.c.study_name == study_name)
+        .order_by(workers.c.started_at, workers.c.id)
+    )
+    with storage.engine.connect() as conn:
+        return [
+            Worker(
+                host=row.host,
+                gpu_index=row.gpu_index,
+                gpu_name=row.gpu_name,
+                pid=row.pid,
+                started_at=row.started_at,
+                last_seen=row.last_seen,
+                stopped_at=row.stopped_at,
+            )
+            for row in conn.execute(query)
+        ]
+
+
+def measured_lines(
+    storage: RDBStorage, adapter: str | None, gpus: Iterable[str]
+) -> list[MemoryLine]:
+    """Memory models measured on these kinds of GPU for this adapter (orch_memory_models)."""
+    from orchestrator.record.records import load_memory_model, memory_models
+
+    if adapter is None or not _has_table(storage, memory_models.name):
+        return []
+    lines = []
+    for gpu in sorted(set(gpus)):
+        model = load_memory_model(storage.engine, adapter=adapter, gpu_name=gpu)
+        if model is not None:
+            lines.append(MemoryLine(gpu, model.model_overhead_mb, model.per_sample_mb, "measured"))
+    return lines
+
+
+def study_detail(
+    storage: RDBStorage,
+    name: str,
+    storage_label: str,
+    trials: list[FrozenTrial] | None = None,
+) -> StudyDetail:
+    """Everything `status --study`, `best` and `report` show about one study (`trials`: its
+    trials, when the caller has read them already)."""
+    from orchestrator.record.records import (
+        concurrency_events,
+        list_concurrency_events,
+        list_trial_vram,
+        trial_vram,
+    )
+    from orchestrator.record.study import (
+        count_trials,
+        load_existing_study,
+        load_spec,
+        retried_trial_numbers,
+    )
+    from orchestrator.record.trial_reader import read_trials
+
+    with _guarded(storage):
+        study = load_existing_study(storage, name, storage_label)
+        spec = load_spec(study)
+        if trials is None:
+            trials = read_trials(storage.engine, study._study_id)
+        # `study.direction` raises on a multi-objective study: read `directions`.
+        directions = [d.name.lower() for d in study.directions]
+        direction = direction_of(directions)
+        recorded = (
+            list_trial_vram(storage.engine, name) if _has_table(storage, trial_vram.name) else []
+        )
+        events = (
+            list_concurrency_events(storage.engine, name)
+            if _has_table(storage, concurrency_events.name)
+            else []
+        )
+        workers_seen = list_workers(storage, name)
+        rows = vram_rows(trials, recorded)
+        adapter = spec.adapter if spec else None
+        lines = plan_lines(rows) + measured_lines(storage, adapter, (r.gpu for r in rows))
+    count = count_trials(trials)
+    return StudyDetail(
+        name=name,
+        adapter=adapter,
+        direction=direction,
+        budget=spec.trials if spec else None,
+        epochs=spec.epochs if spec else None,
+        sampler=spec.sampler if spec else None,
+        states=states_of(trials),
+        counted=count.counted,
+        retried=count.retried,
+        best=best_of(trials, direction),
+        workers=workers_seen,
+        concurrency_events=events,
+        ooms=oom_events(trials, retried_trial_numbers(trials)),
+        vram=rows,
+        vram_by_gpu=vram_by_gpu(rows),
+        memory_lines=lines,
+        directions=directions,
+    )
+
+
+def load_study_trials(storage: RDBStorage, name: str, storage_label: str):  # noqa: ANN201
+    """The study for Optuna's own plots: a snapshot of its trials, read once in flat queries.
+
+    Optuna's plotting functions ask a study for its trials many times over and deep-copy them
+    each time; at 3,000 trials that alone took the report past 20 s. The snapshot is an
+    in-memory study that hands out the trials read once, without copying them."""
+    from orchestrator.record.study import load_existing_study
+    from orchestrator.record.trial_reader import read_trials
+
+    with _guarded(storage):
+        study = load_existing_study(storage, name, storage_label)
+        trials = read_trials(storage.engine, study._study_id, intermediate_values=True)
+    return snapshot_study(study, trials)
+
+
+def snapshot_study(study: Any, trials: list[FrozenTrial]) -> Any:
+    import optuna
+    from optuna.trial import TrialState
+
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory"
+    try:
+        snapshot = optuna.create_study(study_name=study.study_name, directions=study.directions)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    for key, value in study.user_attrs.items():  # the study's settings: its metric, its spec
+        snapshot.set_user_attr(key, value)
+
+    def get_trials(deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list:
+        return [t for t in trials if states is None or t.state in states]
+
+    def best_trial(deepcopy: bool = True) -> FrozenTrial:
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
+        if not done:
+            raise ValueError("No trials are completed yet.")
+        sign = 1.0 if study.directions[0].name == "MINIMIZE" else -1.0
+        return min(done, key=lambda t: (sign * t.values[0], t.number))
+
+    # Instance attributes win over the class's methods (and over `trials`, `best_trial`,
+    # `best_value` and `best_params`, which call them).
+    snapshot.get_trials = get_trials
+    snapshot._get_trials = get_trials
+    snapshot._get_best_trial = best_trial
+    return snapshot
