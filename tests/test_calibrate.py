@@ -4,7 +4,7 @@ finished trials, and calibration (its decisions here; the real measurement on a 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given, settings
@@ -28,6 +28,11 @@ from orchestrator.planning.memory import (
     refine_from_trials,
 )
 from orchestrator.record.records import MeasuredMemoryModel, now
+
+if TYPE_CHECKING:
+    import torch
+
+    from adapters.base import Report
 
 # --- fitting ----------------------------------------------------------------------------------
 
@@ -208,7 +213,15 @@ class LargestModelAdapter(BaseAdapter):
     def calibration_params(self, options: Mapping[str, Any]) -> dict[str, Any]:
         return {**self.default_params, "hidden": int(options["max_hidden"])}
 
-    def train(self, params, *, epochs, device, options, report) -> float:  # noqa: ANN001
+    def train(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+        report: Report,
+    ) -> float:
         self.trained.append({**params, "epochs": epochs, "device": str(device)})
         return 0.0
 
@@ -275,7 +288,15 @@ class GpuMemoryAdapter(BaseAdapter):
     direction = "minimize"
     default_params = {"learning_rate": 1e-3, "batch_size": 256}
 
-    def train(self, params, *, epochs, device, options, report) -> float:  # noqa: ANN001
+    def train(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+        report: Report,
+    ) -> float:
         import torch
 
         torch.manual_seed(0)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from adapters.base import Report
     from orchestrator.run.trial_context import TrialContext
     from orchestrator.run.trial_messages import Channel
-    from orchestrator.run.trial_runner import RunResult
+    from orchestrator.run.trial_result import RunResult
 
 
 def reporting_memory(

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import TrialState
 
     from orchestrator.record.study import StudySpec
     from orchestrator.run.trial_context import TrialContext
@@ -33,25 +32,10 @@ from orchestrator.run.trial_memory import (
     reset_memory,
 )
 from orchestrator.run.trial_messages import Channel, Go, TrialJob, TrialOutcome
+from orchestrator.run.trial_result import RunResult
 from orchestrator.run.trial_signals import Interrupted, interruptible, stop_requested
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RunResult:
-    """What running the objective gave, before it is told to the study."""
-
-    state: TrialState
-    value: float | None = None
-    error: str | None = None
-    oom: bool = False
-    interrupted: bool = False
-    cuda_error: bool = False
-    batch_size: int | None = None
-    planned_mb: float | None = None
-    peak_mb: float | None = None
-    concurrency: int | None = None
 
 
 def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:

@@ -1,0 +1,29 @@
+"""What running a trial's objective gave, in its process, before it is told to the study.
+
+Its own module so that the trial's steps (`orchestrator.run.trial_runner`) and its memory
+(`orchestrator.run.trial_memory`) both read it while neither imports the other's way back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from optuna.trial import TrialState
+
+
+@dataclass
+class RunResult:
+    """What running the objective gave, before it is told to the study."""
+
+    state: TrialState
+    value: float | None = None
+    error: str | None = None
+    oom: bool = False
+    interrupted: bool = False
+    cuda_error: bool = False
+    batch_size: int | None = None
+    planned_mb: float | None = None
+    peak_mb: float | None = None
+    concurrency: int | None = None
