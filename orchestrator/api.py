@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.study import StudySpec
+
 if TYPE_CHECKING:
     import optuna
 
@@ -43,12 +45,12 @@ def optimize(
     batch_sizes: tuple[int, int] | None = None,
     direction: str = "minimize",
     metric: str = "value",
-    sampler: str = "pso",
-    pruner: str = "median",
+    sampler: str = StudySpec.sampler,
+    pruner: str = StudySpec.pruner,
     seed: int | None = None,
-    swarm_size: int = 20,
+    swarm_size: int = StudySpec.swarm_size,
     epochs: int = 1,
-    max_retries: int = 2,
+    max_retries: int = StudySpec.max_retries,
     **host: Any,
 ) -> optuna.Study:
     """Run `objective(trial, device)` until the study holds `n_trials` trials; the study.
@@ -61,7 +63,6 @@ def optimize(
     concurrency, timeout, grace, sim_memory_scale, log_dir, recycle_after, fresh_process, ...
     """
     from adapters.objective import objective_ref
-    from orchestrator.record.study import StudySpec
 
     ref = objective_ref(objective)
     low, high = batch_sizes if batch_sizes is not None else (0, 0)
@@ -120,19 +121,19 @@ def plan(
 def _run(spec: Any, name: str, storage: str | None, gpus: str, host: dict[str, Any]) -> Any:
     import optuna
 
-    from orchestrator.launch import (
-        check_pool_arguments,
+    from orchestrator.host_options import (
+        HostOptions,
+        check_host_options,
         check_storage_for_workers,
-        execute,
-        pool_settings,
     )
+    from orchestrator.launch import execute
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.retry import stale_trial_callback
     from orchestrator.record.storage import parse_url, resolve_storage_url
     from orchestrator.run.processes import prestart
 
-    settings = pool_settings(gpus=gpus, quiet=host.pop("quiet", True), **host)
-    check_pool_arguments(settings)
+    settings = HostOptions(gpus=gpus, quiet=host.pop("quiet", True), **host)
+    check_host_options(settings)
     url = resolve_storage_url(storage)
     parse_url(url)
     check_storage_for_workers(url)
@@ -145,7 +146,7 @@ def _run(spec: Any, name: str, storage: str | None, gpus: str, host: dict[str, A
         storage=opened,
         adapter=adapter,
         spec=spec,
-        args=settings,
+        options=settings,
         open_study=lambda: _store(opened, name, spec),
         spare=spare,
     )

@@ -209,13 +209,43 @@ def _storage_url(text: str) -> str:
     return text
 
 
+def add_adapter_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--adapter-path` and `--option`: your own adapter, and an adapter's options (run, plan)."""
+    parser.add_argument(
+        "--adapter-path",
+        metavar="MODULE:ATTRIBUTE",
+        help="use an adapter object from your own module",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an adapter option (repeatable), e.g. --option per_sample_mb=0.05",
+    )
+
+
+def add_swarm_size_argument(parser: argparse.ArgumentParser) -> None:
+    from orchestrator.record.study import StudySpec
+
+    parser.add_argument(
+        "--swarm-size",
+        type=whole_number("--swarm-size", high=100_000, example=20),
+        metavar="N",
+        help="particles in the swarm: the most trials one GPU runs at once "
+        f"(default {StudySpec.swarm_size})",
+    )
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quiet", "-q", action="store_true", help="print only the result")
     group.add_argument("--verbose", "-v", action="store_true", help="log every decision")
 
 
-def command_parser(subparsers, name: str, *, help: str, example: str) -> Parser:  # noqa: ANN001, A002
+def command_parser(
+    subparsers: argparse._SubParsersAction, name: str, *, help: str, example: str
+) -> Parser:
     """A subcommand parser whose --help ends with an example."""
     return subparsers.add_parser(
         name,

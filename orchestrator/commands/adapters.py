@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator.cli import command_parser
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "adapters",

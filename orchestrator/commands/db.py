@@ -7,7 +7,7 @@ import argparse
 from orchestrator.cli import add_storage_argument, command_parser
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
         subparsers,
         "db",

@@ -12,7 +12,7 @@ from orchestrator.errors import UserError
 from orchestrator.planning.workloads import add_workloads_argument
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction) -> None:
     from orchestrator.deploy.kubernetes import DEFAULT_IMAGE, DEFAULT_STORAGE_SECRET
 
     parser = command_parser(

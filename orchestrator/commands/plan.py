@@ -8,7 +8,13 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli import add_storage_argument, command_parser, user_checked, whole_number
+from orchestrator.cli import (
+    add_adapter_arguments,
+    add_storage_argument,
+    add_swarm_size_argument,
+    command_parser,
+    whole_number,
+)
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -16,10 +22,12 @@ if TYPE_CHECKING:
     from orchestrator.gpu.base import Device
     from orchestrator.planning.planner import GpuPlan, NodePlan
 
-DEFAULT_SWARM_SIZE = 20
 
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from orchestrator.host_options import add_concurrency_argument, add_gpus_argument
+    from orchestrator.planning.workloads import add_workloads_argument
+    from orchestrator.record.study import StudySpec
 
-def register(subparsers) -> None:  # noqa: ANN001
     parser = command_parser(
         subparsers,
         "plan",
@@ -29,30 +37,11 @@ def register(subparsers) -> None:  # noqa: ANN001
     parser.add_argument(
         "adapter", nargs="?", metavar="ADAPTER", help="adapter name (see `adapters`)"
     )
-    from orchestrator.gpu import check_gpu_spec
-    from orchestrator.planning.workloads import add_workloads_argument
-
-    parser.add_argument(
-        "--gpus",
-        default="auto",
-        metavar="SPEC",
-        type=user_checked(check_gpu_spec),
-        help="auto (default), none, indices such as 0,2, or simulated sizes sim:MB[,sim:MB...]",
-    )
+    add_adapter_arguments(parser)
+    add_gpus_argument(parser)
     add_storage_argument(parser)
-    parser.add_argument(
-        "--swarm-size",
-        type=whole_number("--swarm-size", high=100_000, example=20),
-        default=DEFAULT_SWARM_SIZE,
-        metavar="N",
-        help=f"particles in the swarm: the most trials one GPU runs at once (default {DEFAULT_SWARM_SIZE})",
-    )
-    parser.add_argument(
-        "--concurrency",
-        type=whole_number("--concurrency", high=10_000),
-        metavar="N",
-        help="at most N trials at once per GPU (lowers the plan, never raises it past VRAM)",
-    )
+    add_swarm_size_argument(parser)
+    add_concurrency_argument(parser)
     parser.add_argument(
         "--cpu-cores",
         type=whole_number("--cpu-cores", high=100_000, example=8),
@@ -60,21 +49,13 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="plan for a host with N usable CPU cores (default: this machine's, after affinity and cgroup quota)",
     )
     parser.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an adapter option (repeatable), e.g. --option per_sample_mb=0.05",
-    )
-    parser.add_argument("--adapter-path", metavar="MODULE:ATTRIBUTE", help="load your own adapter")
-    parser.add_argument(
         "--calibrate",
         action="store_true",
         help="measure the memory model on each kind of GPU first (two short trainings) and store it",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     add_workloads_argument(parser)
-    parser.set_defaults(handler=plan_command)
+    parser.set_defaults(handler=plan_command, swarm_size=StudySpec.swarm_size)
 
 
 def plan_command(args: argparse.Namespace) -> int:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli import (
     SEED_MAX,
+    add_adapter_arguments,
     add_output_arguments,
     add_storage_argument,
+    add_swarm_size_argument,
     command_parser,
     input_file,
     study_name,
@@ -16,11 +20,17 @@ from orchestrator.cli import (
 )
 from orchestrator.errors import UserError
 
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage
 
-def register(subparsers) -> None:  # noqa: ANN001
+    from orchestrator.enqueue import Queued
+    from orchestrator.record.study import StudySpec
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
     from orchestrator.config_file import add_config_argument
-    from orchestrator.launch import SAMPLERS, add_pool_arguments
-    from orchestrator.record.study import PRUNERS
+    from orchestrator.host_options import add_host_arguments
 
     parser = command_parser(
         subparsers,
@@ -28,17 +38,23 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="create or resume a study of ADAPTER and run its trials on this machine's GPUs",
         example="python -m orchestrator run dqn --trials 40 --gpus auto",
     )
+    _add_study_arguments(parser)
+    _add_search_arguments(parser)
+    add_config_argument(parser)
+    add_host_arguments(parser)
+    add_output_arguments(parser)
+    parser.set_defaults(handler=run_command)
+
+
+def _add_study_arguments(parser: argparse.ArgumentParser) -> None:
+    """What is tuned, where it is stored, and how big the study is."""
     parser.add_argument(
         "adapter",
         nargs="?",
         metavar="ADAPTER",
         help="dqn, ppo, tft, synthetic, or an installed one",
     )
-    parser.add_argument(
-        "--adapter-path",
-        metavar="MODULE:ATTRIBUTE",
-        help="use an adapter object from your own module",
-    )
+    add_adapter_arguments(parser)
     parser.add_argument(
         "--study", metavar="NAME", type=study_name, help="study name (default: the adapter's name)"
     )
@@ -56,13 +72,6 @@ def register(subparsers) -> None:  # noqa: ANN001
         help="epochs per trial (default: the workload class's)",
     )
     parser.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an adapter option (repeatable)",
-    )
-    parser.add_argument(
         "--env",
         metavar="ENV",
         help="RL adapters: trading (default) or a Gymnasium id such as CartPole-v1",
@@ -73,30 +82,35 @@ def register(subparsers) -> None:  # noqa: ANN001
         type=input_file("--data", "a CSV file with a `close` column"),
         help="prices from a CSV file with a close column (default: synthetic)",
     )
+
+
+def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the study searches: sampler, pruner, retries, what runs first, where it is tracked."""
+    from orchestrator.record.study import PRUNERS, StudySpec
+    from samplers import SAMPLER_NAMES
+
     parser.add_argument(
-        "--sampler", choices=SAMPLERS, help="pso (default) or one of Optuna's samplers"
+        "--sampler",
+        choices=SAMPLER_NAMES,
+        help=f"{StudySpec.sampler} (default) or one of Optuna's samplers",
     )
     parser.add_argument(
         "--seed",
         type=whole_number("--seed", low=0, high=SEED_MAX, example=7),
         help="sampler seed (default: one is drawn and stored with the study)",
     )
-    parser.add_argument(
-        "--swarm-size",
-        type=whole_number("--swarm-size", high=100_000, example=20),
-        metavar="N",
-        help="particles in the swarm (default 20)",
-    )
+    add_swarm_size_argument(parser)
     parser.add_argument(
         "--pruner",
         choices=PRUNERS,
-        help=f"stop poor trials early: {', '.join(PRUNERS)} (default median; docs/pruners.md)",
+        help=f"stop poor trials early: {', '.join(PRUNERS)} "
+        f"(default {StudySpec.pruner}; docs/pruners.md)",
     )
     parser.add_argument(
         "--max-retries",
         type=whole_number("--max-retries", low=0, high=1000, example=2),
         metavar="N",
-        help="re-runs of an OOM'd or lost trial (default 2)",
+        help=f"re-runs of an OOM'd or lost trial (default {StudySpec.max_retries})",
     )
     parser.add_argument(
         "--enqueue-defaults",
@@ -113,35 +127,32 @@ def register(subparsers) -> None:  # noqa: ANN001
         metavar="URI",
         help="log every trial as an MLflow run (default: $MLFLOW_TRACKING_URI; needs the mlflow extra)",
     )
-    add_config_argument(parser)
-    add_pool_arguments(parser)
-    add_output_arguments(parser)
-    parser.set_defaults(handler=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
     import adapters
     from adapters.base import parse_options
     from orchestrator.enqueue import planned_queue
-    from orchestrator.launch import (
-        check_pool_arguments,
+    from orchestrator.host_options import (
+        HostOptions,
+        check_host_options,
         check_storage_for_workers,
-        configure,
-        plan_and_run,
     )
+    from orchestrator.launch import configure, plan_and_run
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.retry import stale_trial_callback
     from orchestrator.record.storage import describe_location, parse_url, resolve_storage_url
     from orchestrator.record.tracking import tracking_uri_to_store
     from orchestrator.run.processes import prestart
 
-    configure(args)
+    host = HostOptions.from_args(args)
+    configure(host)
     # Everything the user typed is checked before anything is stored.
     if not args.adapter and not args.adapter_path:
         raise UserError(
             "name an adapter (python -m orchestrator run dqn) or give --adapter-path module:attribute"
         )
-    check_pool_arguments(args)
+    check_host_options(host)
     url = resolve_storage_url(args.storage)
     parse_url(url)
     adapter = adapters.resolve(args.adapter_path or args.adapter, is_path=bool(args.adapter_path))
@@ -170,13 +181,15 @@ def run_command(args: argparse.Namespace) -> int:
         storage=storage,
         adapter=adapter,
         spec=spec,
-        args=args,
+        options=host,
         spare=spare,
         open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue),
     )
 
 
-def _fitting_queue(queue, existing, spec):  # noqa: ANN001, ANN202
+def _fitting_queue(
+    queue: list[Queued], existing: optuna.Study | None, spec: StudySpec
+) -> list[Queued]:
     """The sets not queued before in this study, if the budget has room for them (else a UserError)."""
     from orchestrator.enqueue import not_yet_queued
     from orchestrator.record.study import count_trials
@@ -193,7 +206,13 @@ def _fitting_queue(queue, existing, spec):  # noqa: ANN001, ANN202
     return fresh
 
 
-def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN202
+def _resolve_spec(
+    storage: BaseStorage,
+    args: argparse.Namespace,
+    adapter: Any,
+    options: dict[str, Any],
+    label: str,
+) -> tuple[optuna.Study | None, StudySpec]:
     """The study to resume (or None) and the spec this run will store: read only, checked."""
     import optuna
 
@@ -206,18 +225,18 @@ def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN2
     with contextlib.suppress(KeyError):
         existing = optuna.load_study(study_name=name, storage=storage)
     if existing is None:
-        spec = StudySpec(
+        spec = StudySpec.new(
             adapter=adapter_ref,
             adapter_path=bool(args.adapter_path),
             trials=args.trials or int(getattr(adapter, "default_trials", 20)),
             epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
             direction=adapter.direction,
             options=options,
-            sampler=args.sampler or "pso",
+            sampler=args.sampler,
             seed=args.seed if args.seed is not None else draw_seed(),
-            swarm_size=args.swarm_size or 20,
-            pruner=args.pruner or "median",
-            max_retries=args.max_retries if args.max_retries is not None else 2,
+            swarm_size=args.swarm_size,
+            pruner=args.pruner,
+            max_retries=args.max_retries,
         )
     else:
         spec = _wait_for_spec(existing)
@@ -251,7 +270,13 @@ def _resolve_spec(storage, args, adapter, options, label):  # noqa: ANN001, ANN2
     return existing, spec
 
 
-def _store(storage, existing, spec, name, queue=()):  # noqa: ANN001, ANN202
+def _store(
+    storage: BaseStorage,
+    existing: optuna.Study | None,
+    spec: StudySpec,
+    name: str,
+    queue: Sequence[Queued] = (),
+) -> optuna.Study:
     """Create the study (or take the one resumed), store this run's spec with it, and queue the
     parameter sets to run first."""
     import optuna
@@ -267,7 +292,7 @@ def _store(storage, existing, spec, name, queue=()):  # noqa: ANN001, ANN202
     return study
 
 
-def _wait_for_spec(study, seconds: float = 10.0):  # noqa: ANN001, ANN202
+def _wait_for_spec(study: optuna.Study, seconds: float = 10.0) -> StudySpec | None:
     """The study's spec; a study with no spec and no trials may be one another process is creating
     this very moment (create_study and save_spec are two steps), so give it a few seconds."""
     import time

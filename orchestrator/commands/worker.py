@@ -12,9 +12,9 @@ from orchestrator.cli import (
 )
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction) -> None:
     from orchestrator.config_file import add_config_argument
-    from orchestrator.launch import add_pool_arguments
+    from orchestrator.host_options import add_host_arguments
 
     parser = command_parser(
         subparsers,
@@ -28,19 +28,19 @@ def register(subparsers) -> None:  # noqa: ANN001
     )
     add_storage_argument(parser)
     add_config_argument(parser)
-    add_pool_arguments(parser)
+    add_host_arguments(parser)
     add_output_arguments(parser)
     parser.set_defaults(handler=worker_command)
 
 
 def worker_command(args: argparse.Namespace) -> int:
     from orchestrator.errors import UserError
-    from orchestrator.launch import (
-        check_pool_arguments,
+    from orchestrator.host_options import (
+        HostOptions,
+        check_host_options,
         check_storage_for_workers,
-        configure,
-        plan_and_run,
     )
+    from orchestrator.launch import configure, plan_and_run
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.retry import stale_trial_callback
     from orchestrator.record.storage import describe_location, resolve_storage_url, sqlite_path
@@ -49,8 +49,9 @@ def worker_command(args: argparse.Namespace) -> int:
 
     if not args.study:
         raise UserError('name the study to join: --study NAME (or study = "NAME" in --config)')
-    configure(args)
-    check_pool_arguments(args)
+    host = HostOptions.from_args(args)
+    configure(host)
+    check_host_options(host)
     url = resolve_storage_url(args.storage)
     check_storage_for_workers(url)
     path = sqlite_path(url)
@@ -74,7 +75,7 @@ def worker_command(args: argparse.Namespace) -> int:
         storage=storage,
         adapter=spec.resolve_adapter(),
         spec=spec,
-        args=args,
+        options=host,
         spare=spare,
         open_study=lambda: study,
     )

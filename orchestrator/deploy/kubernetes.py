@@ -160,31 +160,6 @@ def worker_job(d: Deployment) -> dict[str, Any]:
         "orchestrator/workload-class": wc.name,
         "orchestrator/adapter": label_value(d.adapter),
     }
-    container = {
-        "name": "worker",
-        "image": d.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "orchestrator"],
-        "args": worker_args(d),
-        "env": _storage_env(d),
-        "resources": {
-            "requests": {"cpu": wc.cpu_request, "memory": wc.memory_request, GPU_RESOURCE: "1"},
-            "limits": {"cpu": wc.cpu_limit, "memory": wc.memory_limit, GPU_RESOURCE: "1"},
-        },
-        "securityContext": _security_context(),
-        # Trial processes share tensors through /dev/shm, which is 64 MiB in a pod by default.
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    pod_spec = {
-        "restartPolicy": "Never",  # podFailurePolicy needs it; the Job makes a replacement pod
-        "nodeSelector": wc.node_selector,
-        # GPU pools are commonly tainted so that only pods asking for a GPU land there.
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
-        "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
-        "securityContext": _pod_security_context(),
-        "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
-    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -213,8 +188,38 @@ def worker_job(d: Deployment) -> dict[str, Any]:
                 ]
             },
             "ttlSecondsAfterFinished": 86400,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels}, "spec": _worker_pod(d)},
         },
+    }
+
+
+def _worker_pod(d: Deployment) -> dict[str, Any]:
+    """One worker's pod: one GPU, the class's CPU and memory, a /dev/shm big enough for torch."""
+    wc = d.workload
+    container = {
+        "name": "worker",
+        "image": d.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "orchestrator"],
+        "args": worker_args(d),
+        "env": _storage_env(d),
+        "resources": {
+            "requests": {"cpu": wc.cpu_request, "memory": wc.memory_request, GPU_RESOURCE: "1"},
+            "limits": {"cpu": wc.cpu_limit, "memory": wc.memory_limit, GPU_RESOURCE: "1"},
+        },
+        "securityContext": _security_context(),
+        # Trial processes share tensors through /dev/shm, which is 64 MiB in a pod by default.
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    return {
+        "restartPolicy": "Never",  # podFailurePolicy needs it; the Job makes a replacement pod
+        "nodeSelector": wc.node_selector,
+        # GPU pools are commonly tainted so that only pods asking for a GPU land there.
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "terminationGracePeriodSeconds": WORKER_GRACE_SECONDS,
+        "securityContext": _pod_security_context(),
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
     }
 
 

@@ -61,6 +61,11 @@ class StudySpec:
         known = {name for name in cls.__dataclass_fields__}
         return cls(**{key: val for key, val in value.items() if key in known})
 
+    @classmethod
+    def new(cls, **values: Any) -> StudySpec:
+        """A spec of these values; one given as None (not typed) takes the default above."""
+        return cls(**{key: val for key, val in values.items() if val is not None})
+
     def updated(self, **changes: Any) -> StudySpec:
         return replace(self, **{key: val for key, val in changes.items() if val is not None})
 

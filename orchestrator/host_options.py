@@ -1,0 +1,249 @@
+"""What `run`, `worker` and `plan` are told about this host, as flags and as one typed value.
+
+The flags are defined here once, with their defaults taken from `HostOptions`; the commands turn
+the parsed Namespace into a `HostOptions` (`from_args`) and everything below them takes that.
+The Python API builds one directly: `HostOptions(gpus="sim:24576", concurrency=2)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import UserError
+from orchestrator.record.outage import DEFAULT_RETRY_SECONDS
+
+if TYPE_CHECKING:
+    from orchestrator.run.trial_context import Recycling
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    """This host's part of a run: which GPUs, how many trials at once, for how long, and how
+    trial processes live. The defaults are the flags' defaults."""
+
+    gpus: str = "auto"
+    sim_memory_scale: float = 1.0
+    concurrency: int | None = None
+    timeout: float | None = None
+    grace: float = 30.0
+    recycle_after: int | None = None
+    recycle_memory_mb: float = 2048.0
+    fresh_process: bool = False
+    log_dir: str | None = None
+    storage_retry_seconds: float = DEFAULT_RETRY_SECONDS
+    workloads: str | None = None
+    json: bool = False
+    quiet: bool = False
+    verbose: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HostOptions:
+        """The options a command's parsed flags hold (a flag the command lacks keeps its default)."""
+        given = vars(args)
+        return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
+
+    def recycling(self) -> Recycling:
+        """When a warm trial process makes way for a fresh one."""
+        from orchestrator.run.trial_context import Recycling
+
+        after = 1 if self.fresh_process else self.recycle_after
+        return Recycling(after_trials=after, memory_growth_mb=self.recycle_memory_mb)
+
+    def log_dir_for(self, url: str) -> str:
+        """Where trials' logs go: --log-dir, else beside the study's SQLite file or here."""
+        from orchestrator.record.trial_logs import default_log_dir
+
+        return str(self.log_dir) if self.log_dir else str(default_log_dir(url))
+
+    @property
+    def shows_progress(self) -> bool:
+        """A live panel or log lines, unless the result is JSON and nothing else was asked for."""
+        return self.verbose or not self.json
+
+
+_DEFAULTS = HostOptions()
+
+
+# --- the flags ---------------------------------------------------------------------------------
+
+
+def add_gpus_argument(parser: argparse.ArgumentParser) -> None:
+    from orchestrator.cli import user_checked
+    from orchestrator.gpu import check_gpu_spec
+
+    parser.add_argument(
+        "--gpus",
+        default=_DEFAULTS.gpus,
+        metavar="SPEC",
+        type=user_checked(check_gpu_spec),
+        help="auto (default), none, indices such as 0,2, part of one such as 0:24576 (MB), "
+        "or simulated devices sim:MB[,sim:MB...]",
+    )
+
+
+def add_concurrency_argument(parser: argparse.ArgumentParser) -> None:
+    from orchestrator.cli import whole_number
+
+    parser.add_argument(
+        "--concurrency",
+        type=whole_number("--concurrency", high=10_000),
+        metavar="N",
+        help="at most N trials at once per GPU (lowers the plan, never raises it past VRAM)",
+    )
+
+
+def add_host_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `run` and `worker` about this host."""
+    from orchestrator.planning.workloads import add_workloads_argument
+
+    add_gpus_argument(parser)
+    add_concurrency_argument(parser)
+    _add_time_arguments(parser)
+    _add_process_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_workloads_argument(parser)
+
+
+def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
+    from orchestrator.cli import number
+
+    parser.add_argument(
+        "--timeout",
+        type=number("--timeout", above_low=True, example="3600"),
+        metavar="SECONDS",
+        help="start no trial after this long; running ones finish",
+    )
+    parser.add_argument(
+        "--grace",
+        type=number("--grace", example="30"),
+        default=_DEFAULTS.grace,
+        metavar="SECONDS",
+        help="on Ctrl-C or SIGTERM, running trials get this long to finish before they are "
+        f"stopped and re-queued (default {_DEFAULTS.grace:g})",
+    )
+    parser.add_argument(
+        "--storage-retry-seconds",
+        type=number("--storage-retry-seconds", example="300"),
+        default=_DEFAULTS.storage_retry_seconds,
+        metavar="SECONDS",
+        help="ride out a database outage this long, retrying, before stopping "
+        f"(default {_DEFAULTS.storage_retry_seconds:g}; 0 stops at once)",
+    )
+
+
+def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    from orchestrator.cli import number, whole_number
+
+    parser.add_argument(
+        "--sim-memory-scale",
+        type=number("--sim-memory-scale", above_low=True, example="1.5"),
+        default=_DEFAULTS.sim_memory_scale,
+        metavar="F",
+        help="a simulated trial holds F times its memory model's MB (default 1.0)",
+    )
+    parser.add_argument(
+        "--recycle-after",
+        type=whole_number("--recycle-after", example=20),
+        metavar="N",
+        help="a trial process makes way for a fresh one after N trials (default: never; it always "
+        "does after an out-of-memory or CUDA error)",
+    )
+    parser.add_argument(
+        "--recycle-memory-mb",
+        type=number("--recycle-memory-mb", above_low=True, example="2048"),
+        default=_DEFAULTS.recycle_memory_mb,
+        metavar="MB",
+        help="a trial process whose resident memory grew by more than MB since its first trial "
+        f"makes way for a fresh one (default {_DEFAULTS.recycle_memory_mb:g})",
+    )
+    parser.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="run every trial in a fresh process, for models that leak (slower: each trial pays "
+        "for the imports, the storage connection and the CUDA context)",
+    )
+    parser.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="each trial's stdout and stderr go to DIR/STUDY/trial-N.log (default: beside an SQLite "
+        "file, e.g. study-logs/ for study.db; else orchestrator-logs/ in the current directory)",
+    )
+
+
+# --- what argparse cannot check alone ----------------------------------------------------------
+
+
+def check_host_options(options: HostOptions) -> None:
+    """Refuse what cannot run, before anything is stored, and apply what the process needs.
+
+    The flags' values were checked as they were parsed (finite, in range, well-formed); these
+    lines keep the same promise for HostOptions built in Python. The GPUs named must exist."""
+    from orchestrator.gpu import check_gpus_exist
+    from orchestrator.planning.workloads import WORKLOADS_ENV, load_workload_classes
+    from orchestrator.record.outage import set_retry_seconds
+    from orchestrator.record.storage import heartbeat_settings
+
+    for problem in host_option_problems(options):
+        raise UserError(problem)
+    set_retry_seconds(options.storage_retry_seconds)
+    check_gpus_exist(options.gpus)
+    heartbeat_settings()  # a bad value in the environment is refused before anything starts
+    if options.workloads:
+        # Checked now (a bad file stops before anything is stored), then named in the
+        # environment, where every later read of the workload classes looks, trial processes too.
+        load_workload_classes(options.workloads)
+        os.environ[WORKLOADS_ENV] = os.path.abspath(options.workloads)
+
+
+def host_option_problems(o: HostOptions) -> list[str]:
+    """What is wrong with these options, one line each (none: they can run)."""
+
+    def positive(value: float) -> bool:
+        return math.isfinite(value) and value > 0
+
+    checks: list[tuple[bool, str]] = [
+        (
+            o.concurrency is not None and o.concurrency < 1,
+            f"--concurrency {o.concurrency} must be at least 1",
+        ),
+        (
+            not positive(o.sim_memory_scale),
+            f"--sim-memory-scale {o.sim_memory_scale} must be more than 0",
+        ),
+        (
+            not (math.isfinite(o.grace) and o.grace >= 0),
+            f"--grace {o.grace} must be 0 or more seconds",
+        ),
+        (
+            o.timeout is not None and not positive(o.timeout),
+            f"--timeout {o.timeout} must be more than 0 seconds",
+        ),
+        (
+            o.recycle_after is not None and o.recycle_after < 1,
+            f"--recycle-after {o.recycle_after} must be at least 1",
+        ),
+        (
+            not o.recycle_memory_mb > 0,
+            f"--recycle-memory-mb {o.recycle_memory_mb} must be more than 0",
+        ),
+        (
+            not (math.isfinite(o.storage_retry_seconds) and o.storage_retry_seconds >= 0),
+            f"--storage-retry-seconds {o.storage_retry_seconds} must be 0 or more seconds",
+        ),
+    ]
+    return [message for wrong, message in checks if wrong]
+
+
+def check_storage_for_workers(url: str) -> None:
+    """Trial processes open the storage themselves: an in-memory database cannot be shared."""
+    from orchestrator.record.storage import is_sqlite, sqlite_path
+
+    if is_sqlite(url) and sqlite_path(url) is None:
+        raise UserError(
+            "an in-memory SQLite storage cannot be shared with trial processes: "
+            "use a file, e.g. --storage sqlite:///study.db"
+        )

@@ -1,0 +1,117 @@
+"""What `run` and `worker` end with: the study's outcome, printed on stdout as lines or JSON.
+
+stdout is kept for the result alone (`keep_stdout_for_the_result`): whatever else writes to it
+once a run starts (an adapter's module, a library) goes to stderr, so `--json` output stays JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.record.study import StudySpec
+
+
+@dataclass(frozen=True)
+class Outcome:
+    study_name: str
+    budget: int
+    counted: int
+    best_value: float | None
+    best_trial: int | None
+    best_params: dict[str, Any]
+    ooms: int
+    interrupted: bool
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "study": self.study_name,
+            "trials": self.budget,
+            "counted": self.counted,
+            "best_value": self.best_value,
+            "best_trial": self.best_trial,
+            "best_params": self.best_params,
+            "complete": self.complete,
+            "pruned": self.pruned,
+            "failed": self.failed,
+            "ooms": self.ooms,
+            "interrupted": self.interrupted,
+        }
+
+
+def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Outcome:
+    """The study as it stands once this host's pool has stopped."""
+    from orchestrator.record.study import count_trials
+
+    trials = study.get_trials(deepcopy=False)
+    best = _best(study)
+    count = count_trials(trials)
+    return Outcome(
+        study_name=study.study_name,
+        budget=spec.trials,
+        counted=count.counted,
+        best_value=best.value if best else None,
+        best_trial=best.number if best else None,
+        best_params=dict(best.params) if best else {},
+        ooms=sum(1 for t in trials if t.user_attrs.get("oom")),
+        interrupted=interrupted,
+        complete=count.complete,
+        pruned=count.pruned,
+        failed=count.failed,
+    )
+
+
+def _best(study: optuna.Study) -> Any:
+    try:
+        return study.best_trial
+    except ValueError:
+        return None
+
+
+def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:
+    """The result as a person (or, with --json, a script) reads it."""
+    if as_json:
+        return [json.dumps(outcome.as_dict(), indent=2, default=str)]
+    state = "interrupted" if outcome.interrupted else "done"
+    lines = [
+        f"study {outcome.study_name!r}: {outcome.counted}/{outcome.budget} trials {state} "
+        f"({outcome.complete} complete, {outcome.pruned} pruned, {outcome.failed} failed), "
+        f"{outcome.ooms} out-of-memory"
+    ]
+    if outcome.best_trial is None:
+        return [*lines, "no trial has completed yet"]
+    lines.append(f"best trial #{outcome.best_trial}: {metric} = {outcome.best_value:.6g}")
+    for name, value in outcome.best_params.items():
+        shown = f"{value:.6g}" if isinstance(value, float) else value
+        lines.append(f"  {name} = {shown}")
+    return lines
+
+
+def print_outcome(outcome: Outcome, *, metric: str, as_json: bool) -> None:
+    out = _RESULT[0] if _RESULT else sys.stdout
+    try:
+        for line in outcome_lines(outcome, metric=metric, as_json=as_json):
+            out.write(line + "\n")
+    finally:
+        out.flush()
+
+
+_RESULT: list[TextIO] = []  # the stream the result is printed to (see keep_stdout_for_the_result)
+
+
+def keep_stdout_for_the_result() -> None:
+    """From here on stdout holds the result alone; other writes to it go to stderr (once a process)."""
+    from orchestrator.record.trial_logs import reserve_stdout
+
+    if not _RESULT:
+        stream = reserve_stdout()
+        if stream is not sys.stdout:  # a real file: keep it for the result
+            _RESULT.append(stream)
