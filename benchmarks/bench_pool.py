@@ -40,7 +40,8 @@ from _equal_slots import SlotPolicy, after_trial, before_spawn
 
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
-from orchestrator.planning.planner import GpuPlan, HardwareBudget, plan_node
+from orchestrator.planning.hardware_budget import HardwareBudget
+from orchestrator.planning.planner import GpuPlan, plan_node
 from orchestrator.run.pool import Pool
 from orchestrator.run.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
 

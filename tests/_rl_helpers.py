@@ -13,7 +13,7 @@ import torch
 from adapters import _rl
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN
 from orchestrator.errors import UserError
-from orchestrator.planning.planner import HardwareBudget
+from orchestrator.planning.hardware_budget import HardwareBudget
 
 CPU = torch.device("cpu")
 

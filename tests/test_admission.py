@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adapters.base import MemoryModel
+from orchestrator.planning.cpu_cores import threads_per_trial
 from orchestrator.planning.footprint import (
     OOM_MARGIN,
     WORST_QUANTILE,
@@ -14,7 +15,6 @@ from orchestrator.planning.footprint import (
     observe_oom,
     observe_peak,
 )
-from orchestrator.planning.planner import threads_per_trial
 from orchestrator.run.admission import (
     PASS_OVER_LIMIT,
     RECOVERY_TRIALS,

@@ -10,17 +10,14 @@ from hypothesis import strategies as st
 
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
-from orchestrator.planning.planner import (
-    SAFETY_MARGIN,
-    HardwareBudget,
-    HyperoptStrategy,
-    NodePlan,
+from orchestrator.planning.cpu_cores import (
     _cgroup_quota_cores,
     cores_from_quota,
-    plan_node,
     share_cores,
     usable_cpu_cores,
 )
+from orchestrator.planning.hardware_budget import SAFETY_MARGIN, HardwareBudget, HyperoptStrategy
+from orchestrator.planning.planner import NodePlan, plan_node
 
 DQN = MemoryModel(300.0, 0.0002)
 TFT = MemoryModel(2000.0, 0.05)

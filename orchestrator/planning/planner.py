@@ -1,131 +1,35 @@
-"""How many trials fit on a GPU at once, and which batch sizes: pure functions, no I/O, no torch.
+"""A host's plan: how many trials fit on each GPU at once, and which batch sizes. Pure, no torch.
 
-The formula is seed 002's `HardwareBudget::plan_hyperopt`: keep 20% of VRAM free for the CUDA
-allocator and fragmentation, size each trial at the minimum batch (the conservative estimate),
-fit as many trials as the rest allows (at least 1, at most the swarm), then give each trial an
-equal share and let the batch grow into what is left of it after the model's overhead.
-
-`plan_node` applies it to every GPU of a host and adds the limits that VRAM does not see: the
-host's CPU cores for CPU-bound work (RL environments), and a user's explicit `--concurrency`.
-`usable_cpu_cores` (at the bottom) is the one function here that reads the machine.
+The VRAM formula for one GPU is seed 002's `HardwareBudget::plan_hyperopt`
+(`orchestrator.planning.hardware_budget`). `plan_node` applies it to every GPU of a host and
+adds the limits that VRAM does not see: the host's CPU cores for CPU-bound work (RL
+environments, shared out by `orchestrator.planning.cpu_cores`), a user's explicit
+`--concurrency`, and the study's budget.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from orchestrator.planning.cpu_cores import share_cores
+
+# Re-exported, not used here: launch, api, commands/plan and bench_overhead import it from here.
+from orchestrator.planning.cpu_cores import usable_cpu_cores as usable_cpu_cores
+from orchestrator.planning.hardware_budget import (
+    HardwareBudget,
+    HyperoptStrategy,
+    batch_upper_bound,
+)
 
 if TYPE_CHECKING:
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
 
-SAFETY_MARGIN = 0.20
-
 # What bound a GPU's concurrency, in the words the plan prints.
 LIMITS = ("vram", "swarm", "cpu", "user", "budget", "no gpu")
-
-
-@dataclass(frozen=True)
-class HyperoptStrategy:
-    max_concurrent_trials: int
-    batch_size_bounds: tuple[int, int]
-    per_trial_memory_mb: float
-    total_reserved_mb: float
-
-
-@dataclass(frozen=True)
-class HardwareBudget:
-    gpu_memory_mb: float
-
-    @classmethod
-    def cpu_only(cls) -> HardwareBudget:
-        return cls(gpu_memory_mb=0)
-
-    @property
-    def available_mb(self) -> float:
-        return self.gpu_memory_mb * (1.0 - SAFETY_MARGIN)
-
-    def trials_that_fit(
-        self, model_overhead_mb: float, per_sample_mb: float, min_batch: int
-    ) -> float:
-        """How many trials at the minimum batch fit in the usable VRAM, before any cap (may be inf)."""
-        per_trial_mb = model_overhead_mb + min_batch * per_sample_mb
-        if per_trial_mb <= 0:
-            return math.inf
-        ratio = self.available_mb / per_trial_mb
-        return ratio if math.isinf(ratio) else float(math.floor(ratio))
-
-    def plan_hyperopt(
-        self,
-        model_overhead_mb: float,
-        per_sample_mb: float,
-        min_batch: int,
-        max_batch: int,
-        swarm_size: int,
-    ) -> HyperoptStrategy:
-        _check_inputs(
-            self.gpu_memory_mb, model_overhead_mb, per_sample_mb, min_batch, max_batch, swarm_size
-        )
-        per_trial_mb = model_overhead_mb + min_batch * per_sample_mb
-        if self.gpu_memory_mb == 0:
-            return HyperoptStrategy(1, (min_batch, max_batch), per_trial_mb, per_trial_mb)
-
-        fit = self.trials_that_fit(model_overhead_mb, per_sample_mb, min_batch)
-        concurrency = int(max(1, min(swarm_size, fit)))
-        upper = batch_upper_bound(
-            self.available_mb, concurrency, model_overhead_mb, per_sample_mb, min_batch, max_batch
-        )
-        return HyperoptStrategy(
-            max_concurrent_trials=concurrency,
-            batch_size_bounds=(min_batch, upper),
-            per_trial_memory_mb=per_trial_mb,
-            total_reserved_mb=per_trial_mb * concurrency,
-        )
-
-
-def batch_upper_bound(
-    available_mb: float,
-    concurrency: int,
-    model_overhead_mb: float,
-    per_sample_mb: float,
-    min_batch: int,
-    max_batch: int,
-) -> int:
-    """The largest batch that fits one trial's equal share of `available_mb`, within [min, max]."""
-    batch_budget = available_mb / concurrency - model_overhead_mb
-    if batch_budget > 0 and per_sample_mb > 0:
-        ratio = batch_budget / per_sample_mb  # may overflow to inf for a vanishing per-sample cost
-        return int(max_batch) if ratio >= max_batch else int(max(min_batch, math.floor(ratio)))
-    if batch_budget > 0:
-        return int(max_batch)  # batch size costs nothing measurable
-    return int(min_batch)
-
-
-def _check_inputs(
-    gpu_memory_mb: float,
-    model_overhead_mb: float,
-    per_sample_mb: float,
-    min_batch: int,
-    max_batch: int,
-    swarm_size: int,
-) -> None:
-    if gpu_memory_mb < 0:
-        raise ValueError(
-            f"gpu_memory_mb={gpu_memory_mb} is negative: give the GPU's total VRAM in MB"
-        )
-    if model_overhead_mb < 0 or per_sample_mb < 0:
-        raise ValueError("model_overhead_mb and per_sample_mb must be zero or more")
-    if min_batch < 1 or max_batch < min_batch:
-        raise ValueError(f"batch bounds ({min_batch}, {max_batch}) must satisfy 1 <= min <= max")
-    if swarm_size < 1:
-        raise ValueError(f"swarm_size={swarm_size} must be at least 1")
-
-
-# --- a whole node -------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -267,77 +171,117 @@ def plan_node(
     `gpu_memory_models` maps a GPU name to a (model, source) measured on that kind of GPU; it
     replaces `memory_model` on devices of that name.
     """
-    if cpu_cores < 1:
-        raise ValueError(f"cpu_cores={cpu_cores} must be at least 1")
-    if concurrency is not None and concurrency < 1:
-        raise ValueError(f"concurrency={concurrency} must be at least 1")
-    measured = gpu_memory_models or {}
-
+    _check_node_inputs(cpu_cores, concurrency)
     if not devices:
-        strategy = HardwareBudget.cpu_only().plan_hyperopt(
-            memory_model.model_overhead_mb,
-            memory_model.per_sample_mb,
-            min_batch,
-            max_batch,
-            swarm_size,
-        )
-        slots, limited_by = _cpu_only_slots(
-            cpu_bound, cpu_cores, swarm_size, concurrency, budget_trials
-        )
-        only = GpuPlan(
-            None,
-            strategy,
-            slots,
-            strategy.batch_size_bounds,
-            limited_by,
+        only = cpu_only_plan(
             memory_model,
             memory_model_source,
+            cpu_bound=cpu_bound,
+            cpu_cores=cpu_cores,
+            swarm_size=swarm_size,
+            batch_bounds=(min_batch, max_batch),
+            caps=(concurrency, budget_trials),
         )
         return NodePlan((only,), cpu_cores, cpu_bound)
-
-    models: list[tuple[MemoryModel, str]] = []
-    strategies: list[HyperoptStrategy] = []
-    vram_limits: list[str] = []
-    for device in devices:
-        model, source = measured.get(device.name, (memory_model, memory_model_source))
-        budget = HardwareBudget(device.total_mb)
-        strategy = budget.plan_hyperopt(
-            model.model_overhead_mb, model.per_sample_mb, min_batch, max_batch, swarm_size
-        )
-        fit = budget.trials_that_fit(model.model_overhead_mb, model.per_sample_mb, min_batch)
-        models.append((model, source))
-        strategies.append(strategy)
-        vram_limits.append("swarm" if fit > swarm_size else "vram")
-
-    caps = {"user": concurrency, "budget": budget_trials}
-    wants = [
-        min([s.max_concurrent_trials, *(cap for cap in caps.values() if cap is not None)])
-        for s in strategies
+    measured = gpu_memory_models or {}
+    models = [measured.get(d.name, (memory_model, memory_model_source)) for d in devices]
+    vram = [
+        vram_plan(device, model, min_batch, max_batch, swarm_size)
+        for device, (model, _) in zip(devices, models, strict=True)
     ]
+    wants = [capped(s.max_concurrent_trials, concurrency, budget_trials) for s, _ in vram]
     shares = share_cores(wants, cpu_cores) if cpu_bound else wants
-
     plans = []
-    for device, (model, source), strategy, vram_limit, want, slots in zip(
-        devices, models, strategies, vram_limits, wants, shares, strict=True
+    for device, (model, source), (strategy, vram_limit), want, slots in zip(
+        devices, models, vram, wants, shares, strict=True
     ):
-        if slots < want:
-            limited_by = "cpu"
-        elif want < strategy.max_concurrent_trials:
-            limited_by = "user" if want == concurrency else "budget"
-        else:
-            limited_by = vram_limit
-        upper = batch_upper_bound(
-            HardwareBudget(device.total_mb).available_mb,
-            1,
-            model.model_overhead_mb,
-            model.per_sample_mb,
-            min_batch,
-            max_batch,
+        limited_by = what_bound(
+            slots, want, strategy.max_concurrent_trials, concurrency, vram_limit
         )
+        upper = largest_batch_alone(device, model, min_batch, max_batch)
         plans.append(
             GpuPlan(device, strategy, slots, (min_batch, upper), limited_by, model, source)
         )
     return NodePlan(tuple(plans), cpu_cores, cpu_bound)
+
+
+def _check_node_inputs(cpu_cores: int, concurrency: int | None) -> None:
+    if cpu_cores < 1:
+        raise ValueError(f"cpu_cores={cpu_cores} must be at least 1")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency={concurrency} must be at least 1")
+
+
+def vram_plan(
+    device: Device, model: MemoryModel, min_batch: int, max_batch: int, swarm_size: int
+) -> tuple[HyperoptStrategy, str]:
+    """The seed's VRAM-only plan for one GPU, and what bound it: "swarm" when more trials would
+    fit than the swarm has, else "vram"."""
+    budget = HardwareBudget(device.total_mb)
+    strategy = budget.plan_hyperopt(
+        model.model_overhead_mb, model.per_sample_mb, min_batch, max_batch, swarm_size
+    )
+    fit = budget.trials_that_fit(model.model_overhead_mb, model.per_sample_mb, min_batch)
+    return strategy, "swarm" if fit > swarm_size else "vram"
+
+
+def capped(vram_slots: int, concurrency: int | None, budget_trials: int | None) -> int:
+    """The slots a GPU wants: what its VRAM allows, lowered by --concurrency and the budget."""
+    return min([vram_slots, *(cap for cap in (concurrency, budget_trials) if cap is not None)])
+
+
+def what_bound(
+    slots: int, want: int, vram_slots: int, concurrency: int | None, vram_limit: str
+) -> str:
+    """The limit that bound a GPU's slots, in the words the plan prints (see `LIMITS`)."""
+    if slots < want:
+        return "cpu"
+    if want < vram_slots:
+        return "user" if want == concurrency else "budget"
+    return vram_limit
+
+
+def largest_batch_alone(device: Device, model: MemoryModel, min_batch: int, max_batch: int) -> int:
+    """The upper batch bound: the largest batch that fits the GPU's usable VRAM alone."""
+    return batch_upper_bound(
+        HardwareBudget(device.total_mb).available_mb,
+        1,
+        model.model_overhead_mb,
+        model.per_sample_mb,
+        min_batch,
+        max_batch,
+    )
+
+
+def cpu_only_plan(
+    memory_model: MemoryModel,
+    memory_model_source: str,
+    *,
+    cpu_bound: bool,
+    cpu_cores: int,
+    swarm_size: int,
+    batch_bounds: tuple[int, int],
+    caps: tuple[int | None, int | None],
+) -> GpuPlan:
+    """The plan of a host without a GPU; `caps` are (--concurrency, the study's budget)."""
+    min_batch, max_batch = batch_bounds
+    strategy = HardwareBudget.cpu_only().plan_hyperopt(
+        memory_model.model_overhead_mb,
+        memory_model.per_sample_mb,
+        min_batch,
+        max_batch,
+        swarm_size,
+    )
+    slots, limited_by = _cpu_only_slots(cpu_bound, cpu_cores, swarm_size, *caps)
+    return GpuPlan(
+        None,
+        strategy,
+        slots,
+        strategy.batch_size_bounds,
+        limited_by,
+        memory_model,
+        memory_model_source,
+    )
 
 
 def _cpu_only_slots(
@@ -358,73 +302,3 @@ def _cpu_only_slots(
         limits["budget"] = budget_trials
     limited_by = min(limits, key=lambda name: limits[name])
     return limits[limited_by], limited_by
-
-
-def share_cores(wants: Sequence[int], cores: int) -> list[int]:
-    """Split `cores` over GPUs that want `wants` slots: round-robin, one core at a time.
-
-    Every GPU gets at least 1; no GPU gets more than it wants; the shares differ by at most one
-    between GPUs that wanted more than they got. The sum is at most max(cores, len(wants)).
-    """
-    given = [1] * len(wants)
-    left = cores - len(wants)
-    while left > 0:
-        progressed = False
-        for i, want in enumerate(wants):
-            if left > 0 and given[i] < want:
-                given[i] += 1
-                left -= 1
-                progressed = True
-        if not progressed:
-            break
-    return given
-
-
-def threads_per_trial(cpu_cores: int, total_slots: int, *, cpu_bound: bool = False) -> int:
-    """Torch threads for one trial. CPU-bound work (RL: small networks, environment steps) runs
-    fastest on one thread each, the planner already keeping trials within the cores; other work
-    shares the host's cores among the trials that run at once."""
-    if cpu_bound:
-        return 1
-    return max(1, cpu_cores // max(1, total_slots))
-
-
-# --- reading the machine (not pure) -------------------------------------------------------
-
-
-def usable_cpu_cores() -> int:
-    """Cores this process may use: its CPU affinity, lowered by a cgroup CPU quota if one is set."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = _cgroup_quota_cores()
-    if quota is not None:
-        cores = min(cores, quota)
-    return max(1, cores)
-
-
-def _cgroup_quota_cores(root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    try:
-        text = (root / "cpu.max").read_text()  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
-    except OSError:
-        text = None
-    if text is not None:
-        return cores_from_quota(*(text.split() + ["", ""])[:2])
-    try:  # cgroup v1
-        quota = (root / "cpu" / "cpu.cfs_quota_us").read_text()
-        period = (root / "cpu" / "cpu.cfs_period_us").read_text()
-    except OSError:
-        return None
-    return cores_from_quota(quota.strip(), period.strip())
-
-
-def cores_from_quota(quota: str, period: str) -> int | None:
-    """Whole cores a cgroup quota allows (a 1.5-core quota runs 1 busy process without throttling)."""
-    try:
-        quota_us, period_us = int(quota), int(period)
-    except ValueError:
-        return None  # "max": no quota
-    if quota_us <= 0 or period_us <= 0:
-        return None  # v1 writes -1 for no quota
-    return max(1, quota_us // period_us)
