@@ -1,6 +1,6 @@
 """Samplers: a particle swarm shared by every worker through the storage, and Optuna's own.
 
-    from samplers import PSOSampler, bounded, make_sampler
+    from samplers import PSOSampler, SAMPLER_NAMES, bounded, make_sampler
 
 Names are imported on first use, so importing this package does not import Optuna.
 """
@@ -11,36 +11,27 @@ from __future__ import annotations
 __gpu_study_orchestrator__ = True
 
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import Any
 
-if TYPE_CHECKING:
-    from samplers._bounded import BoundedSampler, bounded
-    from samplers._factory import SAMPLER_NAMES, make_sampler
-    from samplers._lhs import latin_hypercube
-    from samplers._pso import PSOSampler
-
+# Each public name, once: the module it is imported from on first use.
 _WHERE = {
     "PSOSampler": "samplers._pso",
     "BoundedSampler": "samplers._bounded",
     "bounded": "samplers._bounded",
     "make_sampler": "samplers._factory",
-    "SAMPLER_NAMES": "samplers._factory",
+    "SAMPLER_NAMES": "samplers._factory",  # what `run --sampler` accepts
     "latin_hypercube": "samplers._lhs",
 }
 
-__all__ = [
-    "SAMPLER_NAMES",
-    "BoundedSampler",
-    "PSOSampler",
-    "bounded",
-    "latin_hypercube",
-    "make_sampler",
-]
+__all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'samplers' has no attribute {name!r}")
-    import importlib
-
     return getattr(importlib.import_module(_WHERE[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

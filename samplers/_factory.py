@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
 
+# Every name `make_sampler` knows, the default first: the one list (`run --sampler` offers it).
 SAMPLER_NAMES = ("pso", "tpe", "random", "qmc", "cmaes")
 
 
