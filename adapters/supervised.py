@@ -17,7 +17,8 @@ against a measurement.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import (
@@ -137,7 +138,8 @@ def load_close_prices(data: str, steps: int, seed: int) -> np.ndarray:
 # --- The model ---------------------------------------------------------------------------
 
 
-def _modules():  # noqa: ANN202 - torch is imported only when a model is built
+def _modules() -> type[torch.nn.Module]:
+    """The forecaster's class, defined here so that torch is imported only when a model is built."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -424,7 +426,13 @@ class _ShuffledStream:
         return taken
 
 
-def _evaluate(model, starts, batch, batch_size, autocast) -> float:  # noqa: ANN001
+def _evaluate(
+    model: torch.nn.Module,
+    starts: torch.Tensor,
+    batch: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    batch_size: int,
+    autocast: Callable[[], AbstractContextManager[Any]],
+) -> float:
     """Mean squared error over every held-out window."""
     import torch
 

@@ -61,7 +61,7 @@ def step(
     neighbourhood_best: np.ndarray,
     r1: np.ndarray,
     r2: np.ndarray,
-    coefficients: SwarmCoefficients = SwarmCoefficients(),  # noqa: B008 (frozen, so shared safely)
+    coefficients: SwarmCoefficients = SwarmCoefficients(),  # frozen: one shared default is safe
     jitter: np.ndarray | float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One particle's next (position, velocity); all arrays have the same shape.
