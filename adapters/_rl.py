@@ -373,15 +373,15 @@ def training(
 def score_epoch(
     run: Run,
     task: Task,
+    config: Any,
     policy: Policy,
     device: torch.device,
     epoch: int,
-    max_position: int,
     report: Report | None,
 ) -> None:
-    """Score the greedy `policy` after `epoch` (trading: up to `max_position` units), keep the
-    score in `run`, and report it."""
-    value = task.evaluate(policy, device, max_position=max_position)
+    """Score the greedy `policy` after `epoch` (trading: up to the config's
+    `max_position_absolute` units), keep the score in `run`, and report it."""
+    value = task.evaluate(policy, device, max_position=config.max_position_absolute)
     run.history.append(value)
     run.value = value
     if report is not None:

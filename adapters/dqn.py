@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 
     from adapters.envs import StepResult
 
-Run = _rl.Run
+    # An n-step transition: observation, action, n-step return, the observation to bootstrap
+    # from, and its discount (one row each per environment).
+    Transition = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -136,7 +138,14 @@ class PrioritizedReplay:
             self.block_sum = torch.zeros(blocks, dtype=torch.float64, device=device)
             self.max_weight = torch.ones((), dtype=torch.float64, device=device)
 
-    def add(self, obs, action, ret, next_obs, discount) -> None:  # noqa: ANN001 - tensors
+    def add(
+        self,
+        obs: torch.Tensor,
+        action: torch.Tensor,
+        ret: torch.Tensor,
+        next_obs: torch.Tensor,
+        discount: torch.Tensor,
+    ) -> None:
         import torch
 
         n = len(obs)
@@ -167,7 +176,9 @@ class PrioritizedReplay:
             sums = self.weight.view(-1, self.BLOCK).index_select(0, blocks).sum(dim=1)
             self.block_sum[blocks] = sums
 
-    def sample(self, batch_size: int, beta: float, generator: torch.Generator):  # noqa: ANN201
+    def sample(
+        self, batch_size: int, beta: float, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows to replay and their importance weights (None when replay is uniform)."""
         import torch
 
@@ -203,7 +214,7 @@ class NStepWindow:
         self.n, self.gamma = n, gamma
         self.steps: deque = deque(maxlen=n)
 
-    def push(self, obs: torch.Tensor, action: torch.Tensor, step: StepResult):  # noqa: ANN201
+    def push(self, obs: torch.Tensor, action: torch.Tensor, step: StepResult) -> Transition | None:
         """(obs, action, n-step return, observation to bootstrap from, its discount) or None."""
         import torch
 
@@ -290,7 +301,7 @@ def learn(
     steps_per_epoch: int,
     device: torch.device,
     report: Report | None = None,
-) -> Run:
+) -> _rl.Run:
     """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch."""
     with _rl.training(task, config, device) as (env, generator, run):
         vector_steps = math.ceil(steps_per_epoch / config.num_envs)
@@ -330,8 +341,7 @@ def learn(
                     run.gradient_steps += 1
                     if run.gradient_steps % config.target_update_period == 0:
                         learner.target_net.flat.copy_(q_net.flat)
-            position = config.max_position_absolute
-            _rl.score_epoch(run, task, learner.greedy, device, epoch, position, report)
+            _rl.score_epoch(run, task, config, learner.greedy, device, epoch, report)
     return run
 
 

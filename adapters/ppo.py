@@ -23,6 +23,7 @@ are the same values).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -34,8 +35,6 @@ from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Report
 if TYPE_CHECKING:
     import optuna
     import torch
-
-Run = _rl.Run
 
 
 @dataclass
@@ -98,6 +97,11 @@ def tower(net: _rl.Weights, name: str, obs: torch.Tensor) -> torch.Tensor:
     w1, b1, w2, b2, w3, b3 = (net[f"{name}_{layer}"] for layer in LAYERS)
     h = torch.tanh(F.linear(obs, w1, b1))
     return F.linear(torch.tanh(F.linear(h, w2, b2)), w3, b3)
+
+
+def greedy(net: _rl.Weights, obs: torch.Tensor) -> torch.Tensor:
+    """The scored policy: the actor's most likely action."""
+    return tower(net, "actor", obs).argmax(dim=1)
 
 
 @dataclass
@@ -181,7 +185,7 @@ def update(
     optimizer: torch.optim.Optimizer,
     rollout: Rollout,
     generator: torch.Generator,
-    run: Run,
+    run: _rl.Run,
 ) -> None:
     """`update_epochs` shuffled passes over the rollout in minibatches of exactly `batch_size`."""
     import torch
@@ -215,16 +219,14 @@ def learn(
     steps_per_epoch: int,
     device: torch.device,
     report: Report | None = None,
-) -> Run:
+) -> _rl.Run:
     """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch."""
     with _rl.training(task, config, device) as (env, generator, run):
         net = actor_critic(env.obs_dim, env.n_actions, config.hidden_size, device)
         optimizer = net.optimizer(config.learning_rate, eps=1e-5)
+        policy = functools.partial(greedy, net)  # what each epoch scores
         steps = max(config.rollout_steps, math.ceil(config.batch_size / config.num_envs))
         total_rollouts = max(1, math.ceil(epochs * steps_per_epoch / (steps * config.num_envs)))
-
-        def greedy(obs: torch.Tensor) -> torch.Tensor:
-            return tower(net, "actor", obs).argmax(dim=1)
 
         obs = env.reset()
         epoch = 0
@@ -238,8 +240,7 @@ def learn(
             # An epoch ends once the run has taken its share of environment steps.
             last = rollout_index == total_rollouts - 1
             while epoch < epochs and (run.env_steps >= (epoch + 1) * steps_per_epoch or last):
-                position = config.max_position_absolute
-                _rl.score_epoch(run, task, greedy, device, epoch, position, report)
+                _rl.score_epoch(run, task, config, policy, device, epoch, report)
                 epoch += 1
     return run
 
