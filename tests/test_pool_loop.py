@@ -60,7 +60,7 @@ def test_the_timeout_starts_nothing_new_and_running_trials_finish():
 
 def test_a_signal_drains_then_stops_after_the_grace_period():
     pool, study, backend = _pool([SimTrial(64, 1000.0, 100.0)] * 20, grace_s=30.0)
-    pool.signals = 1  # as if Ctrl-C came before the first pass
+    pool.signals.waiting = 1  # as if Ctrl-C came before the first pass
     result = pool.run()
     assert result.interrupted and result.trials_run == 0 and study.running == 0
 
@@ -88,3 +88,54 @@ def test_a_second_signal_ends_the_grace_period():
     again = stop.signalled(6.0)
     assert again.signalled_at == 5.0 and again.grace_s == 0.0
     assert next_step(again, now=6.0, running=1, budget_finished=False)[1] is Step.STOP_RUNNING
+
+
+def test_a_second_signal_not_yet_taken_stops_at_once():
+    from orchestrator.run.pool_signals import StopSignals
+
+    signals = StopSignals()
+    signals.received(2, None)
+    with pytest.raises(KeyboardInterrupt, match="second signal"):
+        signals.received(2, None)
+    assert signals.take() and signals.take() and not signals.take()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "asked", "end", "number"),
+    [
+        (dict(trial_number=None, state="NONE"), None, "NOTHING_RUN", None),
+        (dict(trial_number=None, state="FAIL", unreachable=True), 3, "UNREACHABLE", 3),
+        (dict(trial_number=4, state="FAIL", interrupted=True), 4, "STOPPED", 4),
+        (dict(trial_number=None, state="FAIL"), 5, "LOST", 5),
+        (dict(trial_number=None, state="FAIL", setup_failed=True), None, "NEVER_STARTED", None),
+        (dict(trial_number=6, state="COMPLETE"), 6, "FINISHED", 6),
+    ],
+)
+def test_a_trial_process_end_is_read_as_one_value(outcome, asked, end, number):
+    from orchestrator.run.trial_endings import End, ending_of
+    from orchestrator.run.trial_messages import TrialOutcome
+
+    ending = ending_of(TrialOutcome(**outcome), asked)
+    assert (ending.end, ending.number) == (End[end], number)
+
+
+def test_failed_starts_in_a_row_stop_the_worker_and_an_ask_resets_them():
+    from orchestrator.run.trial_endings import (
+        MAX_FAILED_STARTS,
+        End,
+        Ending,
+        FailedStarts,
+        TrialsCannotStart,
+        check_starts,
+    )
+    from orchestrator.run.trial_messages import TrialOutcome
+
+    failed, never = FailedStarts(), Ending(End.NEVER_STARTED, None)
+    outcome = TrialOutcome(None, "FAIL", error="unknown adapter")
+    for _ in range(MAX_FAILED_STARTS - 1):
+        failed = failed.after(never, draining=False)
+        check_starts(failed, outcome)
+    assert failed.after(never, draining=True) == FailedStarts()
+    assert failed.after(Ending(End.FINISHED, 1), draining=False) == FailedStarts()
+    with pytest.raises(TrialsCannotStart, match="unknown adapter"):
+        check_starts(failed.after(never, draining=False), outcome)

@@ -1,32 +1,43 @@
 """The pool loop: fills every GPU of a host with trials of one study, admitted by their bytes.
 
 The loop decides and the parts around it act: each GPU's supervisor (`orchestrator.run.supervisor`,
-with the pure rules of `orchestrator.run.admission` and `orchestrator.planning.footprint`) says which trial
-may train now and learns from each one, the stop conditions (`orchestrator.run.stopping`) say when to
-start nothing new and when to end, a backend (`orchestrator.run.processes`) runs the trials, and the
-study (`orchestrator.run.stored_study`) counts the budget and keeps the records. Every one of them
-is given to `Pool`, with the clock, so the same loop runs real processes on real or simulated
-GPUs and, in the benchmark, simulated trials on a virtual clock.
+with the pure rules of `orchestrator.run.admission` and `orchestrator.planning.footprint`) says
+which trial may train now and learns from each one, the stop conditions (`orchestrator.run.stopping`)
+say when to start nothing new and when to end, a backend (`orchestrator.run.processes`) runs the
+trials, and the study (`orchestrator.run.stored_study`) counts the budget and keeps the records.
+Every one of them is given to `Pool`, with the clock, so the same loop runs real processes on real
+or simulated GPUs and, in the benchmark, simulated trials on a virtual clock.
+
+What the loop reads and says is in values made elsewhere: a trial process's end
+(`orchestrator.run.trial_endings`), a change of a GPU's allowance (`orchestrator.run.allowance_changes`),
+the progress display's snapshot (`orchestrator.run.snapshot`) and the stop signals
+(`orchestrator.run.pool_signals`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
-import signal
 import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record import records
-from orchestrator.run.admission import Change
-from orchestrator.run.snapshot import GpuSnapshot, PoolSnapshot
+from orchestrator.run.allowance_changes import (
+    change_event,
+    log_change,
+    slots_either_side,
+    start_change,
+)
+from orchestrator.run.pool_signals import StopSignals
+from orchestrator.run.snapshot import PoolSnapshot, gpu_snapshot, pool_snapshot
 from orchestrator.run.stopping import Step, Stop, next_step
 from orchestrator.run.supervisor import RunningTrial, Supervisor
+from orchestrator.run.trial_endings import End, FailedStarts, check_starts, ending_of, log_ending
+
+# Re-exported: callers catch it as the pool's (orchestrator/launch.py).
+from orchestrator.run.trial_endings import TrialsCannotStart as TrialsCannotStart
 
 if TYPE_CHECKING:
     import optuna
@@ -35,6 +46,7 @@ if TYPE_CHECKING:
     from orchestrator.gpu.base import Probe
     from orchestrator.planning.planner import GpuPlan
     from orchestrator.record.study import BudgetCount, StudySpec
+    from orchestrator.run.admission import Change
     from orchestrator.run.processes import Event, TrialBackend
     from orchestrator.run.stored_study import StoredStudy
     from orchestrator.run.trial_context import Recycling
@@ -52,16 +64,6 @@ class PoolResult:
     trials_run: int
     ooms: int
     interrupted: bool  # stopped by a signal (Ctrl-C, SIGTERM), not by the budget or --timeout
-
-
-# Trial processes that die before they get a trial say something is wrong with the set-up (a
-# storage the children cannot open, an adapter that cannot load): after this many in a row the
-# worker stops with their error instead of starting more for ever.
-MAX_FAILED_STARTS = 5
-
-
-class TrialsCannotStart(Exception):
-    """Several trial processes in a row failed before asking for a trial."""
 
 
 class Pool:
@@ -93,8 +95,8 @@ class Pool:
             Supervisor.for_plan(index, plan, learn=learn) for index, plan in enumerate(plans)
         ]
         self.stop = Stop(started_at=clock(), timeout_s=timeout_s, grace_s=grace_s)
-        self.signals = 0  # stop signals received, acted on at the top of the loop
-        self.failed_starts = 0
+        self.signals = StopSignals()  # received by a handler, acted on at the top of the loop
+        self.failed_starts = FailedStarts()
         self.trials_run = 0
         self._last = {"touch": float("-inf"), "stale": float("-inf"), "publish": float("-inf")}
         self._counted_at_start = study.count().counted
@@ -119,46 +121,36 @@ class Pool:
         **options: Any,
     ) -> Pool:
         """The real pool: the study in its database, trials in warm processes on this host
-        (`spare`: processes from `orchestrator.run.processes.prestarted`, taken first)."""
-        from orchestrator.planning.planner import threads_per_trial
+        (`spare`: processes from `orchestrator.run.processes.prestart`, taken first)."""
         from orchestrator.run.processes import WarmProcesses
         from orchestrator.run.stored_study import StoredStudy
-        from orchestrator.run.trial_context import Recycling, WorkerConfig
 
         host = socket.gethostname()
-        threads = threads_per_trial(cpu_cores, sum(p.slots for p in plans), cpu_bound=cpu_bound)
-        configs = {
-            index: WorkerConfig(
-                storage_url=storage_url,
-                study_name=study.study_name,
-                device=plan.device,
-                host=host,
-                threads=threads,
-                sim_memory_scale=sim_memory_scale,
-                recycling=recycling or Recycling(),
-                log_dir=log_dir,
-            )
-            for index, plan in enumerate(plans)
-        }
-        return cls(
-            study=StoredStudy(
-                storage_url=storage_url,
-                engine=engine,
-                study=study,
-                spec=spec,
-                adapter_name=adapter_name,
-            ),
-            plans=plans,
-            probe=probe,
-            backend=WarmProcesses(configs, spare=spare if spare is not None else []),
+        backend = WarmProcesses.for_plans(
+            plans,
+            storage_url=storage_url,
+            study_name=study.study_name,
             host=host,
-            **options,
+            cpu_cores=cpu_cores,
+            cpu_bound=cpu_bound,
+            sim_memory_scale=sim_memory_scale,
+            recycling=recycling,
+            log_dir=log_dir,
+            spare=spare,
         )
+        stored = StoredStudy(
+            storage_url=storage_url,
+            engine=engine,
+            study=study,
+            spec=spec,
+            adapter_name=adapter_name,
+        )
+        return cls(study=stored, plans=plans, probe=probe, backend=backend, host=host, **options)
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> PoolResult:
-        with self._signals():
+        with self.signals.handled():
             try:
                 for supervisor in self.supervisors:
                     self._register(supervisor)
@@ -174,7 +166,8 @@ class Pool:
     def _close(self) -> None:
         """Stop what still runs and say so in the records, without waiting for a database that
         is away (the run is ending, perhaps because of it: each write is tried once)."""
-        from orchestrator.record.outage import is_outage, single_attempt
+        from orchestrator.record.outage import single_attempt
+        from orchestrator.record.outage_errors import is_outage
 
         events = self.backend.close()
         try:
@@ -226,27 +219,8 @@ class Pool:
 
     # -- signals --------------------------------------------------------------------------
 
-    @contextmanager
-    def _signals(self) -> Iterator[None]:
-        def count_signal(signum: int, frame: Any) -> None:
-            self.signals += 1  # acted on in the loop: a handler never cuts bookkeeping in half
-            if self.signals > 1:
-                # Two not yet taken: the loop is stuck (riding out a database outage, say) and
-                # the user asked twice. Stop now, as a second signal always means.
-                raise KeyboardInterrupt("stopped by a second signal")
-
-        previous = {
-            sig: signal.signal(sig, count_signal) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
     def _take_signals(self) -> None:
-        while self.signals > 0:
-            self.signals -= 1
+        while self.signals.take():
             first = not self.stop.interrupted
             self.stop = self.stop.signalled(self.clock())
             if first:
@@ -310,118 +284,40 @@ class Pool:
     # -- outcomes -------------------------------------------------------------------------
 
     def _handle(self, events: list[Event]) -> None:
-        from orchestrator.run.processes import Asked, Sized, Using
-
         for event in events:
-            for supervisor in self.supervisors:
-                trial = supervisor.running.get(event.handle)
-                if trial is None:
-                    continue
-                if isinstance(event, Asked):
-                    trial.number = event.number
-                elif isinstance(event, Sized):
-                    trial.sized, trial.batch_size = True, event.batch_size
-                elif isinstance(event, Using):
-                    trial.using_mb = event.mb
-                else:
-                    del supervisor.running[event.handle]
-                    self._finished(supervisor, trial, event.outcome)
-                break
+            supervisor = next((s for s in self.supervisors if event.handle in s.running), None)
+            if supervisor is None:
+                continue  # a trial this pool no longer follows
+            finished = supervisor.heard(event)
+            if finished is not None:
+                self._finished(supervisor, *finished)
 
     def _finished(self, supervisor: Supervisor, trial: RunningTrial, outcome: TrialOutcome) -> None:
-        if outcome.state == "NONE":
+        ending = ending_of(outcome, trial.number)
+        if ending.end is End.NOTHING_RUN:
             self.trials_run -= 1
             return
-        number = outcome.trial_number if outcome.trial_number is not None else trial.number
-        if outcome.unreachable:  # the database, not the set-up: this pool meets it too
-            logger.warning("%s: a trial process gave up: %s", supervisor.label, outcome.error)
+        if ending.end is not End.UNREACHABLE:  # the database's fault says nothing of the set-up
+            self.failed_starts = self.failed_starts.after(ending, draining=self.stop.draining)
+            check_starts(self.failed_starts, outcome)  # raises TrialsCannotStart after too many
+        log_ending(supervisor.label, ending, outcome)
+        if ending.end is not End.FINISHED:
             return
-        self._count_failed_start(outcome, asked=number is not None)
-        if outcome.recycle and outcome.recycle != "stopped":
-            logger.info(
-                "%s: a fresh trial process takes over (%s)", supervisor.label, outcome.recycle
-            )
-        if outcome.interrupted:
-            logger.info("%s: trial %s stopped and re-queued", supervisor.label, number)
-            return
-        if outcome.trial_number is None:
-            if number is not None:  # its process died mid-trial: the heartbeat will tell
-                logger.warning(
-                    "%s: trial %s lost its process (%s); it is re-run once its heartbeat is stale",
-                    supervisor.label,
-                    number,
-                    outcome.error,
-                )
-            return
-        self._log_outcome(supervisor, outcome)
+        if outcome.oom:
+            supervisor.ooms += 1
         learnt_before = supervisor.footprint
         self._record(supervisor, supervisor.finished(trial, outcome))
         if supervisor.footprint != learnt_before:
             self.study.save_footprint(supervisor.gpu_name, supervisor.footprint)
         self._publish(force=True)
 
-    def _log_outcome(self, supervisor: Supervisor, outcome: TrialOutcome) -> None:
-        if outcome.oom:
-            supervisor.ooms += 1
-            logger.warning(
-                "%s: trial %s ran out of memory (batch %s%s)%s",
-                supervisor.label,
-                outcome.trial_number,
-                outcome.batch_size,
-                ", alone on the GPU: its batch size is now the limit" if outcome.alone else "",
-                "; re-queued" if outcome.requeued else "",
-            )
-        elif outcome.error and outcome.state == "FAIL":
-            logger.warning(
-                "%s: trial %s failed: %s%s",
-                supervisor.label,
-                outcome.trial_number,
-                outcome.error,
-                _tail(outcome.log_file),
-            )
-
-    def _count_failed_start(self, outcome: TrialOutcome, *, asked: bool) -> None:
-        if asked or self.stop.draining:
-            self.failed_starts = 0
-            return
-        self.failed_starts += 1
-        logger.warning("a trial process failed before it had a trial: %s", outcome.error)
-        if self.failed_starts >= MAX_FAILED_STARTS:
-            raise TrialsCannotStart(
-                f"{self.failed_starts} trial processes in a row failed before starting a trial; "
-                f"the last said: {outcome.error}"
-            )
-
     def _record(self, supervisor: Supervisor, change: Change | None) -> None:
+        """Log a change of a GPU's allowance and store it with the study."""
         if change is None:
             return
-        device = supervisor.device
-        before = supervisor.trials_that_fit(change.from_mb) if change.from_mb > 0 else 0
-        after = supervisor.trials_that_fit(change.to_mb)
-        logger.info(
-            "%s: memory for trials %s -> %s (about %d -> %d at once; %s: %s)",
-            supervisor.label,
-            mb_words(change.from_mb),
-            mb_words(change.to_mb),
-            before,
-            after,
-            change.reason,
-            change.detail,
-        )
-        self.study.record_change(
-            records.ConcurrencyEvent(
-                at=records.now(),
-                host=self.host,
-                gpu_index=device.index if device else None,
-                gpu_name=supervisor.gpu_name,
-                from_slots=before,
-                to_slots=after,
-                reason=change.reason,
-                detail=change.detail,
-                from_mb=_finite(change.from_mb),
-                to_mb=_finite(change.to_mb),
-            )
-        )
+        slots = slots_either_side(supervisor, change)
+        log_change(supervisor.label, change, slots)
+        self.study.record_change(change_event(supervisor, change, slots, host=self.host))
 
     # -- bookkeeping ----------------------------------------------------------------------
 
@@ -433,11 +329,8 @@ class Pool:
             gpu_name=supervisor.gpu_name,
             pid=os.getpid(),
         )
-        plan, budget = supervisor.plan, supervisor.budget
-        detail = f"at most {plan.slots} at once (limited by {plan.limited_by})"
-        if budget.allowance_mb < budget.usable_mb:
-            detail += "; starting at half"
-        self._record(supervisor, Change(0.0, budget.allowance_mb, "start", detail))
+        plan = supervisor.plan
+        self._record(supervisor, start_change(plan.slots, plan.limited_by, supervisor.budget))
 
     def _touch_workers(self) -> None:
         for supervisor in self.supervisors:
@@ -447,41 +340,12 @@ class Pool:
     # -- progress -------------------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
-        count = self.study.count()
-        best = self.study.best()
-        gpus = []
-        for supervisor in self.supervisors:
-            device = supervisor.plan.device
-            used = total = None
-            if device is not None:
-                total = device.total_mb
-                used = max(0.0, total - self.probe.free_mb(device))
-            gpus.append(
-                GpuSnapshot(
-                    label=supervisor.label,
-                    slots=supervisor.trials_that_fit(supervisor.budget.allowance_mb),
-                    max_slots=supervisor.budget.max_trials,
-                    running=len(supervisor.admitted()),
-                    vram_used_mb=used,
-                    vram_total_mb=total,
-                    ooms=supervisor.ooms,
-                    batch_bounds=self.batch_bounds(supervisor),
-                )
-            )
-        return PoolSnapshot(
-            study_name=self.study.name,
-            budget=self.study.budget,
-            counted=count.counted,
-            running=count.running,
-            waiting=count.waiting,
-            best_value=best.value if best else None,
-            best_trial=best.number if best else None,
-            direction=self.study.direction,
+        gpus = tuple(gpu_snapshot(s, self.probe, self.batch_bounds(s)) for s in self.supervisors)
+        return pool_snapshot(
+            self.study,
+            gpus,
             metric=self.metric,
             elapsed_s=self.clock() - self.stop.started_at,
-            gpus=tuple(gpus),
-            ooms=sum(s.ooms for s in self.supervisors),
-            retries=count.retried,
             counted_at_start=self._counted_at_start,
         )
 
@@ -493,24 +357,3 @@ class Pool:
             return
         self._last["publish"] = now
         self.on_update(self.snapshot())
-
-
-def mb_words(mb: float) -> str:
-    """'9,830 MB', or 'no limit' for the CPU's allowance."""
-    return f"{mb:,.0f} MB" if math.isfinite(mb) else "no limit"
-
-
-def _finite(mb: float) -> float | None:
-    return mb if math.isfinite(mb) else None
-
-
-def _tail(log_file: str | None) -> str:
-    """A failed trial's last lines, indented under the log line that says it failed."""
-    from orchestrator.record.trial_logs import last_lines
-
-    if log_file is None:
-        return ""
-    lines = last_lines(log_file)
-    if not lines:
-        return f" (log: {log_file})"
-    return f"; the end of {log_file}:\n" + "\n".join(f"    {line}" for line in lines)

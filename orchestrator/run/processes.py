@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
-    from orchestrator.run.trial_context import WorkerConfig
+    from orchestrator.planning.planner import GpuPlan
+    from orchestrator.run.trial_context import Recycling, WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,42 @@ class WarmProcesses:
     processes: list[_Process] = field(default_factory=list)
     _handles: itertools.count = field(default_factory=lambda: itertools.count(1))
     _pending: list[Event] = field(default_factory=list)
+
+    @classmethod
+    def for_plans(
+        cls,
+        plans: list[GpuPlan],
+        *,
+        storage_url: str,
+        study_name: str,
+        host: str,
+        cpu_cores: int,
+        cpu_bound: bool = False,
+        sim_memory_scale: float = 1.0,
+        recycling: Recycling | None = None,
+        log_dir: str | None = None,
+        spare: list[_Process] | None = None,
+    ) -> WarmProcesses:
+        """Processes for the GPUs of `plans`, in their order, each trial's torch threads a share
+        of the host's cores (`spare`: from `prestart`, taken first)."""
+        from orchestrator.planning.cpu_cores import threads_per_trial
+        from orchestrator.run.trial_context import Recycling, WorkerConfig
+
+        threads = threads_per_trial(cpu_cores, sum(p.slots for p in plans), cpu_bound=cpu_bound)
+        configs = {
+            index: WorkerConfig(
+                storage_url=storage_url,
+                study_name=study_name,
+                device=plan.device,
+                host=host,
+                threads=threads,
+                sim_memory_scale=sim_memory_scale,
+                recycling=recycling or Recycling(),
+                log_dir=log_dir,
+            )
+            for index, plan in enumerate(plans)
+        }
+        return cls(configs, spare=spare if spare is not None else [])
 
     def start(self, gpu: int, job: TrialJob) -> int:
         worker = next(

@@ -26,6 +26,7 @@ from orchestrator.run.admission import (
 if TYPE_CHECKING:
     from orchestrator.gpu.base import Device
     from orchestrator.planning.planner import GpuPlan
+    from orchestrator.run.processes import Event
     from orchestrator.run.trial_messages import TrialOutcome
 
 MEASURED_STATES = ("COMPLETE", "PRUNED")  # a pruned trial's peak came early: it counts
@@ -85,6 +86,23 @@ class Supervisor:
     @property
     def total_mb(self) -> float:
         return self.device.total_mb if self.device else math.inf
+
+    def heard(self, event: Event) -> tuple[RunningTrial, TrialOutcome] | None:
+        """Note what one of this GPU's trials said; when it finished, it is no longer running
+        and comes back with its outcome."""
+        from orchestrator.run.processes import Asked, Sized, Using
+
+        trial = self.running[event.handle]
+        if isinstance(event, Asked):
+            trial.number = event.number
+        elif isinstance(event, Sized):
+            trial.sized, trial.batch_size = True, event.batch_size
+        elif isinstance(event, Using):
+            trial.using_mb = event.mb
+        else:
+            del self.running[event.handle]
+            return trial, event.outcome
+        return None
 
     def admitted(self) -> list[RunningTrial]:
         return [t for t in self.running.values() if t.admitted]
