@@ -58,3 +58,35 @@ def test_best_without_a_completed_trial_says_so(sqlite_url, capsys):
     build_study(sqlite_url, completed=0)
     code, _, err = run_cli(capsys, "best", "--study", "demo", "--storage", sqlite_url)
     assert code == 2 and "no completed trial" in err
+
+
+def test_the_best_trial_follows_the_direction_and_skips_what_is_not_a_value():
+    from optuna.trial import TrialState, create_trial
+
+    from orchestrator.record.best_trial import pick_best
+
+    trials = [create_trial(value=v) for v in (3.0, 1.0, 1.0, 7.0, 0.0)]
+    trials[4].values = [float("nan")]  # create_trial refuses NaN; the rule skips one anyway
+    trials.append(create_trial(state=TrialState.RUNNING))
+    for number, trial in enumerate(trials):
+        trial.number = number
+    assert pick_best(trials, ["minimize"]).number == 1  # the lowest number wins a tie
+    assert pick_best(trials, ["maximize"]).number == 3  # NaN is never best
+    assert pick_best(trials[5:], ["minimize"]) is None  # nothing completed yet
+    assert pick_best(trials, ["minimize", "maximize"]) is None  # several objectives: no one best
+
+
+def test_a_study_s_best_trial_is_none_before_a_completed_one_and_with_several_objectives():
+    import optuna
+
+    from orchestrator.record.best_trial import best_of_study
+
+    study = optuna.create_study(direction="maximize")
+    assert best_of_study(study) is None
+    for value in (2.0, 5.0, 3.0):
+        study.add_trial(optuna.trial.create_trial(value=value))
+    assert best_of_study(study).value == 5.0
+
+    pareto = optuna.create_study(directions=["minimize", "maximize"])
+    pareto.add_trial(optuna.trial.create_trial(values=[1.0, 2.0]))
+    assert best_of_study(pareto) is None  # `study.best_trial` raises RuntimeError here

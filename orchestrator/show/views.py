@@ -8,7 +8,6 @@ storage into them, `show.text` writes them for a person.
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -170,25 +169,17 @@ def describe_direction(direction: str, directions: Sequence[str]) -> str:
 
 
 def best_of(trials: Iterable[FrozenTrial], direction: str) -> BestTrial | None:
-    """The completed trial with the best value (the lowest number wins a tie).
+    """The best trial, by orchestrator.record.best_trial's rule, as the views show it.
 
     None for a multi-objective study: its trials carry several values and no single one is best.
     """
-    from optuna.trial import TrialState
+    from orchestrator.record.best_trial import pick_best
 
     if direction == MULTI_OBJECTIVE:
         return None
-    # `values`, not `value`: reading `value` of a multi-objective trial raises.
-    done = [
-        t
-        for t in trials
-        if t.state == TrialState.COMPLETE and t.values is not None and len(t.values) == 1
-    ]
-    done = [t for t in done if not math.isnan(t.values[0])]
-    if not done:
+    best = pick_best(trials, [direction])
+    if best is None:
         return None
-    sign = 1.0 if direction == "minimize" else -1.0
-    best = min(done, key=lambda t: (sign * t.values[0], t.number))
     return BestTrial(
         number=best.number,
         value=float(best.values[0]),

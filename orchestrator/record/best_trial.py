@@ -1,0 +1,63 @@
+"""The best trial of a study: one rule for every place that names it.
+
+The best trial is the completed trial with the best value in the study's direction, the lowest
+number winning a tie; a NaN value is never best. There is none while no trial has completed, and
+none in a study of several objectives: its trials carry several values and no single one is best
+(its Pareto front is, which optuna-dashboard shows).
+
+The pool's progress, `run`'s outcome, `status`, `best` and the report all ask here, so they name
+the same trial.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+
+def directions_of(study: optuna.Study) -> list[str]:
+    """'minimize' or 'maximize' per objective, read without `study.direction` (which raises on a
+    study of several objectives)."""
+    return [direction.name.lower() for direction in study.directions]
+
+
+def pick_best(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> FrozenTrial | None:
+    """The best of these trials for a study with these directions (see the module's rule)."""
+    from optuna.trial import TrialState
+
+    if len(directions) != 1:
+        return None
+    # `values`, not `value`: reading `value` of a multi-objective trial raises.
+    done = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE
+        and t.values is not None
+        and len(t.values) == 1
+        and not math.isnan(t.values[0])
+    ]
+    if not done:
+        return None
+    sign = 1.0 if directions[0] == "minimize" else -1.0
+    return min(done, key=lambda t: (sign * t.values[0], t.number))
+
+
+def best_of_study(study: optuna.Study) -> FrozenTrial | None:
+    """The study's best trial, found by its storage in one ordered query however many trials it
+    holds; None when no trial has completed or the study has several objectives.
+
+    Among trials tied on the best value the storage's query picks one; `pick_best` over all the
+    trials picks the lowest number."""
+    directions = directions_of(study)
+    if len(directions) != 1:
+        return None  # `study.best_trial` would raise RuntimeError
+    try:
+        trial = study.best_trial
+    except ValueError:  # no completed trial yet
+        return None
+    return pick_best([trial], directions)
