@@ -151,7 +151,8 @@ def _row(trial: int, *, oom: bool, planned: float | None, peak: float | None, ba
 def test_an_oom_is_plotted_at_planned_mb_as_the_legend_says():
     from test_status import _detail
 
-    from orchestrator.show.report import point_mb, vram_chart, vram_points
+    from orchestrator.show.chart_data import point_mb, vram_points
+    from orchestrator.show.report_charts import vram_chart
 
     fine = _row(0, oom=False, planned=1000.0, peak=1800.0)
     oom_with_peak = _row(1, oom=True, planned=3000.0, peak=5400.0, batch=2048)
@@ -170,7 +171,7 @@ def test_an_oom_is_plotted_at_planned_mb_as_the_legend_says():
 
 
 def test_one_completed_trial_is_singular_in_the_importance_note():
-    from orchestrator.show.report import importance_note
+    from orchestrator.show.importance import importance_note
 
     assert importance_note(1) == "skipped: 1 completed trial, importances need at least 8"
     assert importance_note(3).startswith("skipped: 3 completed trials,")
@@ -179,7 +180,7 @@ def test_one_completed_trial_is_singular_in_the_importance_note():
 def test_the_vram_chart_hover_says_trials_at_once_in_words():
     from test_status import _detail
 
-    from orchestrator.show.report import vram_chart
+    from orchestrator.show.report_charts import vram_chart
 
     rows = [_row(0, oom=False, planned=1000.0, peak=1800.0)]
     rows.append(dataclasses.replace(rows[0], trial=1, concurrency=1))

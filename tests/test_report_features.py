@@ -16,12 +16,13 @@ from test_report import assert_png
 from test_status import _detail, build_study
 from test_status import run_cli as run_in_process
 
-from orchestrator.show.report import curves_chart, line_styles, plotly_charts, vram_chart
+from orchestrator.show.chart_data import line_styles
+from orchestrator.show.report_charts import curves_chart, plotly_charts, vram_chart
 from orchestrator.show.report_parallel import MAX_AXES, axes_for, explained_share, rank_parameters
 from orchestrator.show.views import MemoryLine, VramRow
 
 
-def curves_study(url: str):  # noqa: ANN201
+def curves_study(url: str) -> optuna.Study:
     """Two complete trials and two pruned ones, each with its value per epoch, made by `run`'s spec."""
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.study import StudySpec, save_spec

@@ -49,7 +49,7 @@ def rank_parameters(
         try:
             import optuna
 
-            from orchestrator.show.report import importance_evaluator
+            from orchestrator.show.importance import importance_evaluator
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
