@@ -468,18 +468,17 @@ def _text(renderable) -> str:
 
 
 def test_one_epoch_and_one_trial_are_singular():
-    from orchestrator.commands.status import render_detail
+    from orchestrator.show.status_text import render_detail
 
-    text = _text(render_detail(_detail()))
+    text = _text(render_detail(_detail(), limit=20))
     assert "1 epoch)" in text and "1 epochs" not in text
-    text = _text(render_detail(_detail(epochs=15, budget=24)))
+    text = _text(render_detail(_detail(epochs=15, budget=24), limit=20))
     assert "15 epochs" in text
 
 
 def test_mb_is_one_function_shared_by_status_and_report():
-    from orchestrator.commands import status
-    from orchestrator.show import report
+    from orchestrator.show import report, status_text
     from orchestrator.show.text import mb_text
 
     assert mb_text(None) == "-" and mb_text(1638.4) == "1,638"
-    assert not hasattr(status, "_mb") and not hasattr(report, "_mb")
+    assert not hasattr(status_text, "_mb") and not hasattr(report, "_mb")

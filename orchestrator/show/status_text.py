@@ -1,0 +1,258 @@
+"""What `status` prints, as rich renderables: every study in one table, or one study section by
+section (its settings, trials, best trial, workers, concurrency changes, OOMs and VRAM)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING
+
+from orchestrator.show.text import mb_text, plural
+from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.table import Table
+
+    from orchestrator.show.views import StudyDetail, StudyRow
+
+
+def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
+    """Every study in the storage, one row each: its trials, how many run, its best value."""
+    if not rows:
+        return f"No studies in {location} yet: start one with `python -m orchestrator run ADAPTER`."
+    table = _table(
+        f"Studies in {location}", "study", "adapter", "trials", "running", "best", "best trial"
+    )
+    for row in rows:
+        budget = "?" if row.budget is None else str(row.budget)
+        best = (
+            MULTI_OBJECTIVE  # no single best value to show
+            if row.direction == MULTI_OBJECTIVE
+            else f"{_value(row.best_value)} ({row.direction[:3]})"
+        )
+        table.add_row(
+            row.name,
+            row.adapter or "-",
+            f"{row.counted}/{budget}",
+            str(row.running),
+            best,
+            "-" if row.best_trial is None else f"#{row.best_trial}",
+        )
+    return table
+
+
+def render_detail(detail: StudyDetail, *, limit: int) -> RenderableType:
+    """One study in detail, a section after another (`limit`: VRAM rows of the last N trials,
+    0 for all; `status --limit`)."""
+    from rich.console import Group
+
+    return Group(
+        *heading(detail),
+        *best_section(detail),
+        workers_section(detail),
+        concurrency_section(detail),
+        oom_section(detail),
+        *vram_sections(detail, limit),
+    )
+
+
+def heading(detail: StudyDetail) -> list[RenderableType]:
+    """The study's name and settings, then its trials by state."""
+    from rich.markup import escape
+
+    about = [
+        f"adapter {detail.adapter or '?'}",
+        describe_direction(detail.direction, detail.directions),
+    ]
+    if detail.sampler:
+        about.append(f"sampler {detail.sampler}")
+    if detail.epochs:
+        about.append(plural(detail.epochs, "epoch"))
+    budget = "?" if detail.budget is None else str(detail.budget)
+    states = " · ".join(f"{state} {n}" for state, n in detail.states.items())
+    retried = f" ({detail.retried} failed and re-run)" if detail.retried else ""
+    return [
+        f"[bold]Study {escape(detail.name)}[/] ({escape(', '.join(about))})",
+        f"Trials: {detail.counted}/{budget} counted · {states}{retried}",
+    ]
+
+
+def best_section(detail: StudyDetail) -> list[RenderableType]:
+    if detail.direction == MULTI_OBJECTIVE:
+        return [
+            "Best: none, a multi-objective study has no single best trial "
+            "(`python -m orchestrator dashboard` shows its Pareto front)"
+        ]
+    if detail.best is None:
+        return ["Best: no completed trial yet"]
+    best = detail.best
+    params = _table("", "parameter", "value")
+    for key, value in best.params.items():
+        params.add_row(key, _value(value) if isinstance(value, float) else str(value))
+    return [f"Best: trial #{best.number}, value {_value(best.value)}", params]
+
+
+def workers_section(detail: StudyDetail) -> RenderableType:
+    if not detail.workers:
+        return "Workers seen: none recorded"
+    workers = _table(
+        f"Workers seen ({len(detail.workers)})",
+        "host",
+        "GPU",
+        "pid",
+        "started",
+        "last seen",
+        "stopped",
+    )
+    for w in detail.workers:
+        workers.add_row(
+            w.host,
+            _gpu(w.gpu_index, w.gpu_name),
+            str(w.pid),
+            _time(w.started_at),
+            _time(w.last_seen),
+            _time(w.stopped_at),
+        )
+    return workers
+
+
+def concurrency_section(detail: StudyDetail) -> RenderableType:
+    if not detail.concurrency_events:
+        return "Concurrency changes: none recorded"
+    events = _table(
+        f"Concurrency changes ({len(detail.concurrency_events)})",
+        "time",
+        "host",
+        "GPU",
+        "slots",
+        "reason",
+        "detail",
+    )
+    for e in detail.concurrency_events:
+        events.add_row(
+            _time(e.at),
+            e.host,
+            _gpu(e.gpu_index, e.gpu_name),
+            f"{e.from_slots} -> {e.to_slots}",
+            e.reason,
+            e.detail or "",
+        )
+    return events
+
+
+def oom_section(detail: StudyDetail) -> RenderableType:
+    if not detail.ooms:
+        return "OOM events: none"
+    ooms = _table(
+        f"OOM events ({len(detail.ooms)})",
+        "trial",
+        "time",
+        "host",
+        "GPU",
+        "batch",
+        "slots",
+        "re-run",
+    )
+    for o in detail.ooms:
+        ooms.add_row(
+            f"#{o.trial}",
+            _time(o.at),
+            o.host or "-",
+            o.gpu,
+            str(o.batch_size or "-"),
+            str(o.concurrency or "-"),
+            "yes" if o.retried else "no",
+        )
+    return ooms
+
+
+def vram_sections(detail: StudyDetail, limit: int) -> list[RenderableType]:
+    """VRAM per trial (the last `limit`; 0 shows all), then per kind of GPU."""
+    if not detail.vram:
+        return ["VRAM per trial: no trial has run on a device yet"]
+    return [vram_per_trial(detail, limit), vram_per_gpu(detail)]
+
+
+def vram_per_trial(detail: StudyDetail, limit: int) -> RenderableType:
+    shown = detail.vram if limit <= 0 else detail.vram[-limit:]
+    more = (
+        ""
+        if len(shown) == len(detail.vram)
+        else f", last {len(shown)} of {len(detail.vram)}; --limit 0 for all"
+    )
+    vram = _table(
+        f"VRAM per trial (MB{more})",
+        "trial",
+        "state",
+        "GPU",
+        "batch",
+        "planned",
+        "peak",
+        "peak/planned",
+        "slots",
+        "OOM",
+    )
+    for r in shown:
+        vram.add_row(
+            f"#{r.trial}",
+            r.state,
+            r.gpu,
+            str(r.batch_size or "-"),
+            mb_text(r.planned_mb),
+            mb_text(r.peak_mb),
+            _ratio(r.peak_over_planned),
+            str(r.concurrency or "-"),
+            "yes" if r.oom else "",
+        )
+    return vram
+
+
+def vram_per_gpu(detail: StudyDetail) -> RenderableType:
+    by_gpu = _table(
+        "VRAM by GPU (MB)",
+        "GPU",
+        "trials",
+        "planned mean",
+        "peak mean",
+        "peak max",
+        "worst peak/planned",
+        "OOMs",
+    )
+    for g in detail.vram_by_gpu:
+        by_gpu.add_row(
+            g.gpu,
+            str(g.trials),
+            mb_text(g.planned_mean_mb),
+            mb_text(g.peak_mean_mb),
+            mb_text(g.peak_max_mb),
+            _ratio(g.worst_peak_over_planned),
+            str(g.ooms),
+        )
+    return by_gpu
+
+
+def _table(title: str, *columns: str) -> Table:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, header_style="bold")
+    for name in columns:
+        # Free text wraps; names, numbers and times stay on one line.
+        table.add_column(name, no_wrap=name != "detail", overflow="fold")
+    return table
+
+
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _time(moment: dt.datetime | None) -> str:
+    return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _gpu(index: int | None, name: str) -> str:
+    return name if index is None else f"#{index} {name}"
