@@ -12,7 +12,7 @@ from orchestrator.cli import add_storage_argument, command_parser, study_name
 from orchestrator.errors import UserError
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = command_parser(
         subparsers,
         "best",
@@ -42,45 +42,23 @@ def format_params(params: dict[str, Any], fmt: str) -> str:
     return json.dumps(params, indent=2) + "\n"
 
 
-def the_study(storage: Any, name: str | None, label: str, command: str) -> str:
-    """The study named, or the storage's only one; one line when it holds none, or several."""
-    if name:
-        return name
-    from orchestrator.record.study import study_names
-    from orchestrator.show.queries import _guarded
-
-    with _guarded(storage):
-        names = study_names(storage)
-    if len(names) == 1:
-        return names[0]
-    if not names:
-        raise UserError(
-            f"no study in {label} yet: start one with `python -m orchestrator run ADAPTER`"
-        )
-    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
-    raise UserError(
-        f"{label} holds {len(names)} studies ({shown}): choose one with "
-        f"`python -m orchestrator {command} --study NAME`"
-    )
-
-
 def best_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage import describe_location, resolve_storage_url
-    from orchestrator.show.queries import open_for_reading, study_detail
+    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.show.queries import open_for_reading, study_detail, the_study
     from orchestrator.show.views import require_single_objective
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)
-    args.study = the_study(storage, args.study, describe_location(url), "best")
-    detail = study_detail(storage, args.study, describe_location(url))
+    name = the_study(storage, args.study, describe_location(url), "best")
+    detail = study_detail(storage, name, describe_location(url))
     require_single_objective(detail, "best")
     if detail.best is None:
         raise UserError(
-            f"study {args.study!r} has no completed trial yet: wait for one "
-            f"(`python -m orchestrator status --study {args.study}` shows its progress)"
+            f"study {name!r} has no completed trial yet: wait for one "
+            f"(`python -m orchestrator status --study {name}` shows its progress)"
         )
     text = format_params(detail.best.params, args.format)
-    about = f"best of {args.study!r}: trial #{detail.best.number}, value {detail.best.value:.6g}"
+    about = f"best of {name!r}: trial #{detail.best.number}, value {detail.best.value:.6g}"
     if args.out is None:
         sys.stdout.write(text)
         print(about, file=sys.stderr)

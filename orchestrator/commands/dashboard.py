@@ -13,7 +13,7 @@ from orchestrator.errors import UserError
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = command_parser(
         subparsers,
         "dashboard",
@@ -60,7 +60,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage import mask_password, resolve_storage_url
+    from orchestrator.record.storage_url import mask_password, resolve_storage_url
     from orchestrator.show.queries import open_for_reading
 
     url = resolve_storage_url(args.storage)

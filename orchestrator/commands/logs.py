@@ -9,7 +9,7 @@ from orchestrator.cli import add_storage_argument, command_parser
 from orchestrator.errors import UserError
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = command_parser(
         subparsers,
         "logs",
@@ -23,26 +23,12 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage import describe_location, resolve_storage_url
-    from orchestrator.record.study import load_existing_study
-    from orchestrator.show.queries import open_for_reading
+    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.show.queries import open_for_reading, trial_log_file
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)
-    study = load_existing_study(storage, args.study, describe_location(url))
-    try:
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, args.trial)
-    except KeyError:
-        raise UserError(
-            f"study {args.study!r} has no trial {args.trial}: `python -m orchestrator status "
-            f"--study {args.study}` lists its trials"
-        ) from None
-    path = storage.get_trial(trial_id).user_attrs.get("log_file")
-    if not path:
-        raise UserError(
-            f"trial {args.trial} of {args.study!r} kept no log (it did not run, or ran before "
-            "trials kept logs)"
-        )
+    path = trial_log_file(storage, args.study, args.trial, describe_location(url))
     try:
         with open(path, "rb") as log:
             sys.stdout.buffer.write(log.read())

@@ -8,7 +8,7 @@ from pathlib import Path
 from orchestrator.cli import add_storage_argument, command_parser, study_name
 
 
-def register(subparsers) -> None:  # noqa: ANN001
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = command_parser(
         subparsers,
         "report",
@@ -29,22 +29,26 @@ def register(subparsers) -> None:  # noqa: ANN001
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from orchestrator.commands.best import the_study
-    from orchestrator.record.storage import describe_location, resolve_storage_url
-    from orchestrator.show.queries import load_study_trials, open_for_reading, study_detail
+    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.show.queries import (
+        load_study_trials,
+        open_for_reading,
+        study_detail,
+        the_study,
+    )
     from orchestrator.show.report import write_report
     from orchestrator.show.views import require_single_objective
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)
     label = describe_location(url)
-    args.study = the_study(storage, args.study, label, "report")
-    study = load_study_trials(storage, args.study, label)  # read once, for both
-    detail = study_detail(storage, args.study, label, trials=study.get_trials())
+    name = the_study(storage, args.study, label, "report")
+    study = load_study_trials(storage, name, label)  # read once, for both
+    detail = study_detail(storage, name, label, trials=study.get_trials())
     # Optuna's history, importance and parallel-coordinate charts need one objective.
     require_single_objective(detail, "report")
     files = write_report(study, detail, Path(args.out))
-    print(f"report of {args.study!r}: {files.page}")
+    print(f"report of {name!r}: {files.page}")
     for png in files.pngs:
         print(f"  {png}")
     if files.csv is not None:

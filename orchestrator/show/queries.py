@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
@@ -24,13 +25,17 @@ from orchestrator.show.views import (
 )
 
 if TYPE_CHECKING:
+    import optuna
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
+
+    from orchestrator.record.records import ConcurrencyEvent
 
 
 def open_for_reading(url: str) -> RDBStorage:
     """The storage at URL, for reading: an SQLite file that does not exist is an error, not a new file."""
-    from orchestrator.record.storage import create_storage, describe_location, sqlite_path
+    from orchestrator.record.storage import create_storage
+    from orchestrator.record.storage_url import describe_location, sqlite_path
 
     path = sqlite_path(url)
     if path is not None and not path.exists():
@@ -62,22 +67,38 @@ def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
             upgrade_orchestrator_schema(storage)
 
 
-def _guarded(storage: RDBStorage):  # noqa: ANN202
+@contextmanager
+def _guarded(storage: RDBStorage) -> Iterator[None]:
     """Turn a database error during a read into the one-line 'cannot reach' message."""
-    from contextlib import contextmanager
-
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.record.storage import unreachable
+    from orchestrator.record.storage_failures import unreachable
 
-    @contextmanager
-    def guard():  # noqa: ANN202
-        try:
-            yield
-        except SQLAlchemyError as error:
-            raise unreachable(storage.url, error) from None
+    try:
+        yield
+    except SQLAlchemyError as error:
+        raise unreachable(storage.url, error) from None
 
-    return guard()
+
+def the_study(storage: RDBStorage, name: str | None, label: str, command: str) -> str:
+    """The study named, or the storage's only one; one line when it holds none, or several."""
+    if name:
+        return name
+    from orchestrator.record.study import study_names
+
+    with _guarded(storage):
+        names = study_names(storage)
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise UserError(
+            f"no study in {label} yet: start one with `python -m orchestrator run ADAPTER`"
+        )
+    shown = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    raise UserError(
+        f"{label} holds {len(names)} studies ({shown}): choose one with "
+        f"`python -m orchestrator {command} --study NAME`"
+    )
 
 
 def list_studies(storage: RDBStorage) -> list[StudyRow]:
@@ -87,7 +108,7 @@ def list_studies(storage: RDBStorage) -> list[StudyRow]:
     rows = []
     with _guarded(storage):
         for study in sorted(storage.get_all_studies(), key=lambda s: s.study_name):
-            directions = [d.name.lower() for d in study.directions]
+            directions = [d.name.lower() for d in study.directions]  # a FrozenStudy's
             count = stored_count(storage.engine, study._study_id)
             best = _stored_best(storage, study._study_id, direction_of(directions))
             rows.append(
@@ -155,6 +176,24 @@ def measured_lines(
     return lines
 
 
+def recorded_vram(storage: RDBStorage, study_name: str) -> list[dict[str, Any]]:
+    """The study's orch_trial_vram rows (none in a database without our tables)."""
+    from orchestrator.record.records import list_trial_vram, trial_vram
+
+    if not _has_table(storage, trial_vram.name):
+        return []
+    return list_trial_vram(storage.engine, study_name)
+
+
+def recorded_concurrency(storage: RDBStorage, study_name: str) -> list[ConcurrencyEvent]:
+    """The study's concurrency changes from orch_concurrency_events."""
+    from orchestrator.record.records import concurrency_events, list_concurrency_events
+
+    if not _has_table(storage, concurrency_events.name):
+        return []
+    return list_concurrency_events(storage.engine, study_name)
+
+
 def study_detail(
     storage: RDBStorage,
     name: str,
@@ -163,12 +202,7 @@ def study_detail(
 ) -> StudyDetail:
     """Everything `status --study`, `best` and `report` show about one study (`trials`: its
     trials, when the caller has read them already)."""
-    from orchestrator.record.records import (
-        concurrency_events,
-        list_concurrency_events,
-        list_trial_vram,
-        trial_vram,
-    )
+    from orchestrator.record.best_trial import directions_of
     from orchestrator.record.study import (
         count_trials,
         load_existing_study,
@@ -177,26 +211,18 @@ def study_detail(
     )
     from orchestrator.record.trial_reader import read_trials
 
-    with _guarded(storage):
+    with _guarded(storage):  # Optuna's study and trials, then our orch_* tables
         study = load_existing_study(storage, name, storage_label)
         spec = load_spec(study)
         if trials is None:
             trials = read_trials(storage.engine, study._study_id)
-        # `study.direction` raises on a multi-objective study: read `directions`.
-        directions = [d.name.lower() for d in study.directions]
-        direction = direction_of(directions)
-        recorded = (
-            list_trial_vram(storage.engine, name) if _has_table(storage, trial_vram.name) else []
-        )
-        events = (
-            list_concurrency_events(storage.engine, name)
-            if _has_table(storage, concurrency_events.name)
-            else []
-        )
+        directions = directions_of(study)
+        rows = vram_rows(trials, recorded_vram(storage, name))
+        events = recorded_concurrency(storage, name)
         workers_seen = list_workers(storage, name)
-        rows = vram_rows(trials, recorded)
         adapter = spec.adapter if spec else None
         lines = plan_lines(rows) + measured_lines(storage, adapter, (r.gpu for r in rows))
+    direction = direction_of(directions)
     count = count_trials(trials)
     return StudyDetail(
         name=name,
@@ -219,7 +245,7 @@ def study_detail(
     )
 
 
-def load_study_trials(storage: RDBStorage, name: str, storage_label: str):  # noqa: ANN201
+def load_study_trials(storage: RDBStorage, name: str, storage_label: str) -> optuna.Study:
     """The study for Optuna's own plots: a snapshot of its trials, read once in flat queries.
 
     Optuna's plotting functions ask a study for its trials many times over and deep-copy them
@@ -234,9 +260,10 @@ def load_study_trials(storage: RDBStorage, name: str, storage_label: str):  # no
     return snapshot_study(study, trials)
 
 
-def snapshot_study(study: Any, trials: list[FrozenTrial]) -> Any:
+def snapshot_study(study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Study:
     import optuna
-    from optuna.trial import TrialState
+
+    from orchestrator.record.best_trial import directions_of, pick_best
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory"
@@ -250,12 +277,13 @@ def snapshot_study(study: Any, trials: list[FrozenTrial]) -> Any:
     def get_trials(deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list:
         return [t for t in trials if states is None or t.state in states]
 
+    directions = directions_of(study)
+
     def best_trial(deepcopy: bool = True) -> FrozenTrial:
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.values]
-        if not done:
+        best = pick_best(trials, directions)
+        if best is None:  # what Optuna's own study raises
             raise ValueError("No trials are completed yet.")
-        sign = 1.0 if study.directions[0].name == "MINIMIZE" else -1.0
-        return min(done, key=lambda t: (sign * t.values[0], t.number))
+        return best
 
     # Instance attributes win over the class's methods (and over `trials`, `best_trial`,
     # `best_value` and `best_params`, which call them).
@@ -263,3 +291,25 @@ def snapshot_study(study: Any, trials: list[FrozenTrial]) -> Any:
     snapshot._get_trials = get_trials
     snapshot._get_best_trial = best_trial
     return snapshot
+
+
+def trial_log_file(storage: RDBStorage, study_name: str, number: int, storage_label: str) -> str:
+    """Where trial `number` of the study kept its own output; one line when there is no such
+    trial, or it kept no log."""
+    from orchestrator.record.study import load_existing_study
+
+    study = load_existing_study(storage, study_name, storage_label)
+    try:
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    except KeyError:
+        raise UserError(
+            f"study {study_name!r} has no trial {number}: `python -m orchestrator status "
+            f"--study {study_name}` lists its trials"
+        ) from None
+    path = storage.get_trial(trial_id).user_attrs.get("log_file")
+    if not path:
+        raise UserError(
+            f"trial {number} of {study_name!r} kept no log (it did not run, or ran before "
+            "trials kept logs)"
+        )
+    return path
