@@ -181,7 +181,8 @@ def reporter(trial: optuna.Trial) -> Report:
     While the database is away the trial keeps training: the values wait in the reporter (no
     pruning decision is made without them) and go out with the next report once it is back, or
     with `report.flush()`, which the caller runs before it tells the result."""
-    from orchestrator.record.outage import is_outage, ride_out, single_attempt
+    from orchestrator.record.outage import ride_out, single_attempt
+    from orchestrator.record.outage_errors import is_outage
 
     pending: list[tuple[int, float]] = []
 

@@ -18,7 +18,7 @@ import torch
 
 from adapters.base import reporter
 from adapters.synthetic import adapter
-from orchestrator.record.storage import normalize_url, sqlite_path
+from orchestrator.record.storage_url import normalize_url, sqlite_path
 from orchestrator.record.study import StudySpec, pruner_for
 from samplers import make_sampler
 

@@ -129,7 +129,7 @@ def _run(spec: Any, name: str, storage: str | None, gpus: str, host: dict[str, A
     from orchestrator.launch import execute
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.retry import stale_trial_callback
-    from orchestrator.record.storage import parse_url, resolve_storage_url
+    from orchestrator.record.storage_url import parse_url, resolve_storage_url
     from orchestrator.run.processes import prestart
 
     settings = HostOptions(gpus=gpus, quiet=host.pop("quiet", True), **host)

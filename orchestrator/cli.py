@@ -47,7 +47,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        from orchestrator.record.storage import redact
+        from orchestrator.record.passwords import redact
 
         # "argument --trials: --trials 0 must be..." says the flag twice: once is enough.
         head, sep, rest = message.partition(": ")
@@ -200,7 +200,8 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _storage_url(text: str) -> str:
-    from orchestrator.record.storage import parse_url, remember_secret
+    from orchestrator.record.passwords import remember_secret
+    from orchestrator.record.storage_url import parse_url
 
     remember_secret(text)  # it may come from a --config file, which argv does not show
     if not text.strip():
@@ -274,7 +275,8 @@ def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
 
 def remember_secrets(argv: list[str]) -> None:
     """Every password on the command line or in $ORCHESTRATOR_STORAGE is hidden from then on."""
-    from orchestrator.record.storage import STORAGE_ENV, protect_output, remember_secret
+    from orchestrator.record.passwords import protect_output, remember_secret
+    from orchestrator.record.storage_url import STORAGE_ENV
 
     for token in [*argv, os.environ.get(STORAGE_ENV, "")]:
         remember_secret(token)
@@ -284,7 +286,7 @@ def remember_secrets(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from orchestrator.config_file import apply_config
-    from orchestrator.record.storage import redact
+    from orchestrator.record.passwords import redact
 
     argv = sys.argv[1:] if argv is None else list(argv)
     remember_secrets(argv)
@@ -298,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # a usage error (said in one line) or --help: its status
         return stop.code if isinstance(stop.code, int) else 2
-    from orchestrator.record.outage import note_command, storage_failure
+    from orchestrator.record.outage_state import note_command
+    from orchestrator.record.storage_failures import storage_failure
 
     note_command(argv)
     try:

@@ -240,7 +240,7 @@ def host_option_problems(o: HostOptions) -> list[str]:
 
 def check_storage_for_workers(url: str) -> None:
     """Trial processes open the storage themselves: an in-memory database cannot be shared."""
-    from orchestrator.record.storage import is_sqlite, sqlite_path
+    from orchestrator.record.storage_url import is_sqlite, sqlite_path
 
     if is_sqlite(url) and sqlite_path(url) is None:
         raise UserError(

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from orchestrator.record import records
-from orchestrator.record.storage import normalize_url
+from orchestrator.record.storage_url import normalize_url
 from orchestrator.record.study import count_trials
 from tests.cli_helpers import run_cli
 

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 import orchestrator
 from orchestrator.record import records
-from orchestrator.record.storage import normalize_url
+from orchestrator.record.storage_url import normalize_url
 from orchestrator.record.study import load_spec
 from tests.api_objective import objective
 

@@ -28,7 +28,7 @@ from orchestrator.deploy.kubernetes import (
 )
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import WORKLOADS_ENV, workload_class
-from orchestrator.record.storage import STORAGE_ENV
+from orchestrator.record.storage_url import STORAGE_ENV
 from orchestrator.record.study import StudySpec
 
 REPO = Path(__file__).resolve().parents[1]

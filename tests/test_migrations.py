@@ -18,7 +18,8 @@ from orchestrator.record.migrate import (
     upgrade_orchestrator_schema,
 )
 from orchestrator.record.records import TABLE_NAMES, VERSION_TABLE, include_object, metadata
-from orchestrator.record.storage import create_storage, normalize_url
+from orchestrator.record.storage import create_storage
+from orchestrator.record.storage_url import normalize_url
 
 
 def _tables(url: str) -> set[str]:

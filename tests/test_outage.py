@@ -15,7 +15,8 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator.errors import UserError
-from orchestrator.record import outage
+from orchestrator.record import outage, outage_state, stale_trials, storage_failures
+from orchestrator.record.outage_errors import CONNECTION, LOCKED, first_line, outage_kind
 from tests.pg_cluster import PgCluster
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -55,7 +56,7 @@ class FakeTime:
 def fake():
     time = FakeTime()
     log = logging.getLogger("test.outage")
-    state = outage.Outages(
+    state = outage_state.Outages(
         clock=time.clock,
         sleep=time.sleep,
         jitter=lambda: 1.0,
@@ -98,9 +99,9 @@ def test_a_stopped_server_is_an_outage_and_a_bad_statement_is_not(cluster):
     integrity = _error_of(engine, "INSERT INTO t VALUES (1, 'b')")
     too_long = _error_of(engine, "INSERT INTO t VALUES (2, 'much too long')")
     syntax = _error_of(engine, "SELEC 1")
-    assert isinstance(integrity, sa.exc.IntegrityError) and outage.outage_kind(integrity) is None
-    assert isinstance(too_long, sa.exc.DataError) and outage.outage_kind(too_long) is None
-    assert isinstance(syntax, sa.exc.ProgrammingError) and outage.outage_kind(syntax) is None
+    assert isinstance(integrity, sa.exc.IntegrityError) and outage_kind(integrity) is None
+    assert isinstance(too_long, sa.exc.DataError) and outage_kind(too_long) is None
+    assert isinstance(syntax, sa.exc.ProgrammingError) and outage_kind(syntax) is None
 
     # An administrator's shutdown of our session (57P01), as a fast restart does to every one.
     with engine.connect() as victim:
@@ -109,22 +110,22 @@ def test_a_stopped_server_is_an_outage_and_a_bad_statement_is_not(cluster):
             admin.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         with pytest.raises(sa.exc.DBAPIError) as terminated:
             victim.execute(sa.text("SELECT 1"))
-    assert outage.outage_kind(terminated.value) == outage.CONNECTION
+    assert outage_kind(terminated.value) == CONNECTION
 
     cluster.stop()
     try:
         refused = _error_of(engine, "SELECT 1")
     finally:
         cluster.start()
-    assert outage.outage_kind(refused) == outage.CONNECTION
-    assert "refused" in outage.first_line(refused)
+    assert outage_kind(refused) == CONNECTION
+    assert "refused" in first_line(refused)
     engine.dispose()
 
 
 def test_a_database_that_does_not_exist_is_no_outage(cluster):
     engine = sa.create_engine(cluster.database_url("no_such_database"))
     error = _error_of(engine, "SELECT 1")
-    assert outage.outage_kind(error) is None  # waiting will not create it
+    assert outage_kind(error) is None  # waiting will not create it
     engine.dispose()
 
 
@@ -140,7 +141,7 @@ def test_optuna_s_wrapped_error_is_judged_by_its_cause(cluster):
         try:
             raise StorageInternalError("invalid data in the commit") from cause
         except StorageInternalError as wrapped:
-            assert outage.outage_kind(wrapped) is expected
+            assert outage_kind(wrapped) is expected
     cluster.stop()
     try:
         cause = _error_of(engine, "SELECT 1")
@@ -149,7 +150,7 @@ def test_optuna_s_wrapped_error_is_judged_by_its_cause(cluster):
     try:
         raise StorageInternalError("invalid data in the commit") from cause
     except StorageInternalError as wrapped:
-        assert outage.outage_kind(wrapped) == outage.CONNECTION
+        assert outage_kind(wrapped) == CONNECTION
     engine.dispose()
 
 
@@ -162,12 +163,12 @@ def test_a_locked_sqlite_file_is_a_short_outage_and_a_read_only_one_is_not(tmp_p
     locked = _error_of(engine, "INSERT INTO t VALUES (1)")
     holder.execute("ROLLBACK")
     holder.close()
-    assert outage.outage_kind(locked) == outage.LOCKED
+    assert outage_kind(locked) == LOCKED
 
     reader = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")
     read_only = _error_of(reader, "INSERT INTO t VALUES (1)")
-    assert outage.outage_kind(read_only) is None
-    assert "read-only" in str(outage.storage_failure(read_only))
+    assert outage_kind(read_only) is None
+    assert "read-only" in str(storage_failures.storage_failure(read_only))
     engine.dispose()
     reader.dispose()
 
@@ -193,7 +194,7 @@ def test_an_outage_is_ridden_out_with_one_line_when_it_goes_and_one_when_it_is_b
 def test_after_the_bound_one_line_says_how_long_and_how_to_resume(fake):
     time, state = fake
     call, calls = failing(10**6)
-    with pytest.raises(outage.StorageUnreachable) as stopped:
+    with pytest.raises(storage_failures.StorageUnreachable) as stopped:
         outage.ride_out(call, what="tell trial 3", bound=30, outages=state)
     message = str(stopped.value)
     assert "\n" not in message
@@ -230,7 +231,7 @@ def test_many_threads_in_one_outage_say_it_once(caplog):
     """The state is per process: eight threads waiting through one outage log two lines."""
     down = threading.Event()
     down.set()
-    state = outage.Outages(log=logging.getLogger("test.outage.threads"), jitter=lambda: 0.1)
+    state = outage_state.Outages(log=logging.getLogger("test.outage.threads"), jitter=lambda: 0.1)
 
     def call():
         if down.is_set():
@@ -285,7 +286,7 @@ def test_a_trial_asked_for_but_never_started_is_failed_and_re_run(sqlite_url, mo
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.retry import stale_trial_callback
 
-    monkeypatch.setattr(outage, "OUTAGES", outage.Outages())
+    monkeypatch.setattr(outage_state, "OUTAGES", outage_state.Outages())
     storage = open_storage(
         sqlite_url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
     )
@@ -294,11 +295,11 @@ def test_a_trial_asked_for_but_never_started_is_failed_and_re_run(sqlite_url, mo
     orphan.suggest_float("x", 0.0, 1.0)
     alive = study.ask()
     storage.record_heartbeat(alive._trial_id)
-    assert outage.fail_stale_trials(study, grace_s=30)  # too young: nothing failed
+    assert stale_trials.fail_stale_trials(study, grace_s=30)  # too young: nothing failed
     assert [t.state.name for t in study.trials] == ["RUNNING", "RUNNING"]
     time.sleep(1.2)
     storage.record_heartbeat(alive._trial_id)
-    assert outage.fail_stale_trials(study, grace_s=1)
+    assert stale_trials.fail_stale_trials(study, grace_s=1)
     trials = study.get_trials()
     assert [t.state.name for t in trials] == ["FAIL", "RUNNING", "WAITING"]
     assert trials[2].system_attrs["retry_history"] == [0]
@@ -322,13 +323,13 @@ def _lose_the_first_answer(monkeypatch, owner, name: str) -> dict:
 
 
 def test_an_ask_whose_answer_was_lost_makes_one_trial(sqlite_url, monkeypatch):
-    import orchestrator.record.storage as storage_module
+    import orchestrator.record.riding_storage as riding_storage
     from orchestrator.record.migrate import open_storage
 
-    state = outage.Outages(jitter=lambda: 0.01)
-    monkeypatch.setattr(outage, "OUTAGES", state)
+    state = outage_state.Outages(jitter=lambda: 0.01)
+    monkeypatch.setattr(outage_state, "OUTAGES", state)
     study = optuna.create_study(storage=open_storage(sqlite_url), study_name="once")
-    seen = _lose_the_first_answer(monkeypatch, storage_module, "_create_once")
+    seen = _lose_the_first_answer(monkeypatch, riding_storage, "_create_once")
     trial = study.ask()
     assert seen["calls"] == 1  # the retry found the trial by its mark: no second insert
     assert [t.number for t in study.get_trials()] == [trial.number] == [0]
@@ -340,7 +341,7 @@ def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
 
     from orchestrator.record.migrate import open_storage
 
-    monkeypatch.setattr(outage, "OUTAGES", outage.Outages(jitter=lambda: 0.01))
+    monkeypatch.setattr(outage_state, "OUTAGES", outage_state.Outages(jitter=lambda: 0.01))
     study = optuna.create_study(storage=open_storage(sqlite_url), study_name="told")
     trial = study.ask()
     seen = _lose_the_first_answer(monkeypatch, RDBStorage, "set_trial_state_values")

@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from orchestrator.record import outage, records
+from orchestrator.record import outage, outage_state, records
 from orchestrator.record.locks import under_budget_lock
 from orchestrator.record.migrate import open_storage
 from tests.pg_cluster import PgCluster
@@ -38,8 +38,8 @@ def cluster():
 @pytest.fixture
 def state(monkeypatch):
     """A fresh per-process outage state, so that the lines counted are this test's."""
-    fresh = outage.Outages(log=logging.getLogger("test.outage.storage"))
-    monkeypatch.setattr(outage, "OUTAGES", fresh)
+    fresh = outage_state.Outages(log=logging.getLogger("test.outage.storage"))
+    monkeypatch.setattr(outage_state, "OUTAGES", fresh)
     monkeypatch.setenv(outage.RETRY_ENV, "60")
     return fresh
 

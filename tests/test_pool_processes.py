@@ -16,7 +16,7 @@ from orchestrator.gpu.sim import SimLedger, SimProbe, make_sim_devices
 from orchestrator.planning.planner import plan_node
 from orchestrator.record import records
 from orchestrator.record.migrate import open_storage
-from orchestrator.record.storage import normalize_url
+from orchestrator.record.storage_url import normalize_url
 from orchestrator.record.study import StudySpec, count_trials, save_spec
 from orchestrator.run.pool import Pool
 from tests.cli_helpers import cli_env, run_cli, start_cli

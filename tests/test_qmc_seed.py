@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator.record import records
-from orchestrator.record.storage import normalize_url
+from orchestrator.record.storage_url import normalize_url
 from orchestrator.record.study import SPEC_ATTR, StudySpec, load_spec, save_spec
 from tests.cli_helpers import run_cli, start_cli
 

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from orchestrator.record import records
 from orchestrator.record.migrate import open_storage
-from orchestrator.record.storage import normalize_url
+from orchestrator.record.storage_url import normalize_url
 
 
 def _write(url: str, limit: int) -> None:

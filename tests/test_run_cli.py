@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from orchestrator.cli import main
 from orchestrator.record.records import TABLE_NAMES, VERSION_TABLE
-from orchestrator.record.storage import normalize_url
+from orchestrator.record.storage_url import normalize_url
 from tests.cli_helpers import run_cli
 
 FAST = (

@@ -6,7 +6,7 @@ import optuna
 
 from orchestrator.cli import main
 from orchestrator.planning.workloads import WORKLOADS_ENV
-from orchestrator.record.storage import normalize_url
+from orchestrator.record.storage_url import normalize_url
 from orchestrator.record.study import SPEC_ATTR
 from tests.cli_helpers import run_cli
 

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def upgrade_command(args: argparse.Namespace) -> int:
     from orchestrator.record.migrate import current_revision, open_storage
-    from orchestrator.record.storage import mask_password, resolve_storage_url
+    from orchestrator.record.storage_url import mask_password, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
     storage = open_storage(url)
@@ -39,7 +39,8 @@ def upgrade_command(args: argparse.Namespace) -> int:
 
 def current_command(args: argparse.Namespace) -> int:
     from orchestrator.record.migrate import current_revision, head_revision
-    from orchestrator.record.storage import create_storage, mask_password, resolve_storage_url
+    from orchestrator.record.storage import create_storage
+    from orchestrator.record.storage_url import mask_password, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
     storage = create_storage(url)

@@ -65,7 +65,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from orchestrator.planning.memory import DECLARED, measured_models
     from orchestrator.planning.planner import plan_node, usable_cpu_cores
     from orchestrator.planning.workloads import workload_class
-    from orchestrator.record.storage import resolve_storage_url
+    from orchestrator.record.storage_url import resolve_storage_url
 
     if args.swarm_size < 1:
         raise UserError(f"--swarm-size {args.swarm_size}: the swarm needs at least 1 particle")
@@ -222,7 +222,7 @@ def _calibrate(
     from orchestrator.planning.calibrate import SOURCE, calibrate, calibration_params
     from orchestrator.planning.memory import save_measured
     from orchestrator.record.migrate import open_storage
-    from orchestrator.record.storage import mask_password
+    from orchestrator.record.storage_url import mask_password
 
     real = [device for device in devices if device.kind == "cuda"]
     if not real:

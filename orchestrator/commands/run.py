@@ -141,7 +141,7 @@ def run_command(args: argparse.Namespace) -> int:
     from orchestrator.launch import configure, plan_and_run
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.retry import stale_trial_callback
-    from orchestrator.record.storage import describe_location, parse_url, resolve_storage_url
+    from orchestrator.record.storage_url import describe_location, parse_url, resolve_storage_url
     from orchestrator.record.tracking import tracking_uri_to_store
     from orchestrator.run.processes import prestart
 

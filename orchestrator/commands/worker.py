@@ -43,7 +43,7 @@ def worker_command(args: argparse.Namespace) -> int:
     from orchestrator.launch import configure, plan_and_run
     from orchestrator.record.migrate import open_storage
     from orchestrator.record.retry import stale_trial_callback
-    from orchestrator.record.storage import describe_location, resolve_storage_url, sqlite_path
+    from orchestrator.record.storage_url import describe_location, resolve_storage_url, sqlite_path
     from orchestrator.record.study import load_existing_study, load_spec, pruner_for
     from orchestrator.run.processes import prestart
 

@@ -105,13 +105,9 @@ def existing_engine(url: str) -> Engine | None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.record.records import memory_models
-    from orchestrator.record.storage import (
-        engine_kwargs,
-        is_sqlite,
-        normalize_url,
-        sqlite_path,
-        unreachable,
-    )
+    from orchestrator.record.storage import engine_kwargs
+    from orchestrator.record.storage_failures import unreachable
+    from orchestrator.record.storage_url import is_sqlite, normalize_url, sqlite_path
 
     if is_sqlite(url):
         path = sqlite_path(url)

@@ -22,8 +22,10 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from orchestrator.record.outage import is_outage, ride_out
-from orchestrator.record.storage import engine_kwargs, normalize_url, sqlite_path
+from orchestrator.record.outage import ride_out
+from orchestrator.record.outage_errors import is_outage
+from orchestrator.record.storage import engine_kwargs
+from orchestrator.record.storage_url import normalize_url, sqlite_path
 
 T = TypeVar("T")
 

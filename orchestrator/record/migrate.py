@@ -6,7 +6,8 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 from orchestrator.record.records import VERSION_TABLE
-from orchestrator.record.storage import create_storage, missing_driver, unreachable
+from orchestrator.record.storage import create_storage
+from orchestrator.record.storage_failures import missing_driver, unreachable
 
 if TYPE_CHECKING:
     from alembic.config import Config

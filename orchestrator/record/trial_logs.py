@@ -22,7 +22,7 @@ LOG_DIR_SUFFIX = "-logs"
 
 def default_log_dir(storage_url: str, cwd: Path | None = None) -> Path:
     """Beside an SQLite file (`study.db` -> `study-logs/`), else `orchestrator-logs/` here."""
-    from orchestrator.record.storage import sqlite_path
+    from orchestrator.record.storage_url import sqlite_path
 
     path = sqlite_path(storage_url)
     if path is not None:

@@ -57,7 +57,7 @@ class StoredStudy:
         """Fail trials whose process went silent and re-queue them (under the budget lock, so
         nobody counts the failure before its re-run is queued). Not during an outage, nor for a
         grace period after it: until then no trial could record its heartbeat."""
-        from orchestrator.record import outage
+        from orchestrator.record import stale_trials
         from orchestrator.record.locks import locked
         from orchestrator.record.storage import heartbeat_settings
 
@@ -65,7 +65,7 @@ class StoredStudy:
         locked(
             self.storage_url,
             f"budget:{self.name}",
-            lambda: outage.fail_stale_trials(self.study, grace),
+            lambda: stale_trials.fail_stale_trials(self.study, grace),
             what="look for lost trials",
         )
 

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record.outage import StorageUnreachable
+from orchestrator.record.storage_failures import StorageUnreachable
 from orchestrator.run.trial_context import Recycling, WorkerConfig, pin_device
 from orchestrator.run.trial_messages import TrialOutcome
 from orchestrator.run.trial_runner import run_trial

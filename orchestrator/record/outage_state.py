@@ -1,0 +1,104 @@
+"""What this process knows of the database's outages (one record, shared by its threads), and
+what its outage lines name: the storage, and the command that resumes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from orchestrator.errors import UserError
+from orchestrator.record.outage_errors import LOCKED, first_line
+from orchestrator.record.passwords import redact
+from orchestrator.record.storage_url import describe_location
+
+# Every outage line comes from one logger, whichever module says it.
+logger = logging.getLogger("orchestrator.record.outage")
+
+
+@dataclass
+class Outages:
+    """What this process knows of the database's outages; one per process (`OUTAGES`).
+
+    Clock, sleep and jitter are injected so that tests run outages without waiting."""
+
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2)
+    log: logging.Logger = logger
+    where: str = "the study database"
+    resume: str = "the same command again"
+    began_at: float | None = None  # the first failed call of the outage in progress
+    ended_at: float | None = None  # when the last outage ended
+    outages: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _depth: threading.local = field(default_factory=threading.local, repr=False)
+
+    def went_away(self, kind: str, error: BaseException, bound: float) -> float:
+        """Note a failed call; the first of an outage logs one line. Returns when it began."""
+        with self._lock:
+            if self.began_at is None:
+                self.began_at = self.clock()
+                self.outages += 1
+                what = "is locked by another process" if kind == LOCKED else "went away"
+                self.log.warning(
+                    "the database (%s) %s: %s; retrying for up to %.0f s",
+                    self.where,
+                    what,
+                    first_line(error),
+                    bound,
+                )
+            return self.began_at
+
+    def came_back(self) -> None:
+        """A call worked: if an outage was on, it is over (one line)."""
+        if self.began_at is None:
+            return
+        with self._lock:
+            if self.began_at is None:
+                return
+            now = self.clock()
+            self.log.warning(
+                "the database (%s) is back after %.0f s", self.where, now - self.began_at
+            )
+            self.began_at, self.ended_at = None, now
+
+    def quiet_for(self, seconds: float) -> bool:
+        """No outage now and none ended in the last `seconds`: heartbeats are to be trusted."""
+        if self.began_at is not None:
+            return False
+        return self.ended_at is None or self.clock() - self.ended_at >= seconds
+
+    @contextlib.contextmanager
+    def nested(self) -> Iterator[bool]:
+        """True inside the outermost ride_out of this thread."""
+        depth = getattr(self._depth, "value", 0)
+        self._depth.value = depth + 1
+        try:
+            yield depth == 0
+        finally:
+            self._depth.value = depth
+
+
+OUTAGES = Outages()
+
+
+def current(outages: Outages | None = None) -> Outages:
+    """`outages` when given (a test's own), else this process's record, `OUTAGES`."""
+    return outages or OUTAGES
+
+
+def note_storage(url: str, outages: Outages | None = None) -> None:
+    """Name the storage in the outage lines of this process."""
+    with contextlib.suppress(UserError):
+        current(outages).where = describe_location(url)
+
+
+def note_command(argv: list[str], outages: Outages | None = None) -> None:
+    """The command that resumes after an outage: this one again (it resumes), redacted."""
+    current(outages).resume = redact(shlex.join(["python", "-m", "orchestrator", *argv]))

@@ -1,0 +1,79 @@
+"""Failing the trials whose process is gone: stale heartbeats and orphans, never during an outage."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from orchestrator.record.outage import ride_out
+from orchestrator.record.outage_state import Outages, current
+
+if TYPE_CHECKING:
+    import optuna
+
+# Every outage line comes from one logger, whichever module says it.
+logger = logging.getLogger("orchestrator.record.outage")
+
+
+def fail_stale_trials(study: optuna.Study, grace_s: float, outages: Outages | None = None) -> bool:
+    """Fail (and hand to the stale-trial callback) the trials whose process is gone:
+
+    - Optuna's stale trials, whose heartbeat is older than the grace period;
+    - orphans: RUNNING trials with no heartbeat at all, older than the grace period. A connection
+      lost as `ask` committed leaves one behind (its process retried and got another trial), and
+      Optuna never finds it stale, so it would hold a slot of the budget for ever.
+
+    Not while the database is away, nor for `grace_s` after it is back: until then no trial
+    could record its heartbeat, and live ones would be failed. True when it looked."""
+    import optuna
+
+    if not current(outages).quiet_for(grace_s):
+        return False
+
+    def look() -> None:
+        optuna.storages.fail_stale_trials(study)
+        _fail_orphans(study, grace_s)
+
+    ride_out(look, what="look for lost trials", outages=outages)
+    return True
+
+
+def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
+    import copy
+    import datetime as dt
+
+    import sqlalchemy as sa
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages._rdb import models
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # under Optuna's cache, the RDBStorage
+    engine = getattr(backend, "engine", None)
+    if engine is None or backend.get_heartbeat_interval() is None:
+        return
+    trials, beats = models.TrialModel.__table__, models.TrialHeartbeatModel.__table__
+    # Optuna stamps datetime_start with the local clock of the process that asked.
+    cutoff = dt.datetime.now() - dt.timedelta(seconds=grace_s)
+    query = (
+        sa.select(trials.c.trial_id)
+        .select_from(trials.outerjoin(beats, beats.c.trial_id == trials.c.trial_id))
+        .where(
+            trials.c.study_id == study._study_id,
+            trials.c.state == TrialState.RUNNING.name,
+            beats.c.trial_id.is_(None),
+            trials.c.datetime_start < cutoff,
+        )
+    )
+    with engine.connect() as conn:
+        orphans = [row[0] for row in conn.execute(query)]
+    callback = backend.get_heartbeat_stale_trial_callback()
+    for trial_id in orphans:
+        try:
+            if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+                continue
+        except UpdateFinishedTrialError:
+            continue
+        logger.info("trial id %d was asked for but never started: failed", trial_id)
+        if callback is not None:
+            callback(study, copy.deepcopy(storage.get_trial(trial_id)))
