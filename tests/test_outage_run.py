@@ -8,6 +8,7 @@ The cluster is the test's own (tests/pg_cluster.py), never the shared server.
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import optuna
@@ -61,7 +62,7 @@ def _outage_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "went away" in line or "is back" in line]
 
 
-def _assert_study_finished_exactly(url: str, done, stderr: str) -> None:  # noqa: ANN001
+def _assert_study_finished_exactly(url: str, done: subprocess.Popen[str], stderr: str) -> None:
     assert done.returncode == 0, stderr
     assert "Traceback" not in stderr, stderr
     states = _states(url)

@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +27,7 @@ def folder(tmp_path):
     return tmp_path
 
 
-def _dump(path) -> list[str]:  # noqa: ANN001
+def _dump(path: Path) -> list[str]:
     connection = sqlite3.connect(path)
     try:
         return list(connection.iterdump())
@@ -38,7 +40,7 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def held_exclusively(path):  # noqa: ANN001
+def held_exclusively(path: Path) -> Iterator[None]:
     """Another process's write lock on the file, held until the block ends."""
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN EXCLUSIVE")
@@ -83,7 +85,7 @@ def test_a_lock_that_goes_within_the_bound_is_ridden_out(folder):
     assert len(said) <= 1 and "Traceback" not in err, err
 
 
-def _make_read_only(path) -> None:  # noqa: ANN001
+def _make_read_only(path: Path) -> None:
     if os.geteuid() != 0:
         path.chmod(0o444)
         path.parent.chmod(0o555)
@@ -94,7 +96,7 @@ def _make_read_only(path) -> None:  # noqa: ANN001
     subprocess.run(["chattr", "+i", str(path)], check=True)
 
 
-def _make_writable(path) -> None:  # noqa: ANN001
+def _make_writable(path: Path) -> None:
     if os.geteuid() != 0:
         path.parent.chmod(0o755)
         path.chmod(0o644)

@@ -20,12 +20,15 @@ import contextlib
 import fcntl
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_errors import is_outage
 from orchestrator.record.storage import engine_kwargs
 from orchestrator.record.storage_url import normalize_url, sqlite_path
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 T = TypeVar("T")
 
@@ -69,7 +72,7 @@ def storage_lock(url: str, name: str) -> Iterator[None]:
         engine.dispose()
 
 
-def _unlock(conn, key: dict[str, int]) -> None:  # noqa: ANN001
+def _unlock(conn: Connection, key: dict[str, int]) -> None:
     import sqlalchemy as sa
 
     try:

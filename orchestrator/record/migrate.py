@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from importlib import resources
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.records import VERSION_TABLE
 from orchestrator.record.storage import create_storage
@@ -53,7 +53,7 @@ def upgrade_orchestrator_schema(storage: RDBStorage) -> None:
         raise unreachable(storage.url, error) from None
 
 
-def open_storage(url: str, **kwargs) -> RDBStorage:  # noqa: ANN003
+def open_storage(url: str, **kwargs: Any) -> RDBStorage:
     """Open the storage with both schemas at head: what every command that writes starts with."""
     from sqlalchemy.exc import SQLAlchemyError
 

@@ -17,7 +17,9 @@ import sqlalchemy as sa
 from orchestrator.record.outage import retried, ride_out
 
 if TYPE_CHECKING:
+    from sqlalchemy.dialects import postgresql, sqlite
     from sqlalchemy.engine import Engine
+    from sqlalchemy.schema import SchemaItem
 
 # Optuna owns alembic's default `alembic_version`; our chain keeps its revision here.
 VERSION_TABLE = "orchestrator_alembic_version"
@@ -107,7 +109,13 @@ batch_limits = sa.Table(
 TABLE_NAMES = frozenset(metadata.tables)
 
 
-def include_object(obj, name, type_, reflected, compare_to) -> bool:  # noqa: ANN001
+def include_object(
+    obj: SchemaItem,
+    name: str | None,
+    type_: str,
+    reflected: bool,
+    compare_to: SchemaItem | None,
+) -> bool:
     """Alembic's filter, an allow-list: a table that is not ours (Optuna's, a user's) is never
     created, altered or dropped by our migrations or their autogenerate."""
     if type_ == "table":
@@ -263,7 +271,7 @@ class MeasuredMemoryModel:
     measured_at: dt.datetime
 
 
-def _insert(engine: Engine, table: sa.Table):  # noqa: ANN202
+def _insert(engine: Engine, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
     """INSERT with ON CONFLICT, in the dialect at hand (both PostgreSQL and SQLite have it)."""
     if engine.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
