@@ -49,10 +49,11 @@ class Outcome:
 
 def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Outcome:
     """The study as it stands once this host's pool has stopped."""
+    from orchestrator.record.best_trial import best_of_study
     from orchestrator.record.study import count_trials
 
     trials = study.get_trials(deepcopy=False)
-    best = _best(study)
+    best = best_of_study(study)
     count = count_trials(trials)
     return Outcome(
         study_name=study.study_name,
@@ -67,13 +68,6 @@ def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Ou
         pruned=count.pruned,
         failed=count.failed,
     )
-
-
-def _best(study: optuna.Study) -> Any:
-    try:
-        return study.best_trial
-    except ValueError:
-        return None
 
 
 def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:

@@ -216,58 +216,78 @@ def _resolve_spec(
     """The study to resume (or None) and the spec this run will store: read only, checked."""
     import optuna
 
-    from orchestrator.planning.workloads import workload_class
-    from orchestrator.record.study import StudySpec, count_trials, draw_seed
-
     name = args.study or adapter.name
-    adapter_ref = args.adapter_path or adapter.name
     existing = None
     with contextlib.suppress(KeyError):
         existing = optuna.load_study(study_name=name, storage=storage)
     if existing is None:
-        spec = StudySpec.new(
-            adapter=adapter_ref,
-            adapter_path=bool(args.adapter_path),
-            trials=args.trials or int(getattr(adapter, "default_trials", 20)),
-            epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
-            direction=adapter.direction,
-            options=options,
-            sampler=args.sampler,
-            seed=args.seed if args.seed is not None else draw_seed(),
-            swarm_size=args.swarm_size,
-            pruner=args.pruner,
-            max_retries=args.max_retries,
-        )
+        spec = _new_spec(args, adapter, options)
     else:
-        spec = _wait_for_spec(existing)
-        if spec is None:
-            raise UserError(
-                f"study {name!r} in {label} was not made by this tool: choose another --study name"
-            )
-        if spec.adapter != adapter_ref:
-            raise UserError(
-                f"study {name!r} tunes {spec.adapter!r}, not {adapter_ref!r}: choose another --study name"
-            )
-        counted = count_trials(existing.get_trials(deepcopy=False)).counted
-        if args.trials is not None and args.trials < counted:
-            raise UserError(
-                f"study {name!r} already counts {counted} trials: give --trials {counted} "
-                "or more to run more of it"
-            )
-        typed_now = {key: options[key] for key in options if _typed(key, args)}
-        spec = spec.updated(
-            trials=args.trials,
-            epochs=args.epochs,
-            sampler=args.sampler,
-            seed=args.seed,
-            swarm_size=args.swarm_size,
-            pruner=args.pruner,
-            max_retries=args.max_retries,
-            options={**spec.options, **typed_now},
-        )
+        spec = _resumed_spec(existing, name, args, adapter, options, label)
     if spec.sampler == "pso" and spec.swarm_size < 2:
         raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
     return existing, spec
+
+
+def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
+    """A new study's spec: what was typed, the adapter's and its workload class's defaults, and
+    StudySpec's for the rest."""
+    from orchestrator.planning.workloads import workload_class
+    from orchestrator.record.study import StudySpec, draw_seed
+
+    return StudySpec.new(
+        adapter=args.adapter_path or adapter.name,
+        adapter_path=bool(args.adapter_path),
+        trials=args.trials or int(getattr(adapter, "default_trials", 20)),
+        epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
+        direction=adapter.direction,
+        options=options,
+        sampler=args.sampler,
+        seed=args.seed if args.seed is not None else draw_seed(),
+        swarm_size=args.swarm_size,
+        pruner=args.pruner,
+        max_retries=args.max_retries,
+    )
+
+
+def _resumed_spec(
+    existing: optuna.Study,
+    name: str,
+    args: argparse.Namespace,
+    adapter: Any,
+    options: dict[str, Any],
+    label: str,
+) -> StudySpec:
+    """A resumed study's stored spec, checked to be ours and this adapter's, with what was typed now."""
+    from orchestrator.record.study import count_trials
+
+    adapter_ref = args.adapter_path or adapter.name
+    spec = _wait_for_spec(existing)
+    if spec is None:
+        raise UserError(
+            f"study {name!r} in {label} was not made by this tool: choose another --study name"
+        )
+    if spec.adapter != adapter_ref:
+        raise UserError(
+            f"study {name!r} tunes {spec.adapter!r}, not {adapter_ref!r}: choose another --study name"
+        )
+    counted = count_trials(existing.get_trials(deepcopy=False)).counted
+    if args.trials is not None and args.trials < counted:
+        raise UserError(
+            f"study {name!r} already counts {counted} trials: give --trials {counted} "
+            "or more to run more of it"
+        )
+    typed_now = {key: options[key] for key in options if _typed(key, args)}
+    return spec.updated(
+        trials=args.trials,
+        epochs=args.epochs,
+        sampler=args.sampler,
+        seed=args.seed,
+        swarm_size=args.swarm_size,
+        pruner=args.pruner,
+        max_retries=args.max_retries,
+        options={**spec.options, **typed_now},
+    )
 
 
 def _store(
