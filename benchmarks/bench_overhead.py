@@ -346,7 +346,7 @@ def part_dqn(reps: int, trials: int) -> list[dict]:
                 runs[who].append(timed(command)[0])
     planned = statistics.median(runs["planned"])
     single = statistics.median(runs["one at a time"])
-    from orchestrator.planning.planner import usable_cpu_cores
+    from orchestrator.planning.cpu_cores import usable_cpu_cores
 
     row = {
         "trials": trials,

@@ -102,7 +102,8 @@ def plan(
     """What this host would run: per GPU, the trials at once and the batch sizes that fit."""
     from adapters.base import MemoryModel
     from orchestrator.gpu import select_devices
-    from orchestrator.planning.planner import plan_node, usable_cpu_cores
+    from orchestrator.planning.cpu_cores import usable_cpu_cores
+    from orchestrator.planning.planner import plan_node
 
     _, devices = select_devices(gpus)
     return plan_node(

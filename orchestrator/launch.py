@@ -42,8 +42,9 @@ def plan_host(
     """Find this host's GPUs and plan them for the adapter; a model that fits nowhere is a UserError."""
     from adapters.base import memory_model_of
     from orchestrator.gpu import select_devices
+    from orchestrator.planning.cpu_cores import usable_cpu_cores
     from orchestrator.planning.memory import measured_models
-    from orchestrator.planning.planner import plan_node, usable_cpu_cores
+    from orchestrator.planning.planner import plan_node
     from orchestrator.planning.workloads import workload_class
 
     probe, devices = select_devices(options.gpus, sim_dir=sim_dir)
@@ -83,7 +84,8 @@ def run_pool(
     """Run the study's trials on this host's planned GPUs until its budget is used (`spare`:
     trial processes prestarted by `orchestrator.run.processes.prestart`)."""
     from orchestrator.result import outcome_of
-    from orchestrator.run.pool import Pool, TrialsCannotStart
+    from orchestrator.run.pool import Pool
+    from orchestrator.run.trial_endings import TrialsCannotStart
 
     adapter = spec.resolve_adapter()
     metric = metric_name(adapter, spec.options)

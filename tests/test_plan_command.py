@@ -75,9 +75,9 @@ def test_two_gpus_show_different_bounds_in_json(capsys, storage) -> None:
 
 
 def test_cpu_bound_work_is_capped_by_cores(capsys, storage, monkeypatch) -> None:
-    import orchestrator.planning.planner
+    import orchestrator.planning.cpu_cores
 
-    monkeypatch.setattr(orchestrator.planning.planner, "usable_cpu_cores", lambda: 6)
+    monkeypatch.setattr(orchestrator.planning.cpu_cores, "usable_cpu_cores", lambda: 6)
     code, out, _ = plan(
         capsys,
         "--adapter-path",

@@ -353,7 +353,7 @@ def test_timeout_starts_nothing_new_and_lets_running_trials_finish(sqlite_url):
 
 
 def test_a_worker_stops_when_trial_processes_cannot_start(sqlite_url):
-    from orchestrator.run.pool import TrialsCannotStart
+    from orchestrator.run.trial_endings import TrialsCannotStart
 
     storage = open_storage(sqlite_url, heartbeat=True)
     study = optuna.create_study(study_name="broken", storage=storage)

@@ -62,8 +62,9 @@ def plan_command(args: argparse.Namespace) -> int:
     import adapters
     from orchestrator.gpu import select_devices
     from orchestrator.planning.calibrate import AdapterRef
+    from orchestrator.planning.cpu_cores import usable_cpu_cores
     from orchestrator.planning.memory import DECLARED, measured_models
-    from orchestrator.planning.planner import plan_node, usable_cpu_cores
+    from orchestrator.planning.planner import plan_node
     from orchestrator.planning.workloads import workload_class
     from orchestrator.record.storage_url import resolve_storage_url
 

@@ -15,9 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.planning.cpu_cores import share_cores
-
-# Re-exported, not used here: launch, api, commands/plan and bench_overhead import it from here.
-from orchestrator.planning.cpu_cores import usable_cpu_cores as usable_cpu_cores
 from orchestrator.planning.hardware_budget import (
     HardwareBudget,
     HyperoptStrategy,

@@ -37,7 +37,6 @@ from orchestrator.run.supervisor import RunningTrial, Supervisor
 from orchestrator.run.trial_endings import End, FailedStarts, check_starts, ending_of, log_ending
 
 # Re-exported: callers catch it as the pool's (orchestrator/launch.py).
-from orchestrator.run.trial_endings import TrialsCannotStart as TrialsCannotStart
 
 if TYPE_CHECKING:
     import optuna

@@ -70,14 +70,12 @@ class StoredStudy:
         )
 
     def best(self) -> Best | None:
+        from orchestrator.record.best_trial import best_of_study
         from orchestrator.record.outage import ride_out
 
         def best_trial() -> Best | None:
-            try:
-                trial = self.study.best_trial  # one ordered query; finished trials are cached
-            except ValueError:
-                return None
-            return Best(float(trial.value), trial.number)
+            trial = best_of_study(self.study)  # one ordered query; finished trials are cached
+            return None if trial is None else Best(float(trial.value), trial.number)
 
         return ride_out(best_trial, what="read the best trial")
 
