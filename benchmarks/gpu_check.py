@@ -41,8 +41,8 @@ from typing import Any
 if str(Path(__file__).resolve().parents[1]) not in sys.path:  # run as a script: find the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import gpu_check_report as report  # noqa: E402
-from benchmarks.gpu_check_compare import (  # noqa: E402
+from benchmarks import gpu_check_report as report
+from benchmarks.gpu_check_compare import (
     Check,
     GpuReading,
     calibration_checks,
@@ -53,7 +53,7 @@ from benchmarks.gpu_check_compare import (  # noqa: E402
     parse_pytest_summary,
     verdict,
 )
-from benchmarks.gpu_check_run import (  # noqa: E402
+from benchmarks.gpu_check_run import (
     ADAPTER_PATH,
     DQN_OPTIONS,
     NEEDED,
@@ -71,7 +71,7 @@ from benchmarks.gpu_check_run import (  # noqa: E402
     run_logged,
     say,
 )
-from benchmarks.gpu_check_study import UNDERSIZE, stage_study  # noqa: E402
+from benchmarks.gpu_check_study import UNDERSIZE, stage_study
 
 
 def child_main(kind: str, payload: str) -> int:

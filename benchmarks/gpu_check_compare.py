@@ -444,7 +444,7 @@ def dashboard_mismatches(
 
 def dashboard_checks(
     shown: Mapping[int, Mapping[str, str]] | None, rows, note: str = ""
-) -> list[Check]:  # noqa: ANN001
+) -> list[Check]:
     stage = "dashboard"
     if shown is None:
         return [Check(stage, "trial attributes hold the numbers", None, note)]

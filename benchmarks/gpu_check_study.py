@@ -171,7 +171,7 @@ def dashboard_attrs(storage: Any, study_id: int) -> tuple[dict[int, dict[str, st
     return {t["number"]: {a["key"]: a["value"] for a in t["user_attrs"]} for t in trials}, ""
 
 
-def evaluate(run, gpu, plan, rc, took, samples, context, nvml_note) -> None:  # noqa: ANN001
+def evaluate(run, gpu, plan, rc, took, samples, context, nvml_note) -> None:
     import optuna
 
     from orchestrator.record import records
@@ -211,7 +211,7 @@ def evaluate(run, gpu, plan, rc, took, samples, context, nvml_note) -> None:  # 
     run.results["study"] = study_summary(run, plan, facts, trials, samples, took, events, learnt)
 
 
-def check_vram(run, trials, samples, context, nvml_note) -> list[TrialRecord]:  # noqa: ANN001
+def check_vram(run, trials, samples, context, nvml_note) -> list[TrialRecord]:
     """Compare each trial's record with NVML; where no NVML pid is a trial's own, match by time."""
     peaks, method = nvml_peaks(trials, samples), "pid and time window"
     if samples and not peaks:
@@ -237,7 +237,7 @@ def check_vram(run, trials, samples, context, nvml_note) -> list[TrialRecord]:  
     return trials
 
 
-def study_summary(run, plan, facts, trials, samples, took, events, learnt) -> dict[str, Any]:  # noqa: ANN001
+def study_summary(run, plan, facts, trials, samples, took, events, learnt) -> dict[str, Any]:
     gpu_plan = plan["gpus"][0] if plan else {}
     pids = {t.pid for t in trials if t.pid is not None}
     reasons: dict[str, int] = {}

@@ -41,7 +41,7 @@ def run_migrations_online() -> None:
         _run_with(connection)
 
 
-def _run_with(connection) -> None:  # noqa: ANN001
+def _run_with(connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,

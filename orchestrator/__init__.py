@@ -19,7 +19,7 @@ except ForeignPackage as error:
         raise SystemExit(2) from None
     raise
 
-from orchestrator.api import optimize, plan  # noqa: E402
+from orchestrator.api import optimize, plan
 
 __version__ = "0.1.0"
 __all__ = ["optimize", "plan", "__version__"]

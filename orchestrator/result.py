@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.record import attr_names as names
+
 if TYPE_CHECKING:
     import optuna
 
@@ -62,7 +64,7 @@ def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Ou
         best_value=best.value if best else None,
         best_trial=best.number if best else None,
         best_params=dict(best.params) if best else {},
-        ooms=sum(1 for t in trials if t.user_attrs.get("oom")),
+        ooms=sum(1 for t in trials if t.user_attrs.get(names.OOM)),
         interrupted=interrupted,
         complete=count.complete,
         pruned=count.pruned,

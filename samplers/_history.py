@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
+from orchestrator.record.attr_names import OOM
 from samplers._space import to_unit
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def parse(trial: FrozenTrial, sign: float) -> Record:
         moves=moves,
         params=trial.params,
         distributions=trial.distributions,
-        oom=trial.state == TrialState.FAIL and trial.user_attrs.get("oom") is True,
+        oom=trial.state == TrialState.FAIL and trial.user_attrs.get(OOM) is True,
     )
 
 

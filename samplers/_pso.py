@@ -21,6 +21,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from orchestrator.record.attr_names import BATCH_SIZE
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, Record, SwarmView
 from samplers._lhs import lhs_point, name_key
 from samplers._space import clip_to_bounds, from_unit, to_unit
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 # Parameters whose value decides a trial's memory: an out-of-memory failure pushes them down.
-MEMORY_PARAMS = ("batch_size",)
+MEMORY_PARAMS = (BATCH_SIZE,)
 TOPOLOGIES = ("global", "ring")
 _DEDUPE_ATTEMPTS = 32
 

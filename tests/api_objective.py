@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def objective(trial, device) -> float:  # noqa: ANN001
+def objective(trial, device) -> float:
     x = trial.suggest_float("x", -5.0, 5.0)
     batch = trial.suggest_int("batch_size", 64, 4096, log=True)
     print(f"objective: x={x:.3f} batch={batch} on {device}")

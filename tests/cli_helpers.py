@@ -21,7 +21,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd=None, timeout: float = 300, env=None) -> subprocess.CompletedProcess:  # noqa: ANN001
+def run_cli(*args: str, cwd=None, timeout: float = 300, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "orchestrator", *args],
         capture_output=True,
@@ -32,7 +32,7 @@ def run_cli(*args: str, cwd=None, timeout: float = 300, env=None) -> subprocess.
     )
 
 
-def start_cli(*args: str, cwd=None, env=None) -> subprocess.Popen:  # noqa: ANN001
+def start_cli(*args: str, cwd=None, env=None) -> subprocess.Popen:
     """Start in a session of its own, so the test can kill the worker and every trial process."""
     return subprocess.Popen(
         [sys.executable, "-m", "orchestrator", *args],

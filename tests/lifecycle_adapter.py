@@ -37,7 +37,7 @@ class LifecycleAdapter(BaseAdapter):
             "batch_size": trial.suggest_int("batch_size", BATCH_SIZE_MIN, BATCH_SIZE_MAX, log=True),
         }
 
-    def train(self, params, *, epochs, device, options, report) -> float:  # noqa: ANN001
+    def train(self, params, *, epochs, device, options, report) -> float:
         import torch
 
         if options["leak_mb"]:

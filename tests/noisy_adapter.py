@@ -15,7 +15,7 @@ class NoisyAdapter(SyntheticAdapter):
     name = "noisy"
     options = {**SyntheticAdapter.options, "fail": 0}
 
-    def train(self, params, *, epochs, device, options, report):  # noqa: ANN001, ANN201
+    def train(self, params, *, epochs, device, options, report):
         print(f"noisy: training batch {params['batch_size']}")
         print("noisy: a warning on stderr", file=sys.stderr)
         ctypes.CDLL(None).puts(b"noisy: from C")

@@ -26,13 +26,13 @@ class CurvesAdapter(SyntheticAdapter):
     metric = "loss"
     options = {**SyntheticAdapter.options, "trial_seconds": 0.0, "curves": "g"}
 
-    def suggest(self, trial, options) -> dict[str, Any]:  # noqa: ANN001
+    def suggest(self, trial, options) -> dict[str, Any]:
         params = super().suggest(trial, options)
         plan = str(options["curves"])
         params["curve"] = plan[min(trial.number, len(plan) - 1)]
         return params
 
-    def train(self, params, *, epochs, device, options, report) -> float:  # noqa: ANN001
+    def train(self, params, *, epochs, device, options, report) -> float:
         curve = CURVES[params["curve"]]
         for epoch in range(epochs):
             report(epoch, curve(epoch))

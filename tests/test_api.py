@@ -52,7 +52,7 @@ def test_a_plain_objective_runs_on_two_simulated_gpus_with_every_record(sqlite_u
 
 
 def _local_objective():
-    def inner(trial, device):  # noqa: ANN001, ANN202
+    def inner(trial, device):
         return 0.0
 
     return inner

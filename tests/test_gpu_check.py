@@ -119,7 +119,7 @@ def test_probes_that_agree_pass_every_check() -> None:
         ({"free_mb": 120000.0}, "same free memory"),
     ],
 )
-def test_probes_that_disagree_fail_the_check_that_differs(changes, failing: str) -> None:  # noqa: ANN001
+def test_probes_that_disagree_fail_the_check_that_differs(changes, failing: str) -> None:
     checks = compare_probes(H200, by_torch(**changes))
     assert [c.name for c in checks if not c.ok] == [failing]
 
@@ -258,7 +258,7 @@ def test_a_study_whose_ooms_were_caught_and_re_run_passes() -> None:
         (GOOD_STUDY, {"counted": 2}, "budget exact"),
     ],
 )
-def test_a_study_check_fails_on_what_went_wrong(trials, changes, failing: str) -> None:  # noqa: ANN001
+def test_a_study_check_fails_on_what_went_wrong(trials, changes, failing: str) -> None:
     checks = study_checks(facts(trials, **changes))
     assert [c.name for c in checks if not c.ok] == failing.split("|")
 
@@ -287,7 +287,7 @@ def test_lost_trials_name_the_trial_and_why() -> None:
         ([(0, 100), (1, 2), (3, 4), (5, 6)], 2),
     ],
 )
-def test_most_intervals_at_once(intervals, most: int) -> None:  # noqa: ANN001
+def test_most_intervals_at_once(intervals, most: int) -> None:
     assert max_overlap(intervals) == most
 
 
@@ -386,7 +386,7 @@ def test_dashboard_attributes_that_match_the_records_pass() -> None:
         ({0: SHOWN | {"gpu": "cpu"}}, "#0 gpu 'cpu'"),
     ],
 )
-def test_dashboard_mismatches_say_what_differs(shown, problem: str) -> None:  # noqa: ANN001
+def test_dashboard_mismatches_say_what_differs(shown, problem: str) -> None:
     found = dashboard_mismatches(shown, [ROW])
     assert len(found) == 1 and found[0].startswith(problem)
 
@@ -414,7 +414,7 @@ def test_an_oom_trial_without_a_peak_needs_no_peak_on_the_dashboard() -> None:
         ("ImportError while loading conftest", {}, False),
     ],
 )
-def test_gpu_tests_pass_only_when_all_ran_and_passed(output: str, counts, ok: bool) -> None:  # noqa: ANN001
+def test_gpu_tests_pass_only_when_all_ran_and_passed(output: str, counts, ok: bool) -> None:
     assert parse_pytest_summary(output) == counts
     assert gpu_test_checks(counts, 0 if ok else 1)[0].ok is ok
 
@@ -504,7 +504,7 @@ def test_the_checks_model_is_tfts_times_the_undersize_factor() -> None:
     ("part_mb", "total_bytes", "fraction"),
     [(0, 80 * 2**30, None), (24576, 96 * 2**30, 0.25), (24576, 16 * 2**30, 1.0)],
 )
-def test_the_part_of_the_gpu_as_a_fraction(part_mb, total_bytes, fraction) -> None:  # noqa: ANN001
+def test_the_part_of_the_gpu_as_a_fraction(part_mb, total_bytes, fraction) -> None:
     assert gpu_check_adapter.memory_fraction(part_mb, total_bytes) == fraction
 
 
@@ -611,7 +611,7 @@ def test_the_study_step_on_a_simulated_gpu_catches_ooms_and_keeps_the_budget(tmp
 # --- NVML readings, over a stand-in for pynvml ---------------------------------------------
 
 
-def fake_pynvml(rounds: list[list[tuple[int, int | None]]], fail_after: int | None = None):  # noqa: ANN201
+def fake_pynvml(rounds: list[list[tuple[int, int | None]]], fail_after: int | None = None):
     """pynvml with one GPU whose compute processes are `rounds[i]` at the i-th reading."""
     import types
 

@@ -37,7 +37,7 @@ ATTRS = {
 }
 
 
-def frozen(state=TrialState.COMPLETE, value=1.25, attrs=None, steps=None, number=7):  # noqa: ANN001, ANN201
+def frozen(state=TrialState.COMPLETE, value=1.25, attrs=None, steps=None, number=7):
     trial = create_trial(
         state=state,
         value=value,
@@ -180,7 +180,7 @@ def test_a_note_that_cannot_be_stored_costs_a_warning_not_the_trial(
     study.add_trial(frozen(number=0))
     trial = study.get_trials()[0]
 
-    def lost(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def lost(*args, **kwargs):
         raise sa.exc.OperationalError("UPDATE", {}, Exception("database is locked"))
 
     monkeypatch.setattr(study._storage, "set_study_system_attr", lost)

@@ -53,7 +53,7 @@ def run_curves(
     return sorted(study.trials, key=lambda t: t.number)
 
 
-def states(trials) -> str:  # noqa: ANN001
+def states(trials) -> str:
     return "".join("P" if t.state == TrialState.PRUNED else "C" for t in trials)
 
 

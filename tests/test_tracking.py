@@ -7,19 +7,19 @@ import pytest
 
 pytest.importorskip("mlflow", reason='MLflow tracking needs the extra: pip install -e ".[mlflow]"')
 
-import optuna  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
-from optuna.trial import TrialState  # noqa: E402
+import optuna
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
 
-from orchestrator.errors import UserError  # noqa: E402
-from orchestrator.record.study import load_spec  # noqa: E402
-from orchestrator.record.tracking import (  # noqa: E402
+from orchestrator.errors import UserError
+from orchestrator.record.study import load_spec
+from orchestrator.record.tracking import (
     TrialTracker,
     tracker_for,
     tracking_uri_for,
     tracking_uri_to_store,
 )
-from tests.cli_helpers import cli_env, run_cli  # noqa: E402
+from tests.cli_helpers import cli_env, run_cli
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import sys
 import torch
 
 
-def objective(trial, device):  # noqa: ANN001, ANN201
+def objective(trial, device):
     lr = trial.suggest_float("lr", 1e-4, 1e-1, log=True)
     width = trial.suggest_int("width", 8, 128, log=True)
     batch_size = trial.suggest_int("batch_size", 64, 4096, log=True)

@@ -13,6 +13,8 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record import attr_names as names
+
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
@@ -30,13 +32,13 @@ def trial_note(trial: FrozenTrial, *, metric: str = "value") -> str:
     lines.append(f"- **GPU**: {_gpu(attrs)}")
     lines.append(f"- **VRAM**: {_vram(attrs)}")
     lines.append(f"- **batch size**: {_batch(trial.params, attrs)}")
-    if attrs.get("concurrency") is not None:
-        slots = int(attrs["concurrency"])
+    if attrs.get(names.CONCURRENCY) is not None:
+        slots = int(attrs[names.CONCURRENCY])
         lines.append(
             f"- **slots**: {slots} {'trial' if slots == 1 else 'trials'} at once on this GPU"
         )
     lines.append(f"- **out of memory**: {_oom(attrs)}")
-    if attrs.get("error") and not attrs.get("oom"):
+    if attrs.get(names.ERROR) and not attrs.get(names.OOM):
         lines.append(f"- **error**: {_short(attrs['error'])}")
     if attrs.get("enqueued_from"):
         lines.append(f"- **parameters from**: {attrs['enqueued_from']}")
@@ -57,17 +59,20 @@ def _outcome(trial: FrozenTrial, metric: str) -> str:
 
 
 def _gpu(attrs: Mapping[str, Any]) -> str:
-    name = attrs.get("gpu") or "not recorded"
+    name = attrs.get(names.GPU) or "not recorded"
     where = []
-    if attrs.get("gpu_index") is not None:
+    if attrs.get(names.GPU_INDEX) is not None:
         where.append(f"#{attrs['gpu_index']}")
-    if attrs.get("host"):
+    if attrs.get(names.HOST):
         where.append(f"on {attrs['host']}")
     return f"{name} ({' '.join(where)})" if where else str(name)
 
 
 def _vram(attrs: Mapping[str, Any]) -> str:
-    peak, planned = _number(attrs.get("vram_peak_mb")), _number(attrs.get("vram_planned_mb"))
+    peak, planned = (
+        _number(attrs.get(names.VRAM_PEAK_MB)),
+        _number(attrs.get(names.VRAM_PLANNED_MB)),
+    )
     if peak is None and planned is None:
         return "not measured"
     parts = []
@@ -82,8 +87,8 @@ def _vram(attrs: Mapping[str, Any]) -> str:
 
 
 def _batch(params: Mapping[str, Any], attrs: Mapping[str, Any]) -> str:
-    size = params.get("batch_size")
-    bounds = attrs.get("batch_bounds")
+    size = params.get(names.BATCH_SIZE)
+    bounds = attrs.get(names.BATCH_BOUNDS)
     text = str(size) if size is not None else "none"
     if isinstance(bounds, list | tuple) and len(bounds) == 2:
         text += f" (this GPU's bounds {bounds[0]}..{bounds[1]})"
@@ -93,9 +98,9 @@ def _batch(params: Mapping[str, Any], attrs: Mapping[str, Any]) -> str:
 
 
 def _oom(attrs: Mapping[str, Any]) -> str:
-    if not attrs.get("oom"):
+    if not attrs.get(names.OOM):
         return "no"
-    reason = _short(attrs.get("error") or "out of memory")
+    reason = _short(attrs.get(names.ERROR) or "out of memory")
     return f"**yes**: {reason}"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record import attr_names as names
 from orchestrator.record.outage import ride_out
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def requeue(
             "failed_trial": history[0],
             "retry_history": history,
         },
-        user_attrs={"retry_of": trial.number, "retry_reason": reason},
+        user_attrs={names.RETRY_OF: trial.number, names.RETRY_REASON: reason},
     )
     attempts = 0
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from orchestrator.errors import UserError
+from orchestrator.record import attr_names as names
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -37,8 +38,16 @@ STUDY_TAG = "optuna.study_name"
 NUMBER_TAG = "optuna.trial_number"
 # MLflow run status for each Optuna trial state; a pruned trial was stopped on purpose.
 RUN_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
-VRAM_METRICS = ("vram_peak_mb", "vram_planned_mb")
-TAGGED_ATTRS = ("gpu", "gpu_index", "host", "concurrency", "batch_bounds", "oom", "error")
+VRAM_METRICS = (names.VRAM_PEAK_MB, names.VRAM_PLANNED_MB)
+TAGGED_ATTRS = (
+    names.GPU,
+    names.GPU_INDEX,
+    names.HOST,
+    names.CONCURRENCY,
+    names.BATCH_BOUNDS,
+    names.OOM,
+    names.ERROR,
+)
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a parameter's value
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record import attr_names as names
+
 if TYPE_CHECKING:
     import optuna
 
@@ -141,13 +143,13 @@ def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
     """A re-run carries its batch size fixed from the GPU it first ran on; on a smaller GPU it
     must still fit this one's plan, so it is brought inside this GPU's bounds (and says so)."""
     fixed = trial._fixed_params  # what Optuna hands out instead of sampling; read at ask()
-    batch = fixed.get("batch_size")
+    batch = fixed.get(names.BATCH_SIZE)
     if batch is None:
         return
     low, high = bounds
     fitted = min(max(int(batch), low), high)
     if fitted != batch:
-        fixed["batch_size"] = fitted
+        fixed[names.BATCH_SIZE] = fitted
         trial.set_user_attr("batch_size_fitted_from", int(batch))
 
 
@@ -180,7 +182,7 @@ def run_objective(
     try:
         with interruptible():  # only this part can be interrupted: the outcome is written whole
             params = ctx.adapter.suggest(trial, spec.options)
-            batch = params.get("batch_size")
+            batch = params.get(names.BATCH_SIZE)
             result.batch_size = None if batch is None else int(batch)
             channel.send(("sized", result.batch_size))
             go = channel.recv()
@@ -222,14 +224,14 @@ def _placement_attrs(
 ) -> None:
     device = ctx.config.device
     attrs = {
-        "host": ctx.config.host,
-        "pid": os.getpid(),
-        "gpu": ctx.gpu_name,
-        "gpu_index": device.index if device else None,
-        "batch_bounds": list(job.batch_bounds),
+        names.HOST: ctx.config.host,
+        names.PID: os.getpid(),
+        names.GPU: ctx.gpu_name,
+        names.GPU_INDEX: device.index if device else None,
+        names.BATCH_BOUNDS: list(job.batch_bounds),
     }
     if log_file is not None:
-        attrs["log_file"] = str(log_file)
+        attrs[names.LOG_FILE] = str(log_file)
     set_user_attrs(trial, attrs)
 
 
@@ -240,7 +242,7 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
 
     result.planned_mb = go.planned_mb
     set_user_attrs(
-        trial, {"vram_planned_mb": round(go.planned_mb, 1), "concurrency": go.concurrency}
+        trial, {names.VRAM_PLANNED_MB: round(go.planned_mb, 1), names.CONCURRENCY: go.concurrency}
     )
     result.concurrency = go.concurrency
     if ctx.ledger is not None:
@@ -279,7 +281,7 @@ def requeue_if_interrupted(
         )
         if batch <= low:
             return False  # the smallest batch does not fit: re-running cannot help
-        retry_params = {"batch_size": max(low, batch // 2)}
+        retry_params = {names.BATCH_SIZE: max(low, batch // 2)}
     frozen = ctx.study._storage.get_trial(trial._trial_id)
     return requeue(
         ctx.study,
@@ -293,11 +295,11 @@ def requeue_if_interrupted(
 def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
     from optuna.trial import TrialState
 
-    attrs: dict[str, Any] = {"oom": result.oom}
+    attrs: dict[str, Any] = {names.OOM: result.oom}
     if result.peak_mb is not None:
-        attrs["vram_peak_mb"] = round(result.peak_mb, 1)
+        attrs[names.VRAM_PEAK_MB] = round(result.peak_mb, 1)
     if result.error:
-        attrs["error"] = result.error[:500]
+        attrs[names.ERROR] = result.error[:500]
     set_user_attrs(trial, attrs)
     value = result.value if result.state == TrialState.COMPLETE else None
     ctx.study.tell(trial, value, state=result.state)

@@ -9,17 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record import attr_names as names
+
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 CSV_NAME = "trials.csv"
 # Recorded by every trial that ran on a device (DESIGN.md), in the order a person reads them.
-RECORD_COLUMNS = (
-    ("gpu", "gpu"),
-    ("vram_planned_mb", "vram_planned_mb"),
-    ("vram_peak_mb", "vram_peak_mb"),
-    ("concurrency", "slots"),
-    ("oom", "oom"),
+RECORD_COLUMNS = (  # (the trial's attribute, the column's header)
+    (names.GPU, "gpu"),
+    (names.VRAM_PLANNED_MB, "vram_planned_mb"),
+    (names.VRAM_PEAK_MB, "vram_peak_mb"),
+    (names.CONCURRENCY, "slots"),
+    (names.OOM, "oom"),
 )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.record import attr_names as names
 from orchestrator.show.text import to_utc
 
 if TYPE_CHECKING:
@@ -199,22 +200,22 @@ def vram_rows(
     for trial in sorted(trials, key=lambda t: t.number):
         attrs = trial.user_attrs
         row = by_number.get(trial.number, {})
-        gpu = attrs.get("gpu", row.get("gpu_name"))
+        gpu = attrs.get(names.GPU, row.get("gpu_name"))
         if gpu is None:
             continue  # never ran on a device (waiting, or failed before it got one)
-        batch = trial.params.get("batch_size", row.get("batch_size"))
+        batch = trial.params.get(names.BATCH_SIZE, row.get("batch_size"))
         out.append(
             VramRow(
                 trial=trial.number,
                 state=trial.state.name,
                 gpu=str(gpu),
-                gpu_index=_int(attrs.get("gpu_index", row.get("gpu_index"))),
-                host=attrs.get("host", row.get("host")),
+                gpu_index=_int(attrs.get(names.GPU_INDEX, row.get("gpu_index"))),
+                host=attrs.get(names.HOST, row.get("host")),
                 batch_size=_int(batch),
-                planned_mb=_float(attrs.get("vram_planned_mb", row.get("vram_planned_mb"))),
-                peak_mb=_float(attrs.get("vram_peak_mb", row.get("vram_peak_mb"))),
-                concurrency=_int(attrs.get("concurrency", row.get("concurrency"))),
-                oom=bool(attrs.get("oom", row.get("oom", False))),
+                planned_mb=_float(attrs.get(names.VRAM_PLANNED_MB, row.get("vram_planned_mb"))),
+                peak_mb=_float(attrs.get(names.VRAM_PEAK_MB, row.get("vram_peak_mb"))),
+                concurrency=_int(attrs.get(names.CONCURRENCY, row.get("concurrency"))),
+                oom=bool(attrs.get(names.OOM, row.get("oom", False))),
             )
         )
     return out
@@ -248,17 +249,17 @@ def oom_events(trials: Iterable[FrozenTrial], retried: set[int]) -> list[OomEven
     out = []
     for trial in sorted(trials, key=lambda t: t.number):
         attrs = trial.user_attrs
-        if not attrs.get("oom"):
+        if not attrs.get(names.OOM):
             continue
         out.append(
             OomEvent(
                 trial=trial.number,
                 at=to_utc(trial.datetime_complete),
-                host=attrs.get("host"),
-                gpu=str(attrs.get("gpu", "?")),
-                gpu_index=_int(attrs.get("gpu_index")),
-                batch_size=_int(trial.params.get("batch_size")),
-                concurrency=_int(attrs.get("concurrency")),
+                host=attrs.get(names.HOST),
+                gpu=str(attrs.get(names.GPU, "?")),
+                gpu_index=_int(attrs.get(names.GPU_INDEX)),
+                batch_size=_int(trial.params.get(names.BATCH_SIZE)),
+                concurrency=_int(attrs.get(names.CONCURRENCY)),
                 retried=trial.number in retried,
             )
         )
