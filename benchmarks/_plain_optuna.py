@@ -2,6 +2,8 @@
 
     python benchmarks/_plain_optuna.py STORAGE_URL STUDY SAMPLER TRIALS EPOCHS
 
+TRIALS more trials are run, in a new study or on top of an existing one of that name.
+
 The same synthetic objective (adapters.synthetic, trial_seconds=0), the same sampler (PSO as
 `run` builds it, or TPE with a constant liar), the same pruner and epochs, the same storage with
 the same settings (an SQLite file in WAL mode, as `run` makes it), driven by `study.optimize` in
@@ -37,6 +39,7 @@ def main() -> None:
         storage=normalize_url(url),
         sampler=make_sampler(sampler, seed=None, swarm_size=spec.swarm_size),
         pruner=pruner_for(spec),
+        load_if_exists=True,  # bench_overhead's study-size part runs it on a filled study
     )
     options = {"trial_seconds": 0.0}
     cpu = torch.device("cpu")

@@ -215,6 +215,9 @@ def steady_interval_s(url: str, study_name: str, after: int) -> float:
 
 
 def part_size(kinds: list[str], server: str | None, sizes: list[int], new: int) -> list[dict]:
+    """Per-trial time on a filled study, the orchestrator's and then plain Optuna's on the same
+    study (same sampler, pruner and epochs): what grows with the study in Optuna's own reads
+    (its pruners read every finished trial at each report) grows in both."""
     rows = []
     for kind in kinds:
         measured = {}
@@ -223,10 +226,13 @@ def part_size(kinds: list[str], server: str | None, sizes: list[int], new: int) 
                 timed(synthetic_run(url, "grow", 1))
                 prefill(url, "grow", size)
                 wall, _ = timed(synthetic_run(url, "grow", size + new))
-                measured[size] = (steady_interval_s(url, "grow", size), wall / new)
+                ours = steady_interval_s(url, "grow", size)
+                timed([sys.executable, str(PLAIN), url, "grow", "pso", str(new), str(EPOCHS)])
+                plain = steady_interval_s(url, "grow", size + new)
+                measured[size] = (ours, wall / new, plain)
         base = measured[sizes[0]]
         for size in sizes:
-            interval, per_trial = measured[size]
+            interval, per_trial, plain = measured[size]
             rows.append(
                 {
                     "storage": kind,
@@ -236,6 +242,8 @@ def part_size(kinds: list[str], server: str | None, sizes: list[int], new: int) 
                     "interval_ratio": round(interval / base[0], 2),
                     "run_s_per_trial": round(per_trial, 3),
                     "run_ratio": round(per_trial / base[1], 2),
+                    "optuna_interval_ms": round(plain * 1000, 1),
+                    "optuna_interval_ratio": round(plain / base[2], 2),
                 }
             )
             print_rows("size", rows[-1:], header=len(rows) == 1)
