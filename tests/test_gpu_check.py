@@ -66,11 +66,12 @@ def run_script(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 # --- the orchestrator's --gpus forms -----------------------------------------------------
 
 
-def test_todays_run_help_offers_no_part_of_a_gpu() -> None:
+def test_todays_run_help_offers_a_part_of_a_gpu() -> None:
+    # `--gpus 0:MB` is offered, so the GPU check exercises it on a real GPU.
     helped = run_cli("run", "--help")
     assert helped.returncode == 0
     assert "sim:MB" in helped.stdout
-    assert not supports_gpu_part(helped.stdout)
+    assert supports_gpu_part(helped.stdout)
 
 
 @pytest.mark.parametrize(
