@@ -336,6 +336,32 @@ def test_an_ask_whose_answer_was_lost_makes_one_trial(sqlite_url, monkeypatch):
     assert state.outages == 1
 
 
+def test_an_ask_under_the_budget_lock_whose_answer_was_lost_makes_one_trial(
+    sqlite_url, monkeypatch
+):
+    """Under the lock the whole section is run again (a new call of the ask), and the new call
+    still finds the trial the lost one made."""
+    import orchestrator.record.riding_storage as riding_storage
+    from orchestrator.record.locks import under_budget_lock
+    from orchestrator.record.migrate import open_storage
+
+    state = outage_state.Outages(jitter=lambda: 0.01)
+    monkeypatch.setattr(outage_state, "OUTAGES", state)
+    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="locked")
+    seen = _lose_the_first_answer(monkeypatch, riding_storage, "_create_once")
+    sections = []
+
+    def section() -> optuna.Trial:
+        sections.append(1)
+        return study.ask()
+
+    trial = under_budget_lock(sqlite_url, "locked", section, what="ask for a trial")
+    assert len(sections) == 2  # the lost answer ran the section again
+    assert seen["calls"] == 1  # ...whose ask found the trial by its mark: no second insert
+    assert [t.number for t in study.get_trials()] == [trial.number] == [0]
+    assert study.ask().number == 1  # the next ask is a new trial
+
+
 def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
     from optuna.storages import RDBStorage
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -78,47 +79,62 @@ def _set_trial_state_values(self: Any, trial_id: int, state: Any, values: Any = 
 # connection lost at the commit finds the trial its lost attempt made instead of making another
 # (which would stay RUNNING for ever, holding a slot of the budget).
 ASK_MARK = "orchestrator:ask"
+# An ask under the budget lock is retried whole, by the lock's own ride_out (the section runs
+# again under the lock taken anew), so the retry is a new call of `_create_new_trial`: the mark of
+# an ask that did not return is kept here, per thread and study, for the next ask to look for.
+_UNANSWERED = threading.local()
 
 
 def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> Any:
     import copy
-    import datetime as dt
     import uuid
 
     from optuna.storages import RDBStorage
-    from optuna.trial import FrozenTrial, TrialState
 
-    mark = uuid.uuid4().hex
-    if template_trial is None:
-        template = FrozenTrial(
-            number=-1,
-            state=TrialState.RUNNING,
-            value=None,
-            values=None,
-            datetime_start=dt.datetime.now(),
-            datetime_complete=None,
-            params={},
-            distributions={},
-            user_attrs={},
-            system_attrs={},
-            intermediate_values={},
-            trial_id=-1,
-        )
-    else:
-        template = copy.deepcopy(template_trial)
+    # Only a plain ask retries one that did not return; an enqueued or added trial has its own.
+    pending: dict[int, str] = _UNANSWERED.__dict__.setdefault("marks", {})
+    earlier = pending.get(study_id) if template_trial is None else None
+    mark = earlier or uuid.uuid4().hex
+    template = _new_trial_template() if template_trial is None else copy.deepcopy(template_trial)
     template._system_attrs = {**template.system_attrs, ASK_MARK: mark}
     attempts = 0
 
     def attempt() -> Any:
         nonlocal attempts
         attempts += 1
-        if attempts > 1:
+        if attempts > 1 or earlier is not None:
             made = _marked_trial_id(self, study_id, mark)
             if made is not None:
                 return RDBStorage.get_trial(self, made)
         return _create_once(self, study_id, template)
 
-    return ride_out(attempt, what="ask for a trial")
+    if template_trial is None:
+        pending[study_id] = mark
+    trial = ride_out(attempt, what="ask for a trial")
+    if template_trial is None:
+        del pending[study_id]
+    return trial
+
+
+def _new_trial_template() -> Any:
+    import datetime as dt
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    return FrozenTrial(
+        number=-1,
+        state=TrialState.RUNNING,
+        value=None,
+        values=None,
+        datetime_start=dt.datetime.now(),
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=-1,
+    )
 
 
 def _create_once(storage: Any, study_id: int, template: Any) -> Any:
