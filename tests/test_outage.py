@@ -362,6 +362,32 @@ def test_an_ask_under_the_budget_lock_whose_answer_was_lost_makes_one_trial(
     assert study.ask().number == 1  # the next ask is a new trial
 
 
+def test_an_ask_under_the_budget_lock_lost_after_its_insert_makes_one_trial(
+    sqlite_url, monkeypatch
+):
+    """The connection goes once the trial is made but before the section ends (Optuna's ask
+    reads the study for its sampler): the section run again finds the same trial."""
+    from orchestrator.record.locks import under_budget_lock
+    from orchestrator.record.migrate import open_storage
+
+    state = outage_state.Outages(jitter=lambda: 0.01)
+    monkeypatch.setattr(outage_state, "OUTAGES", state)
+    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="after")
+    asked = []
+
+    def section() -> optuna.Trial:
+        trial = study.ask()
+        asked.append(trial.number)
+        if len(asked) == 1:
+            raise connection_lost()
+        return trial
+
+    trial = under_budget_lock(sqlite_url, "after", section, what="ask for a trial")
+    assert asked == [0, 0] and trial.number == 0
+    assert len(study.get_trials()) == 1
+    assert study.ask().number == 1  # a new section's ask is a new trial
+
+
 def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
     from optuna.storages import RDBStorage
 

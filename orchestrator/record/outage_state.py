@@ -83,6 +83,16 @@ class Outages:
             yield depth == 0
         finally:
             self._depth.value = depth
+            if depth == 0:
+                self._depth.memory = {}
+
+    def retry_memory(self) -> dict[str, object]:
+        """What calls keep across the retries of this thread's outermost ride_out, forgotten when
+        it returns or gives up: the mark of an ask whose answer was lost, for the ask that a
+        retried section makes again to look for."""
+        if not hasattr(self._depth, "memory"):
+            self._depth.memory = {}
+        return self._depth.memory
 
 
 OUTAGES = Outages()

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.outage import ride_out
+from orchestrator.record.outage_state import current
 
 if TYPE_CHECKING:
     from optuna.storages import RDBStorage
@@ -79,22 +79,24 @@ def _set_trial_state_values(self: Any, trial_id: int, state: Any, values: Any = 
 # connection lost at the commit finds the trial its lost attempt made instead of making another
 # (which would stay RUNNING for ever, holding a slot of the budget).
 ASK_MARK = "orchestrator:ask"
+
+
 # An ask under the budget lock is retried whole, by the lock's own ride_out (the section runs
-# again under the lock taken anew), so the retry is a new call of `_create_new_trial`: the mark of
-# an ask that did not return is kept here, per thread and study, for the next ask to look for.
-_UNANSWERED = threading.local()
-
-
+# again under the lock taken anew), so the retry is a new call of `_create_new_trial`; and an
+# outage after the insert (reading the trial back, the sampler) retries it too. The mark of a
+# plain ask is kept in the outermost ride_out's memory, so the ask made again finds its trial
+# (a section asks once: the budget lock's count-and-create, or an ask outside any section).
 def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> Any:
     import copy
     import uuid
 
     from optuna.storages import RDBStorage
 
-    # Only a plain ask retries one that did not return; an enqueued or added trial has its own.
-    pending: dict[int, str] = _UNANSWERED.__dict__.setdefault("marks", {})
-    earlier = pending.get(study_id) if template_trial is None else None
-    mark = earlier or uuid.uuid4().hex
+    # Only a plain ask looks for one made before; an enqueued or added trial has a mark of its own.
+    memory = current().retry_memory()
+    key = f"ask mark of study {study_id}"
+    earlier = memory.get(key) if template_trial is None else None
+    mark = str(earlier) if earlier is not None else uuid.uuid4().hex
     template = _new_trial_template() if template_trial is None else copy.deepcopy(template_trial)
     template._system_attrs = {**template.system_attrs, ASK_MARK: mark}
     attempts = 0
@@ -106,14 +108,11 @@ def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> A
             made = _marked_trial_id(self, study_id, mark)
             if made is not None:
                 return RDBStorage.get_trial(self, made)
+        if template_trial is None:
+            memory[key] = mark
         return _create_once(self, study_id, template)
 
-    if template_trial is None:
-        pending[study_id] = mark
-    trial = ride_out(attempt, what="ask for a trial")
-    if template_trial is None:
-        del pending[study_id]
-    return trial
+    return ride_out(attempt, what="ask for a trial")
 
 
 def _new_trial_template() -> Any:
