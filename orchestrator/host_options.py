@@ -187,8 +187,9 @@ def check_host_options(options: HostOptions) -> None:
     from orchestrator.record.outage import set_retry_seconds
     from orchestrator.record.storage import heartbeat_settings
 
-    for problem in host_option_problems(options):
-        raise UserError(problem)
+    problems = host_option_problems(options)
+    if problems:
+        raise UserError(problems[0])  # one line: the first thing to fix
     set_retry_seconds(options.storage_retry_seconds)
     check_gpus_exist(options.gpus)
     heartbeat_settings()  # a bad value in the environment is refused before anything starts

@@ -134,6 +134,33 @@ def _pod_security_context() -> dict[str, Any]:
     return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER}
 
 
+def _container(
+    d: Deployment,
+    name: str,
+    args: list[str],
+    *,
+    resources: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """`python -m orchestrator ARGS` in the image, on the study's storage, as a non-root user."""
+    return {
+        "name": name,
+        "image": d.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python", "-m", "orchestrator"],
+        "args": args,
+        "env": _storage_env(d),
+        **extra,
+        # Without a GPU (the migration, the dashboard) a container asks for little.
+        "resources": resources
+        or {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"cpu": "1", "memory": "1Gi"},
+        },
+        "securityContext": _security_context(),
+    }
+
+
 def worker_args(d: Deployment) -> list[str]:
     """A worker's command line after `python -m orchestrator`.
 
@@ -196,21 +223,17 @@ def worker_job(d: Deployment) -> dict[str, Any]:
 def _worker_pod(d: Deployment) -> dict[str, Any]:
     """One worker's pod: one GPU, the class's CPU and memory, a /dev/shm big enough for torch."""
     wc = d.workload
-    container = {
-        "name": "worker",
-        "image": d.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "orchestrator"],
-        "args": worker_args(d),
-        "env": _storage_env(d),
-        "resources": {
+    container = _container(
+        d,
+        "worker",
+        worker_args(d),
+        resources={
             "requests": {"cpu": wc.cpu_request, "memory": wc.memory_request, GPU_RESOURCE: "1"},
             "limits": {"cpu": wc.cpu_limit, "memory": wc.memory_limit, GPU_RESOURCE: "1"},
         },
-        "securityContext": _security_context(),
         # Trial processes share tensors through /dev/shm, which is 64 MiB in a pod by default.
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
+        volumeMounts=[{"name": "dshm", "mountPath": "/dev/shm"}],
+    )
     return {
         "restartPolicy": "Never",  # podFailurePolicy needs it; the Job makes a replacement pod
         "nodeSelector": wc.node_selector,
@@ -226,19 +249,7 @@ def _worker_pod(d: Deployment) -> dict[str, Any]:
 def migration_job(d: Deployment) -> dict[str, Any]:
     """`db upgrade` once: Optuna's tables, then ours. Workers start after it completes."""
     labels = _labels(d, "migrate")
-    container = {
-        "name": "migrate",
-        "image": d.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "orchestrator"],
-        "args": ["db", "upgrade"],
-        "env": _storage_env(d),
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "256Mi"},
-            "limits": {"cpu": "1", "memory": "1Gi"},
-        },
-        "securityContext": _security_context(),
-    }
+    container = _container(d, "migrate", ["db", "upgrade"])
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -262,27 +273,19 @@ def migration_job(d: Deployment) -> dict[str, Any]:
 def dashboard_deployment(d: Deployment) -> dict[str, Any]:
     """optuna-dashboard on the study's storage; no GPU, so it runs on any node."""
     labels = _labels(d, "dashboard")
-    container = {
-        "name": "dashboard",
-        "image": d.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "orchestrator"],
+    container = _container(
+        d,
+        "dashboard",
         # 0.0.0.0 inside the pod so the Service reaches it; the Service itself stays in-cluster.
-        "args": ["dashboard", "--host", "0.0.0.0", "--port", str(DASHBOARD_PORT)],
-        "env": _storage_env(d),
-        "ports": [{"name": "http", "containerPort": DASHBOARD_PORT}],
+        ["dashboard", "--host", "0.0.0.0", "--port", str(DASHBOARD_PORT)],
+        ports=[{"name": "http", "containerPort": DASHBOARD_PORT}],
         # A TCP probe: the dashboard's static files answer 500 to clients that send no Accept-Encoding.
-        "readinessProbe": {
+        readinessProbe={
             "tcpSocket": {"port": "http"},
             "initialDelaySeconds": 5,
             "periodSeconds": 10,
         },
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "256Mi"},
-            "limits": {"cpu": "1", "memory": "1Gi"},
-        },
-        "securityContext": _security_context(),
-    }
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
