@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
 
 # Every name `make_sampler` knows, the default first: the one list (`run --sampler` offers it).
-SAMPLER_NAMES = ("pso", "tpe", "random", "qmc", "cmaes")
+SAMPLER_NAMES = ("pso", "tpe", "random", "qmc", "cmaes", "nsga2", "grid")
+# The samplers that model a single objective only: asked for more, they refuse.
+SINGLE_OBJECTIVE_ONLY = ("qmc", "cmaes")
 
 
 def make_sampler(
@@ -19,31 +21,40 @@ def make_sampler(
     swarm_size: int = 20,
     bounds: Mapping[str, tuple[float, float]] | None = None,
     independent_seed_offset: int = 0,
+    n_objectives: int = 1,
+    grid: Mapping[str, Sequence[Any]] | None = None,
 ) -> BaseSampler:
-    """The sampler called `name`, with `bounds` applied to what it proposes.
+    """The sampler called `name`, for a study of `n_objectives` objectives, with `bounds` applied.
 
     The particle swarm ("pso") draws its randomness from (seed, trial number), so every process
-    gets the same `seed` and still makes different steps. Optuna's own samplers draw from a
-    random generator inside the sampler object: two processes seeded alike propose the same
-    points. So for them the seed is `seed + independent_seed_offset`, and each process must pass
-    a different offset (its pid, or a slot counter). QMC is the exception: its points come from
-    one shared (scrambled) sequence, so it keeps `seed` as it is and the offset only seeds its
-    fallback.
+    gets the same `seed` and still makes different steps; with several objectives it is the
+    multi-objective swarm. Optuna's own samplers draw from a random generator inside the
+    sampler object: two processes seeded alike propose the same points. So for them the seed is
+    `seed + independent_seed_offset`, and each process must pass a different offset (its pid, or
+    a slot counter). QMC is the exception: its points come from one shared (scrambled) sequence,
+    so it keeps `seed` as it is and the offset only seeds its fallback. "grid" needs `grid`, the
+    values of each parameter (Optuna's GridSampler, which every process walks without repeats).
     """
     import optuna
 
     from samplers._bounded import bounded
-    from samplers._pso import PSOSampler
 
-    if name not in SAMPLER_NAMES:
-        raise ValueError(f"Unknown sampler {name!r}: choose one of {', '.join(SAMPLER_NAMES)}.")
+    _check(name, n_objectives, grid)
     if name == "pso":
-        return PSOSampler(swarm_size=swarm_size, seed=seed, bounds=bounds)
+        return _swarm(swarm_size, seed, bounds, n_objectives)
     own_seed = None if seed is None else (seed + independent_seed_offset) % 2**32
     if name == "tpe":
+        # Constant liar, as Optuna advises for parallel workers; it works for several
+        # objectives too (a running trial counts as the worst on every one).
         sampler: BaseSampler = optuna.samplers.TPESampler(seed=own_seed, constant_liar=True)
     elif name == "random":
         sampler = optuna.samplers.RandomSampler(seed=own_seed)
+    elif name == "nsga2":
+        sampler = optuna.samplers.NSGAIISampler(seed=own_seed)
+    elif name == "grid":
+        assert grid is not None
+        # The grid's seed only shuffles the order; every process must walk the same order.
+        sampler = optuna.samplers.GridSampler({k: list(v) for k, v in grid.items()}, seed=seed)
     elif name == "qmc":
         # Scrambled (randomised) QMC needs one seed in every process: then all of them draw
         # from one sequence. `run` stores a seed with every study, so only a caller that gives
@@ -60,3 +71,46 @@ def make_sampler(
             warn_independent_sampling=False,
         )
     return bounded(sampler, bounds)
+
+
+def _check(name: str, n_objectives: int, grid: Mapping[str, Sequence[Any]] | None) -> None:
+    if name not in SAMPLER_NAMES:
+        raise ValueError(f"Unknown sampler {name!r}: choose one of {', '.join(SAMPLER_NAMES)}.")
+    if isinstance(n_objectives, bool) or not isinstance(n_objectives, int) or n_objectives < 1:
+        raise ValueError(f"The `{n_objectives=}` must be a whole number of at least 1.")
+    if n_objectives > 1 and name in SINGLE_OBJECTIVE_ONLY:
+        several = [n for n in SAMPLER_NAMES if n not in SINGLE_OBJECTIVE_ONLY and n != "grid"]
+        raise ValueError(
+            f"The sampler {name!r} optimises one objective only, and this study has "
+            f"{n_objectives}: choose one of {', '.join(several)}."
+        )
+    if name == "grid":
+        if not grid:
+            raise ValueError(
+                "The sampler 'grid' needs the values to try for each parameter: pass "
+                "grid={'name': [value, ...], ...}."
+            )
+        empty = sorted(k for k, v in grid.items() if isinstance(v, str) or not list(v))
+        if empty:
+            raise ValueError(
+                f"The grid for {', '.join(map(repr, empty))} must be a non-empty list of values."
+            )
+
+
+def _swarm(
+    swarm_size: int,
+    seed: int | None,
+    bounds: Mapping[str, tuple[float, float]] | None,
+    n_objectives: int,
+) -> BaseSampler:
+    if n_objectives == 1:
+        from samplers._pso import PSOSampler
+
+        return PSOSampler(swarm_size=swarm_size, seed=seed, bounds=bounds)
+    # Until the multi-objective swarm exists, several objectives get NSGA-II (Optuna's), which
+    # is also what the swarm falls back to where it cannot help.
+    import optuna
+
+    from samplers._bounded import bounded
+
+    return bounded(optuna.samplers.NSGAIISampler(seed=seed), bounds)

@@ -178,7 +178,14 @@ def test_make_sampler_names_bounds_and_offsets() -> None:
         make_sampler("hyperband", seed=0, swarm_size=20, bounds=None)
     assert isinstance(make_sampler("pso", seed=0, swarm_size=20, bounds=None), PSOSampler)
     for name in samplers.SAMPLER_NAMES:
-        sampler = make_sampler(name, seed=0, swarm_size=4, bounds={"batch_size": (128, 256)})
+        grid = (
+            {"x": [0.1, 0.5], "lr": [1e-3], "batch_size": [64, 200, 4096]}
+            if name == "grid"
+            else None
+        )
+        sampler = make_sampler(
+            name, seed=0, swarm_size=4, bounds={"batch_size": (128, 256)}, grid=grid
+        )
         study = optuna.create_study(sampler=sampler)
         study.optimize(objective, n_trials=6)
         assert all(128 <= t.params["batch_size"] <= 256 for t in study.trials), name
