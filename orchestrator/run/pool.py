@@ -30,6 +30,7 @@ from orchestrator.run.allowance_changes import (
     slots_either_side,
     start_change,
 )
+from orchestrator.run.placement import Policy, load_of, place
 from orchestrator.run.pool_signals import StopSignals
 from orchestrator.run.snapshot import PoolSnapshot, gpu_snapshot, pool_snapshot
 from orchestrator.run.stopping import Step, Stop, next_step
@@ -82,6 +83,7 @@ class Pool:
         clock: Callable[[], float] = time.monotonic,
         host: str | None = None,
         learn: bool = True,
+        placement: Policy = Policy.SPREAD,
     ) -> None:
         self.study = study
         self.probe = probe
@@ -90,6 +92,7 @@ class Pool:
         self.on_update = on_update
         self.clock = clock
         self.host = host or socket.gethostname()
+        self.placement = placement  # which GPU a new trial starts on (orchestrator.run.placement)
         self.supervisors = [
             Supervisor.for_plan(index, plan, learn=learn) for index, plan in enumerate(plans)
         ]
@@ -245,10 +248,22 @@ class Pool:
         # running, less our trials that started but have not asked yet.
         not_asked = sum(1 for s in self.supervisors for t in s.running.values() if t.number is None)
         room = self.study.budget - count.counted - count.running - not_asked
-        for supervisor in self.supervisors:
-            while room > 0 and supervisor.wants_another():
-                self._start(supervisor)
-                room -= 1
+        if room <= 0:
+            return
+        # Free memory is read once a pass; trials started in it count against it by estimate.
+        free = {s.index: self._free_mb(s) for s in self.supervisors}
+        while room > 0:
+            loads = [load_of(s, free[s.index]) for s in self.supervisors]
+            placed = place(loads, self.placement)
+            if placed.index is None:
+                return
+            self._start(self.supervisors[placed.index])
+            room -= 1
+
+    def _free_mb(self, supervisor: Supervisor) -> float | None:
+        if supervisor.device is None or len(self.supervisors) == 1:
+            return None  # nothing to choose between: no probe call
+        return self.probe.free_mb(supervisor.device)
 
     def _start(self, supervisor: Supervisor) -> None:
         from orchestrator.run.trial_messages import TrialJob

@@ -6,11 +6,19 @@ would. `orchestrator.run.pool.Pool` runs on them unchanged, with the backend's c
 `benchmarks/bench_pool.py` measures the very loop `run` uses, in seconds for hours of trials.
 A trial takes its memory a few seconds after it starts and, if it does not fit, runs out of
 memory then; the time until then is lost.
+
+Trials on one GPU share its compute (`busy_fraction`). A trial alone keeps its GPU busy only part
+of the time (data loading, the Python between kernels, small kernels, host-device copies): call
+that part u. Processes on one GPU without MPS take turns on it, so trials beside one another cost
+nothing while their parts add up to at most the whole GPU, and beyond that they divide it: with n
+on the GPU each goes at min(1, 1 / (n u)) of its speed alone (processor sharing, the model of a
+time-sliced server). It is the simplest model with the two facts that decide placement: a lightly
+loaded GPU runs another trial for free, and a full one is no faster for more. Every GPU has the
+same compute whatever its memory (as an A100 of 40 GB and of 80 GB); `None` turns sharing off.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -102,24 +110,35 @@ class SimulatedStudy:
         pass
 
 
-@dataclass(order=True)
+@dataclass
 class _Running:
-    at: float  # when its next step happens: it allocates its memory, or it ends
     handle: int
-    gpu: int = field(compare=False)
-    index: int = field(compare=False)
-    retries: int = field(compare=False)
-    allocated: bool = field(compare=False, default=False)
-    held_mb: float = field(compare=False, default=0.0)
-    oom: bool = field(compare=False, default=False)
+    gpu: int
+    index: int
+    retries: int
+    work_s: float = 0.0  # how far it got, in seconds of training alone on its GPU
+    allocated: bool = False
+    held_mb: float = 0.0
+    oom: bool = False
+
+
+EPSILON_S = 1e-9  # a step this close counts as reached (the clock adds up floats)
+
+
+def speed(trials_on_gpu: int, busy_fraction: float | None) -> float:
+    """A trial's speed against alone, beside `trials_on_gpu - 1` others (see the module's doc)."""
+    if busy_fraction is None or trials_on_gpu <= 1:
+        return 1.0
+    return min(1.0, 1.0 / (trials_on_gpu * busy_fraction))
 
 
 class SimulatedTrials:
     """A TrialBackend of simulated trials on simulated GPUs, with a virtual clock.
 
-    A trial takes its memory `allocate_after_s` after it is admitted (the model and the first
-    batch, as on a real GPU: free memory does not show a trial that has just started), and runs
-    out of memory then if it does not fit."""
+    A trial takes its memory `allocate_after_s` (of training alone) after it is admitted (the model
+    and the first batch, as on a real GPU: free memory does not show a trial that has just
+    started), and runs out of memory then if it does not fit. With `busy_fraction`, trials on one
+    GPU slow each other down as the module's doc says."""
 
     def __init__(
         self,
@@ -128,15 +147,18 @@ class SimulatedTrials:
         devices: list[Device],
         *,
         allocate_after_s: float = 5.0,
+        busy_fraction: float | None = None,
     ) -> None:
         self.study = study
         self.trials = trials
         self.devices = devices
         self.allocate_after_s = allocate_after_s
+        self.busy_fraction = busy_fraction
         self.now = 0.0
         self.used_mb = [0.0 for _ in devices]
         self.oomed: list[int] = []  # the list index of every trial that ran out of memory
-        self._queue: list[_Running] = []
+        self.admitted_on = [0 for _ in devices]  # trials admitted on each GPU
+        self._running: dict[int, _Running] = {}  # admitted, not finished, by handle
         self._pending: list[Event] = []
         self._handles = itertools.count(1)
         self._asked: dict[int, tuple[int, int, int]] = {}  # sized, not yet admitted
@@ -167,8 +189,8 @@ class SimulatedTrials:
     def admit(self, handle: int, go: Go) -> None:
         """It trains: a little later it takes its true memory, or runs out of it."""
         gpu, index, retries = self._asked.pop(handle)
-        at = self.now + self.allocate_after_s
-        heapq.heappush(self._queue, _Running(at, handle, gpu, index, retries))
+        self._running[handle] = _Running(handle, gpu, index, retries)
+        self.admitted_on[gpu] += 1
 
     def share(self, handle: int) -> None:
         pass
@@ -187,18 +209,39 @@ class SimulatedTrials:
                 Finished(handle, TrialOutcome(index, "FAIL", interrupted=True, requeued=True))
             )
 
+    def _goal_s(self, trial: _Running) -> float:
+        """The work at which its next step happens: it takes its memory, or it ends."""
+        if not trial.allocated or trial.oom:
+            return self.allocate_after_s
+        return max(self.trials[trial.index].seconds, self.allocate_after_s)
+
+    def _speeds(self) -> dict[int, float]:
+        on_gpu = [0 for _ in self.devices]
+        for trial in self._running.values():
+            on_gpu[trial.gpu] += 1
+        return {
+            handle: speed(on_gpu[trial.gpu], self.busy_fraction)
+            for handle, trial in self._running.items()
+        }
+
     def wait(self, timeout: float) -> None:
-        """Move the clock to the next step of a trial (or by `timeout`) and take what is due."""
+        """Move the clock to the next step of a trial (or by `timeout`) and take what is due.
+        Speeds change only when a trial is admitted or ends, which happens between waits."""
         if self._pending:
             return
-        until = self.now + timeout
-        if self._queue and self._queue[0].at <= until:
-            until = self._queue[0].at
-        self.now = until
-        while self._queue and self._queue[0].at <= self.now:
-            trial = heapq.heappop(self._queue)
+        speeds = self._speeds()
+        step = timeout
+        for handle, trial in self._running.items():
+            step = min(step, max(0.0, self._goal_s(trial) - trial.work_s) / speeds[handle])
+        self.now += step
+        for handle, trial in self._running.items():
+            trial.work_s += step * speeds[handle]
+        for handle in sorted(self._running):
+            trial = self._running[handle]
+            if trial.work_s < self._goal_s(trial) - EPSILON_S:
+                continue
             if trial.allocated:
-                self._finish(trial)
+                self._finish(self._running.pop(handle))
             else:
                 self._allocate(trial)
 
@@ -207,12 +250,13 @@ class SimulatedTrials:
         trial.allocated = True
         if self.used_mb[trial.gpu] + true_mb > self.devices[trial.gpu].total_mb:
             trial.oom = True  # ends now: the time until here is lost
+            self._finish(self._running.pop(trial.handle))
         else:
             trial.held_mb = true_mb
             self.used_mb[trial.gpu] += true_mb
             self._pending.append(Using(trial.handle, true_mb))
-            trial.at = self.now + max(0.0, self.trials[trial.index].seconds - self.allocate_after_s)
-        heapq.heappush(self._queue, trial)
+            if self._goal_s(trial) - trial.work_s < EPSILON_S:
+                self._finish(self._running.pop(trial.handle))
 
     def _finish(self, trial: _Running) -> None:
         self.used_mb[trial.gpu] -= trial.held_mb
