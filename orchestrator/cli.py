@@ -26,6 +26,7 @@ COMMANDS = (
     "dashboard",
     "adapters",
     "manifests",
+    "slurm",
     "db",
 )
 

@@ -1,0 +1,169 @@
+"""`slurm ADAPTER|--study NAME --nodes N --gpus-per-node G`: a study's workers as a Slurm job array.
+
+`--dry-run` prints the batch script; otherwise it goes to `sbatch --parsable` on its standard
+input, and the job id is printed with how to watch it. The storage URL is read from
+$ORCHESTRATOR_STORAGE, never taken as a flag: sbatch exports the environment to every task, so the
+URL (and its password) stays off command lines, out of the script and out of `ps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from orchestrator.cli import command_parser, study_name, whole_number
+from orchestrator.errors import UserError
+from orchestrator.planning.workloads import add_workloads_argument
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from orchestrator.deploy.slurm import MAX_GPUS_PER_NODE, MAX_NODES
+
+    parser = command_parser(
+        subparsers,
+        "slurm",
+        help="submit a study's workers to Slurm: one job array task per node, its GPUs each",
+        example="ORCHESTRATOR_STORAGE=postgresql://me@db/studies "
+        "python -m orchestrator slurm dqn --nodes 4 --gpus-per-node 8 --time 12:00:00",
+    )
+    parser.add_argument(
+        "adapter",
+        nargs="?",
+        metavar="ADAPTER",
+        help="the adapter to tune: tasks create the study or join it (else give --study)",
+    )
+    parser.add_argument(
+        "--study",
+        metavar="NAME",
+        type=study_name,
+        help="the study (default: the adapter's name); alone, tasks join it as it is stored",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=whole_number("--nodes", high=MAX_NODES, example=4),
+        required=True,
+        metavar="N",
+        help="nodes, one worker (array task) each",
+    )
+    parser.add_argument(
+        "--gpus-per-node",
+        type=whole_number("--gpus-per-node", high=MAX_GPUS_PER_NODE, example=8),
+        required=True,
+        metavar="G",
+        help="GPUs each worker asks for (--gres=gpu:G)",
+    )
+    parser.add_argument(
+        "--trials",
+        type=whole_number("--trials", example=40),
+        metavar="N",
+        help="with ADAPTER: the study's trial budget, shared by all nodes",
+    )
+    parser.add_argument("--partition", metavar="P", help="the Slurm partition")
+    parser.add_argument("--time", metavar="T", help="each task's time limit, e.g. 12:00:00")
+    parser.add_argument("--account", metavar="A", help="the Slurm account to charge")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the batch script instead of submitting it"
+    )
+    add_workloads_argument(parser)
+    parser.set_defaults(handler=slurm_command)
+
+
+def slurm_command(args: argparse.Namespace) -> int:
+    from orchestrator.deploy.slurm import SlurmJob, sbatch_script
+
+    if args.adapter is None and args.study is None:
+        raise UserError("name what to run: slurm ADAPTER, or slurm --study NAME to join a study")
+    if args.trials is not None and args.adapter is None:
+        raise UserError(
+            "--trials sets a new study's budget: give the ADAPTER too, or drop --trials"
+        )
+    adapter_name, class_name = _what_runs(args)
+    from orchestrator.planning.workloads import workload_class
+
+    job = SlurmJob(
+        study=args.study or adapter_name,
+        workload=workload_class(class_name, args.workloads),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        adapter=args.adapter,
+        trials=args.trials,
+        partition=args.partition,
+        time=args.time,
+        account=args.account,
+        python=sys.executable or "python3",
+    )
+    script = sbatch_script(job)
+    if args.dry_run:
+        sys.stdout.write(script)
+        return 0
+    _check_storage_for_nodes()
+    job_id = submit(script)
+    print(
+        f"submitted Slurm job {job_id}: {job.nodes} array task(s), one node and "
+        f"{job.gpus_per_node} GPU(s) each, for study {job.study!r}"
+    )
+    print(f"logs: {job.job_name}-{job_id}_<task>.log in {os.getcwd()}")
+    print("watch it:")
+    print(f"  squeue -j {job_id}")
+    print(f"  python -m orchestrator status --study {job.study}")
+    return 0
+
+
+def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
+    """(adapter name, workload class): from ADAPTER, or from the study's stored settings."""
+    if args.adapter is not None:
+        import adapters
+
+        return args.adapter, adapters.get(args.adapter).workload_class
+    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.study import load_existing_study, load_spec
+    from orchestrator.show.queries import open_for_reading
+
+    url = resolve_storage_url(None)
+    study = load_existing_study(open_for_reading(url), args.study, describe_location(url))
+    spec = load_spec(study)
+    if spec is None:
+        raise UserError(
+            f"study {args.study!r} has no orchestrator settings: give the adapter, "
+            f"`slurm ADAPTER --study {args.study}`"
+        )
+    return spec.adapter, spec.resolve_adapter().workload_class
+
+
+def _check_storage_for_nodes() -> None:
+    """Tasks on other nodes reach the study through $ORCHESTRATOR_STORAGE: a database server."""
+    from orchestrator.record.storage_url import STORAGE_ENV, is_sqlite
+
+    url = os.environ.get(STORAGE_ENV, "")
+    if not url:
+        raise UserError(
+            f"{STORAGE_ENV} is not set: export the study's database, e.g. "
+            f"export {STORAGE_ENV}=postgresql://USER@HOST:5432/DB (sbatch passes it to every node)"
+        )
+    if is_sqlite(url):
+        raise UserError(
+            f"{STORAGE_ENV} is an SQLite file: workers on several nodes need a database server, "
+            f"e.g. export {STORAGE_ENV}=postgresql://USER@HOST:5432/DB"
+        )
+
+
+def submit(script: str) -> str:
+    """`sbatch --parsable` with the script on its standard input; the job id it prints."""
+    try:
+        done = subprocess.run(
+            ["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=120
+        )
+    except FileNotFoundError:
+        raise UserError(
+            "sbatch is not on PATH: submit from a Slurm login node, or print the script "
+            "with --dry-run"
+        ) from None
+    except subprocess.TimeoutExpired:
+        raise UserError("sbatch did not answer in 120 s: is slurmctld up? (try `sinfo`)") from None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise UserError(f"sbatch refused the job: {said[-1] if said else done.returncode}")
+    # --parsable prints "JOBID" or "JOBID;CLUSTER".
+    return done.stdout.strip().split(";")[0]

@@ -1,0 +1,172 @@
+"""A study's workers as a Slurm batch script: one array task per node, the node's GPUs each.
+
+`sbatch_script` is a pure function from typed values to the script's text, so its lines are tested
+without a cluster. The choices, said once here and in docs/deploy.md:
+
+- A job array (`--array=0-(N-1)`, one node and G GPUs per task), not one `--nodes N` job with
+  `srun`: the workers need no gang (each pulls trials from the shared study), so a task may start
+  as soon as one node is free, and a node that fails, is drained or is preempted requeues only
+  its own task: a `--nodes N` job would lose, and requeue, every node's worker at once.
+- CPU and memory come from the study's workload class, the table the Kubernetes manifests read:
+  `--cpus-per-gpu` is the class's CPU request (whole cores, rounded up: Slurm allots cores), and
+  `--mem-per-gpu` its memory limit (a Slurm job past its memory is killed, so the most a worker
+  may use is what it must be given).
+- The storage URL never appears in the script: sbatch's default `--export=ALL` carries the
+  submitting shell's ORCHESTRATOR_STORAGE to every task, and the script stops at once if it is
+  missing.
+- `--requeue`: a task whose node fails comes back (SLURM_RESTART_COUNT counts it); the study's
+  stale-trial check re-runs what that node left RUNNING. `--open-mode=append` keeps the log of
+  every run of a task in one file.
+- Each worker takes the GPUs Slurm allots it (`--gpus auto` reads CUDA_VISIBLE_DEVICES, which
+  Slurm sets to them). Where $ORCHESTRATOR_SIM_GPU_MB is set (tests, demos on a cluster whose GRES
+  are not GPUs), one simulated device of that many MB stands in for each allotted GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import UserError
+from orchestrator.planning.workloads import parse_quantity
+from orchestrator.record.storage_url import STORAGE_ENV
+
+if TYPE_CHECKING:
+    from orchestrator.planning.workloads import WorkloadClass
+
+# Simulated devices in place of the GPUs Slurm allots: MB per device (unset: the real GPUs).
+SIM_GPU_ENV = "ORCHESTRATOR_SIM_GPU_MB"
+MAX_NODES = 10_000
+MAX_GPUS_PER_NODE = 64
+
+# Slurm's --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
+_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+# Partition and account names as Slurm writes them (a partition may be a comma list).
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_PARTITIONS = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What the user asked to submit: a study's workers on N nodes of G GPUs each."""
+
+    study: str
+    workload: WorkloadClass
+    nodes: int
+    gpus_per_node: int
+    adapter: str | None = None  # given: each task runs `run ADAPTER` (creates or joins the study)
+    trials: int | None = None  # with an adapter: the study's budget (None: run's default)
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    python: str = "python3"  # the interpreter that has this package on the nodes
+
+    def __post_init__(self) -> None:
+        problem = job_problem(self)
+        if problem:
+            raise UserError(problem)
+
+    @property
+    def job_name(self) -> str:
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.study).strip("-")[:40]
+        return f"orch-{name or 'study'}"
+
+    @property
+    def cpus_per_gpu(self) -> int:
+        return max(1, math.ceil(parse_quantity(self.workload.cpu_request) - 1e-9))
+
+    @property
+    def mem_per_gpu_mb(self) -> int:
+        return max(1, math.ceil(parse_quantity(self.workload.memory_limit) / 2**20))
+
+
+def job_problem(job: SlurmJob) -> str | None:
+    """What is wrong with the request, in one line that says what to give instead, or None."""
+    if not 1 <= job.nodes <= MAX_NODES:
+        return f"--nodes {job.nodes}: give from 1 to {MAX_NODES:,} nodes"
+    if not 1 <= job.gpus_per_node <= MAX_GPUS_PER_NODE:
+        return f"--gpus-per-node {job.gpus_per_node}: give from 1 to {MAX_GPUS_PER_NODE}"
+    if job.time is not None and not _TIME.fullmatch(job.time):
+        return (
+            f"--time {job.time!r} is not a Slurm time limit: write MINUTES, HH:MM:SS or "
+            "DAYS-HH:MM:SS, e.g. --time 4:00:00"
+        )
+    if job.partition is not None and not _PARTITIONS.fullmatch(job.partition):
+        return f"--partition {job.partition!r}: use the partition's name, e.g. --partition gpu"
+    if job.account is not None and not _NAME.fullmatch(job.account):
+        return f"--account {job.account!r}: use the account's name, e.g. --account ml-lab"
+    if not job.study.strip():
+        return "--study is empty: name the study, e.g. --study dqn-l4"
+    return None
+
+
+def directives(job: SlurmJob) -> list[str]:
+    """The #SBATCH lines: the array, each task's node, GPUs, CPUs and memory, and requeue."""
+    lines = [
+        f"--job-name={job.job_name}",
+        f"--array=0-{job.nodes - 1}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--gres=gpu:{job.gpus_per_node}",
+        f"--cpus-per-gpu={job.cpus_per_gpu}",
+        f"--mem-per-gpu={job.mem_per_gpu_mb}M",
+        "--requeue",
+        "--open-mode=append",
+        "--output=%x-%A_%a.log",
+    ]
+    for flag, value in (("partition", job.partition), ("time", job.time), ("account", job.account)):
+        if value is not None:
+            lines.append(f"--{flag}={value}")
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def worker_command(job: SlurmJob) -> str:
+    """The shell line a task runs: `run ADAPTER` or `worker`, on the GPUs in $gpus."""
+    head = [job.python, "-m", "orchestrator"]
+    if job.adapter is not None:
+        args = ["run", job.adapter, "--study", job.study]
+        if job.trials is not None:
+            args += ["--trials", str(job.trials)]
+    else:
+        args = ["worker", "--study", job.study]
+    return shlex.join([*head, *args]) + ' --gpus "$gpus"'
+
+
+def sbatch_script(job: SlurmJob) -> str:
+    """The whole batch script, for `sbatch --parsable` on its standard input or a file."""
+    summary = (
+        f"# {job.nodes} node(s) x {job.gpus_per_node} GPU(s), {job.workload.name} class: "
+        f"{job.cpus_per_gpu} CPU(s) and {job.mem_per_gpu_mb} MB per GPU"
+    )
+    body = f"""\
+set -u
+# The storage comes from the submitting shell (sbatch exports its environment); never written here.
+if [ -z "${{{STORAGE_ENV}:-}}" ]; then
+  echo "{STORAGE_ENV} is not set: export it before sbatch, e.g. postgresql://USER@HOST/DB" >&2
+  exit 2
+fi
+export PYTHONUNBUFFERED=1
+# The GPUs Slurm allotted this task; simulated ones of ${SIM_GPU_ENV} MB stand in where set.
+gpus=auto
+if [ -n "${{{SIM_GPU_ENV}:-}}" ]; then
+  gpus=$(echo "${{CUDA_VISIBLE_DEVICES:-0}}" | sed "s/[^,][^,]*/sim:${{{SIM_GPU_ENV}}}/g")
+fi
+echo "slurm job ${{SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}}_${{SLURM_ARRAY_TASK_ID:-0}} on \
+${{SLURMD_NODENAME:-?}}: GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, restart ${{SLURM_RESTART_COUNT:-0}}"
+# scancel and preemption send SIGTERM to every process of the job: the worker stops its trials
+# within its grace period and re-queues them; this shell waits for it, then says how it ended.
+trap 'echo "slurm: SIGTERM received, the worker re-queues what it cannot finish"' TERM
+{worker_command(job)} &
+worker=$!
+while kill -0 "$worker" 2>/dev/null; do
+  wait "$worker"  # a trapped signal cuts a wait short: wait again while the worker runs
+done
+wait "$worker"
+status=$?
+echo "worker exited with status $status"
+exit "$status"
+"""
+    return "\n".join(["#!/bin/bash", *directives(job), summary, body])
