@@ -5,17 +5,10 @@ need around it: the options and the task (which environment, which prices), the 
 trial, `Weights` (a small network's parameters in one flat tensor), `training` (the first and
 last lines of every `learn`) and `RLAdapter` (the adapter's `train`).
 
-The score of a trial:
-
-- on `--env trading`: the annualised Sharpe ratio of the greedy policy on the held-out part of
-  the price series (the last `1 - TRAIN_FRACTION` of it, never seen in training). The policy
-  starts flat at the first held-out price and trades to the end, under the real cost
-  (`cost_rate`, multiplier 1) and no hold penalty; with `pnl_t` its net return at each step
-  (position x price return - cost x units traded),
-  Sharpe = mean(pnl) / std(pnl) x sqrt(252), each step being one trading day (population std;
-  0 when the policy never holds a position, so that doing nothing scores 0, not infinity);
-- on a Gymnasium id: the mean undiscounted return of the greedy policy over `EVAL_EPISODES`
-  episodes from fixed seeds.
+The score of a trial is what `_scoring` says, on the validation part of the prices
+(`envs.periods`: train, validation, test in time order; `--option folds=K` for walk-forward
+folds, the value then being the mean over folds) or on the validation episodes of a Gymnasium
+environment. The test part is scored only by `final_scores`, for the trial a study selected.
 """
 
 from __future__ import annotations
@@ -28,7 +21,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters._scoring import (
+    EVAL_SEED_OFFSET,
+    TEST_SEED_OFFSET,
+    WINDOW,
+    gym_baselines,
+    mean_eval_return,
+    period_sharpe,
+    trading_baselines,
+)
 from adapters.base import SEED_MAX, BaseAdapter, InputFile, Range, Report
+from adapters.envs.periods import MAX_FOLDS, Period, Periods, trading_periods
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -44,30 +47,34 @@ COMMON_OPTIONS: dict[str, Any] = {
     "data": "",  # a CSV with a `close` column; empty: the seeded synthetic series
     "regime": "mixed",  # synthetic series only: mixed, trend, mean_reversion, volatile
     "seed": 0,  # one seed for prices, environments and networks: every trial uses the same
+    "folds": 1,  # trading only: walk-forward folds over the validation part (envs.periods)
 }
 
 # What each option accepts (RLAdapter's `option_ranges`, so both adapters check them).
-OPTION_RANGES = {"data": InputFile(), "seed": Range(0, SEED_MAX), "steps_per_epoch": Range(1)}
+OPTION_RANGES = {
+    "data": InputFile(),
+    "seed": Range(0, SEED_MAX),
+    "steps_per_epoch": Range(1),
+    "folds": Range(1, MAX_FOLDS),
+}
 
-TRAIN_FRACTION = 0.8
-SYNTHETIC_LENGTH = 10_000  # about 40 years of daily prices: 8,000 to train, 2,000 held out
-WINDOW = 32  # log returns in a trading observation
+SYNTHETIC_LENGTH = (
+    10_000  # about 40 years of daily prices: 6,000 train, 2,000 validation, 2,000 test
+)
 EPISODE_STEPS = 256  # training episode length on the trading environment
-TRADING_DAYS = 252
-EVAL_EPISODES = 10
-EVAL_SEED_OFFSET = 10_000  # evaluation episodes never share seeds with training ones
-EVAL_MAX_STEPS = 10_000  # a guard for environments without a time limit
 
 
 @dataclass(frozen=True)
 class Task:
-    """The environment of a trial and how its policy is scored."""
+    """The environment of one training run and how its policy is scored."""
 
     env_id: str
     seed: int
     prices: np.ndarray | None = None  # trading only
-    split: int = 0  # trading only: index of the first held-out price
-    return_scale: float = 1.0  # trading only: std of training log returns
+    train: Period | None = None  # trading only: the prices it trains on
+    scored: Period | None = None  # trading only: the prices its policy is scored on
+    return_scale: float = 1.0  # trading only: std of the training part's log returns
+    eval_seed_offset: int = EVAL_SEED_OFFSET  # Gymnasium only: which episodes score it
 
     @property
     def is_trading(self) -> bool:
@@ -91,6 +98,7 @@ class Task:
 
         if not self.is_trading:
             return GymVecEnv(self.env_id, num_envs=num_envs, device=device, seed=self.seed)
+        assert self.train is not None
         return TradingEnv(
             self.prices,
             num_envs=num_envs,
@@ -99,17 +107,27 @@ class Task:
             cost_multiplier=cost_multiplier,
             hold_penalty_weight=hold_penalty_weight,
             episode_steps=EPISODE_STEPS,
-            end=self.split,
+            end=self.train.end,
             return_scale=self.return_scale,
             device=device,
             seed=self.seed,
         )
 
     def evaluate(self, policy: Policy, device: torch.device, *, max_position: int = 1) -> float:
-        """The trial's score for a greedy `policy` (see the module docstring)."""
-        if self.is_trading:
-            return held_out_sharpe(self, policy, device, max_position=max_position)
-        return mean_eval_return(self.env_id, policy, device, seed=self.seed + EVAL_SEED_OFFSET)
+        """The run's score for a greedy `policy` (see `_scoring`)."""
+        if not self.is_trading:
+            return mean_eval_return(
+                self.env_id, policy, device, seed=self.seed + self.eval_seed_offset
+            )
+        assert self.prices is not None and self.scored is not None
+        return period_sharpe(
+            self.prices,
+            self.scored,
+            policy,
+            device,
+            max_position=max_position,
+            return_scale=self.return_scale,
+        )
 
 
 def metric_for(options: Mapping[str, Any]) -> str:
@@ -118,7 +136,7 @@ def metric_for(options: Mapping[str, Any]) -> str:
 
 
 def suggest_trading(trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
-    """The trading environment's own parameters (seed 002), searched only on `--env trading`."""
+    """The trading environment's own parameters, searched only on `--env trading`."""
     if str(options.get("env", "trading")) != "trading":
         return {}
     return {
@@ -130,105 +148,96 @@ def suggest_trading(trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str
     }
 
 
-def load_task(options: Mapping[str, Any]) -> Task:
-    """Validate the options and load the prices; every problem is a one-line UserError."""
-    import numpy as np
+@dataclass(frozen=True)
+class Market:
+    """A trading task's prices and how they are cut (see `envs.periods`)."""
 
+    prices: np.ndarray
+    periods: Periods
+
+    def task(self, seed: int, train: Period, scored: Period) -> Task:
+        import numpy as np
+
+        log_returns = np.diff(np.log(self.prices[train.start : train.end]))
+        return Task(
+            env_id="trading",
+            seed=seed,
+            prices=self.prices,
+            train=train,
+            scored=scored,
+            return_scale=float(max(log_returns.std(), 1e-12)),
+        )
+
+    @property
+    def validation(self) -> Period:
+        """The whole validation part, every fold's window together."""
+        return Period(self.periods.folds[0].validation.start, self.periods.test.start)
+
+
+def load_market(options: Mapping[str, Any]) -> Market | None:
+    """The prices and their periods on `--env trading`; None on a Gymnasium id. Every problem
+    with the options is a one-line UserError."""
     from adapters.envs import REGIME_CHOICES, check_gym_id, load_prices, synthetic_prices
 
     env_id = str(options.get("env", "trading"))
-    seed = int(options.get("seed", 0))
     steps = int(options.get("steps_per_epoch", 1))
     if steps < 1:
         raise UserError(f"--option steps_per_epoch={steps} must be at least 1")
     data = str(options.get("data", "") or "")
     regime = str(options.get("regime", "mixed"))
+    folds = int(options.get("folds", 1))
     if env_id != "trading":
         if data:
             raise UserError(f"--data is for --env trading only, not {env_id!r}: drop one of them")
+        if folds != 1:
+            raise UserError(f"--option folds is for --env trading only, not {env_id!r}")
         check_gym_id(env_id)
-        return Task(env_id=env_id, seed=seed)
+        return None
     if regime not in REGIME_CHOICES:
         raise UserError(
             f"--option regime={regime} is unknown: use one of {', '.join(REGIME_CHOICES)}"
         )
+    seed = int(options.get("seed", 0))
     prices = (
         load_prices(Path(data))
         if data
         else synthetic_prices(SYNTHETIC_LENGTH, seed=seed, regime=regime)
     )
-    split = int(len(prices) * TRAIN_FRACTION)  # load_prices makes sure both parts are long enough
-    log_returns = np.diff(np.log(prices[:split]))
-    return Task(
-        env_id=env_id,
-        seed=seed,
-        prices=prices,
-        split=split,
-        return_scale=float(max(log_returns.std(), 1e-12)),
-    )
+    return Market(prices, trading_periods(len(prices), folds, window=WINDOW))
 
 
-def sharpe_ratio(pnl: torch.Tensor, periods_per_year: int = TRADING_DAYS) -> float:
-    """mean / std (population) x sqrt(periods_per_year); 0 for a flat or constant series."""
-    pnl = pnl.double()
-    std = float(pnl.std(unbiased=False))
-    if len(pnl) < 2 or std < 1e-12:
-        return 0.0
-    return float(pnl.mean()) / std * math.sqrt(periods_per_year)
+def fold_tasks(options: Mapping[str, Any]) -> list[Task]:
+    """One task per walk-forward fold (one without `folds`): trained and scored before the test."""
+    seed = int(options.get("seed", 0))
+    market = load_market(options)
+    if market is None:
+        return [Task(env_id=str(options["env"]), seed=seed)]
+    return [market.task(seed, fold.train, fold.validation) for fold in market.periods.folds]
 
 
-def held_out_sharpe(
-    task: Task, policy: Policy, device: torch.device, *, max_position: int
-) -> float:
-    """Run the greedy policy once through the held-out prices, from a flat position."""
-    import torch
-
-    from adapters.envs import TradingEnv
-
-    assert task.prices is not None
-    env = TradingEnv(
-        task.prices,
-        num_envs=1,
-        window=WINDOW,
-        max_position=max_position,
-        episode_steps=len(task.prices),
-        start=task.split - WINDOW,  # the first decision is at the first held-out price
-        random_starts=False,
-        return_scale=task.return_scale,
-        device=device,
-    )
-    obs = env.reset()
-    pnl = []
-    # The held-out part has a known length: no asking the device each step whether it ended.
-    with torch.inference_mode():
-        for _ in range(env.last_t - env.first_t + 1):
-            obs = env.step(policy(obs)).obs
-            pnl.append(env.pnl)
-    return sharpe_ratio(torch.cat(pnl))
+def load_task(options: Mapping[str, Any]) -> Task:
+    """The task of a trial without folds (the first fold's with them)."""
+    return fold_tasks(options)[0]
 
 
-def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed: int) -> float:
-    """Mean return of the first episode of each of `EVAL_EPISODES` copies, run side by side."""
-    import torch
+def test_task(options: Mapping[str, Any]) -> Task:
+    """The final run: trained on everything before the test part, scored on the test part
+    (on Gymnasium: the test episodes)."""
+    seed = int(options.get("seed", 0))
+    market = load_market(options)
+    if market is None:
+        return Task(env_id=str(options["env"]), seed=seed, eval_seed_offset=TEST_SEED_OFFSET)
+    return market.task(seed, market.periods.before_test, market.periods.test)
 
-    from adapters.envs import GymVecEnv
 
-    env = GymVecEnv(env_id, num_envs=EVAL_EPISODES, device=device, seed=seed)
-    try:
-        obs = env.reset()
-        returns = torch.zeros(EVAL_EPISODES, dtype=torch.float64)
-        running = torch.ones(EVAL_EPISODES, dtype=torch.bool)
-        with torch.inference_mode():
-            for _ in range(EVAL_MAX_STEPS):
-                step = env.step(policy(obs))
-                returns += step.reward.double().cpu() * running
-                running &= ~(step.terminated | step.truncated).cpu()
-                if not bool(running.any()):
-                    break
-                obs = step.obs
-    finally:
-        env.close()
-    return float(returns.mean())
+def baselines(options: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+    """What a tuned agent's validation and test scores stand beside (see `_scoring`)."""
+    market = load_market(options)
+    if market is None:
+        return gym_baselines(str(options["env"]), int(options.get("seed", 0)))
+    scale = market.task(0, market.periods.before_test, market.periods.test).return_scale
+    periods = {"validation": market.validation, "test": market.periods.test}
+    return trading_baselines(market.prices, periods, return_scale=scale)
 
 
 def seed_everything(seed: int) -> None:
@@ -396,7 +405,7 @@ class RLAdapter(BaseAdapter):
 
     workload_class = "rl"
     direction = "maximize"
-    metric = "sharpe"  # held-out annualised Sharpe on trading; mean return on Gymnasium envs
+    metric = "sharpe"  # validation Sharpe on trading; mean validation return on Gymnasium envs
     default_trials = 12
     option_ranges = OPTION_RANGES
     config: type[Config] = Config
@@ -406,7 +415,7 @@ class RLAdapter(BaseAdapter):
         return metric_for(options)
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        load_task(options)  # a bad environment or CSV fails before any training
+        load_market(options)  # a bad environment, CSV or fold count fails before any training
 
     def train(
         self,
@@ -417,8 +426,42 @@ class RLAdapter(BaseAdapter):
         options: Mapping[str, Any],
         report: Report,
     ) -> float:
-        task = load_task(options)  # before anything else: bad options fail fast
-        run = self.learn(
+        """The validation score; with folds, their mean (reported once per fold, as its step)."""
+        tasks = fold_tasks(options)  # before anything else: bad options fail fast
+        if len(tasks) == 1:
+            return self._learn(params, tasks[0], epochs, device, options, report).value
+        scores: list[float] = []
+        for fold, task in enumerate(tasks):
+            scores.append(self._learn(params, task, epochs, device, options, None).value)
+            report(fold, sum(scores) / len(scores))  # may prune after any fold
+        return sum(scores) / len(scores)
+
+    def final_scores(
+        self,
+        params: Mapping[str, Any],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+    ) -> dict[str, float]:
+        """The selected trial's test score: trained again on everything before the test part,
+        then scored once on it (a part no trial has seen)."""
+        task = test_task(options)
+        return {"test": self._learn(params, task, epochs, device, options, None).value}
+
+    def baselines(self, options: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+        return baselines(options)
+
+    def _learn(
+        self,
+        params: Mapping[str, Any],
+        task: Task,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+        report: Report | None,
+    ) -> Run:
+        return self.learn(
             self.config.from_params(params),
             task,
             epochs=epochs,
@@ -426,4 +469,3 @@ class RLAdapter(BaseAdapter):
             device=device,
             report=report,
         )
-        return run.value

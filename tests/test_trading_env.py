@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from adapters import _rl
+from adapters import _rl, _scoring
 from adapters.envs import BUY, HOLD, SELL, GymVecEnv, TradingEnv, load_prices, synthetic_prices
 from orchestrator.errors import UserError
 
@@ -173,13 +173,22 @@ def test_missing_price_file(tmp_path):
 def test_sharpe_ratio_is_annualised_mean_over_std():
     pnl = torch.tensor([0.01, -0.005, 0.02, 0.0])
     expected = float(pnl.double().mean() / pnl.double().std(unbiased=False)) * math.sqrt(252)
-    assert _rl.sharpe_ratio(pnl) == pytest.approx(expected)
-    assert _rl.sharpe_ratio(torch.zeros(10)) == 0.0  # never trading scores 0
+    assert _scoring.sharpe_ratio(pnl) == pytest.approx(expected)
+    assert _scoring.sharpe_ratio(torch.zeros(10)) == 0.0  # never trading scores 0
 
 
-def test_held_out_score_uses_only_the_later_prices():
+def _buy_and_hold_sharpe(prices, period) -> float:
+    part = prices[period.start : period.end]
+    pnl = part[1:] / part[:-1] - 1
+    pnl[0] -= 5e-4  # the one purchase
+    return float(pnl.mean() / pnl.std() * math.sqrt(252))
+
+
+def test_a_trial_is_scored_on_the_validation_part_only():
     task = _rl.load_task({"env": "trading", "seed": 0})
-    assert task.split == int(0.8 * len(task.prices))
+    n = len(task.prices)
+    assert (task.train.start, task.train.end) == (0, int(0.6 * n))
+    assert (task.scored.start, task.scored.end) == (int(0.6 * n), int(0.8 * n))
     seen = []
 
     def always_long(obs: torch.Tensor) -> torch.Tensor:
@@ -187,11 +196,30 @@ def test_held_out_score_uses_only_the_later_prices():
         return torch.full((obs.shape[0],), BUY)
 
     sharpe = task.evaluate(always_long, torch.device("cpu"), max_position=1)
-    held_out = task.prices[task.split :]
-    pnl = held_out[1:] / held_out[:-1] - 1
-    pnl[0] -= 5e-4  # the one purchase
-    assert len(seen) == len(pnl)
-    assert sharpe == pytest.approx(pnl.mean() / pnl.std() * math.sqrt(252), rel=1e-6)
+    assert len(seen) == task.scored.length - 1  # one decision per price but the last
+    assert sharpe == pytest.approx(_buy_and_hold_sharpe(task.prices, task.scored), rel=1e-6)
+
+
+def test_the_test_part_is_last_and_no_trial_is_scored_on_it():
+    options = {"env": "trading", "seed": 0, "folds": 3}
+    final = _rl.test_task(options)
+    n = len(final.prices)
+    assert (final.scored.start, final.scored.end) == (int(0.8 * n), n)
+    assert final.train.end == final.scored.start  # the final run learns from all before it
+    for task in _rl.fold_tasks(options):
+        assert task.scored.end <= final.scored.start and task.train.end <= task.scored.start
+
+
+def test_baselines_stand_on_the_same_periods():
+    options = {"env": "trading", "seed": 0}
+    market = _rl.load_market(options)
+    scores = _rl.baselines(options)
+    assert scores["flat"] == {"validation": 0.0, "test": 0.0}
+    for name, period in (("validation", market.validation), ("test", market.periods.test)):
+        expected = _buy_and_hold_sharpe(market.prices, period)
+        assert scores["buy_and_hold"][name] == pytest.approx(expected, rel=1e-6)
+    assert scores == _rl.baselines(options)  # the random policy's seeds are fixed
+    assert scores["random"]["test"] < scores["buy_and_hold"]["test"]
 
 
 def test_gymnasium_wrapper_gives_final_observations_and_returns():

@@ -1,0 +1,168 @@
+"""How a policy is scored, and what it is judged against.
+
+- Trading: the annualised Sharpe ratio of a greedy policy run once through a period of the
+  prices (see `envs.periods`), starting flat at the period's first price, under the real cost
+  (`cost_rate`, multiplier 1) and no hold penalty. With `pnl_t` the net return at each step
+  (position x price return - cost x units traded), Sharpe = mean(pnl) / std(pnl) x sqrt(252),
+  each step being one trading day (population std; 0 when the policy never holds a position, so
+  that doing nothing scores 0, not infinity).
+- Gymnasium: the mean undiscounted return of the greedy policy over `EVAL_EPISODES` episodes
+  from fixed seeds; validation and test use different seeds, neither shared with training.
+
+Baselines are scored the same way on the same periods: on trading, buying and holding one unit,
+staying flat, and a uniformly random policy (mean over `RANDOM_TRIES` seeds); on Gymnasium, the
+random policy. A tuned agent's figure means little without them beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from adapters.envs.periods import Period
+
+    Policy = Callable[[torch.Tensor], torch.Tensor]
+
+WINDOW = 32  # log returns in a trading observation
+TRADING_DAYS = 252
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 10_000  # validation episodes never share seeds with training ones
+TEST_SEED_OFFSET = 20_000  # nor do test episodes with either
+EVAL_MAX_STEPS = 10_000  # a guard for environments without a time limit
+RANDOM_TRIES = 5
+BASELINE_SEED = 123
+
+
+def sharpe_ratio(pnl: torch.Tensor, periods_per_year: int = TRADING_DAYS) -> float:
+    """mean / std (population) x sqrt(periods_per_year); 0 for a flat or constant series."""
+    pnl = pnl.double()
+    std = float(pnl.std(unbiased=False))
+    if len(pnl) < 2 or std < 1e-12:
+        return 0.0
+    return float(pnl.mean()) / std * math.sqrt(periods_per_year)
+
+
+def period_sharpe(
+    prices: np.ndarray,
+    period: Period,
+    policy: Policy,
+    device: torch.device,
+    *,
+    max_position: int,
+    return_scale: float,
+) -> float:
+    """Run the greedy policy once through `period` of the prices, from a flat position."""
+    import torch
+
+    from adapters.envs import TradingEnv
+
+    env = TradingEnv(
+        prices,
+        num_envs=1,
+        window=WINDOW,
+        max_position=max_position,
+        episode_steps=len(prices),
+        start=period.start - WINDOW,  # the first decision is at the period's first price
+        end=period.end,
+        random_starts=False,
+        return_scale=return_scale,
+        device=device,
+    )
+    obs = env.reset()
+    pnl = []
+    # The period has a known length: no asking the device each step whether it ended.
+    with torch.inference_mode():
+        for _ in range(env.last_t - env.first_t + 1):
+            obs = env.step(policy(obs)).obs
+            pnl.append(env.pnl)
+    return sharpe_ratio(torch.cat(pnl))
+
+
+def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed: int) -> float:
+    """Mean return of the first episode of each of `EVAL_EPISODES` copies, run side by side."""
+    import torch
+
+    from adapters.envs import GymVecEnv
+
+    env = GymVecEnv(env_id, num_envs=EVAL_EPISODES, device=device, seed=seed)
+    try:
+        obs = env.reset()
+        returns = torch.zeros(EVAL_EPISODES, dtype=torch.float64)
+        running = torch.ones(EVAL_EPISODES, dtype=torch.bool)
+        with torch.inference_mode():
+            for _ in range(EVAL_MAX_STEPS):
+                step = env.step(policy(obs))
+                returns += step.reward.double().cpu() * running
+                running &= ~(step.terminated | step.truncated).cpu()
+                if not bool(running.any()):
+                    break
+                obs = step.obs
+    finally:
+        env.close()
+    return float(returns.mean())
+
+
+def constant_policy(action: int) -> Policy:
+    """Always the same action: BUY holds one unit from the first step (later buys pass the
+    limit and are not executed), HOLD stays flat."""
+    import torch
+
+    return lambda obs: torch.full((obs.shape[0],), action, dtype=torch.long, device=obs.device)
+
+
+def random_policy(n_actions: int, seed: int) -> Policy:
+    """Uniformly random actions from a generator of its own: the same seed, the same actions."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return lambda obs: torch.randint(n_actions, (obs.shape[0],), generator=generator).to(obs.device)
+
+
+def trading_baselines(
+    prices: np.ndarray, periods: dict[str, Period], *, return_scale: float
+) -> dict[str, dict[str, float]]:
+    """Buy-and-hold, flat and random Sharpe ratios on each named period, one unit at most."""
+    import torch
+
+    from adapters.envs.trading import BUY, HOLD
+
+    cpu = torch.device("cpu")
+
+    def score(policy: Policy, period: Period) -> float:
+        return period_sharpe(prices, period, policy, cpu, max_position=1, return_scale=return_scale)
+
+    def random_mean(period: Period) -> float:
+        tries = [score(random_policy(3, BASELINE_SEED + k), period) for k in range(RANDOM_TRIES)]
+        return sum(tries) / len(tries)
+
+    return {
+        "buy_and_hold": {name: score(constant_policy(BUY), p) for name, p in periods.items()},
+        "flat": {name: score(constant_policy(HOLD), p) for name, p in periods.items()},
+        "random": {name: random_mean(p) for name, p in periods.items()},
+    }
+
+
+def gym_baselines(env_id: str, seed: int) -> dict[str, dict[str, float]]:
+    """The random policy's mean return on the validation and the test episodes."""
+    import torch
+
+    from adapters.envs import GymVecEnv
+
+    probe = GymVecEnv(env_id, num_envs=1, seed=seed)
+    n_actions = probe.n_actions
+    probe.close()
+    cpu = torch.device("cpu")
+    offsets = {"validation": EVAL_SEED_OFFSET, "test": TEST_SEED_OFFSET}
+    return {
+        "random": {
+            name: mean_eval_return(
+                env_id, random_policy(n_actions, BASELINE_SEED), cpu, seed=seed + offset
+            )
+            for name, offset in offsets.items()
+        }
+    }
