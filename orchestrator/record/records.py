@@ -9,12 +9,15 @@ retried first looks for the row its lost attempt may have committed, so none is 
 from __future__ import annotations
 
 import datetime as dt
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from orchestrator.record.outage import retried, ride_out
+from orchestrator.record.slurm_task import slurm_task_of
 
 if TYPE_CHECKING:
     from sqlalchemy.dialects import postgresql, sqlite
@@ -38,6 +41,11 @@ workers = sa.Table(
     sa.Column("started_at", sa.DateTime, nullable=False),
     sa.Column("last_seen", sa.DateTime, nullable=False),
     sa.Column("stopped_at", sa.DateTime, nullable=True),
+    # The Slurm job it ran under (JOBID, or ARRAYJOB_TASK as squeue shows it), its node, and how
+    # often Slurm had requeued it: NULL for a worker started any other way.
+    sa.Column("slurm_job", sa.String(64), nullable=True),
+    sa.Column("slurm_node", sa.String(255), nullable=True),
+    sa.Column("slurm_restarts", sa.Integer, nullable=True),
 )
 
 trial_vram = sa.Table(
@@ -156,9 +164,18 @@ def _insert_once(engine: Engine, table: sa.Table, values: dict[str, Any], *, wha
 
 
 def register_worker(
-    engine: Engine, *, study_name: str, host: str, gpu_index: int | None, gpu_name: str, pid: int
+    engine: Engine,
+    *,
+    study_name: str,
+    host: str,
+    gpu_index: int | None,
+    gpu_name: str,
+    pid: int,
+    environ: Mapping[str, str] = os.environ,
 ) -> int:
+    """A worker's row; under Slurm with the job it runs under (read from its environment)."""
     stamp = now()
+    slurm = slurm_task_of(environ)
     values = {
         "study_name": study_name,
         "host": host,
@@ -167,6 +184,9 @@ def register_worker(
         "pid": pid,
         "started_at": stamp,
         "last_seen": stamp,
+        "slurm_job": slurm.job if slurm else None,
+        "slurm_node": slurm.node if slurm else None,
+        "slurm_restarts": slurm.restarts if slurm else None,
     }
     return _insert_once(engine, workers, values, what="register this worker")
 

@@ -111,6 +111,9 @@ class Worker:
     started_at: dt.datetime
     last_seen: dt.datetime
     stopped_at: dt.datetime | None
+    slurm_job: str | None = None  # ARRAYJOB_TASK or JOBID under Slurm
+    slurm_node: str | None = None
+    slurm_restarts: int | None = None
 
 
 @dataclass(frozen=True)
