@@ -155,6 +155,9 @@ def list_workers(storage: RDBStorage, study_name: str) -> list[Worker]:
                 started_at=row.started_at,
                 last_seen=row.last_seen,
                 stopped_at=row.stopped_at,
+                slurm_job=row.slurm_job,
+                slurm_node=row.slurm_node,
+                slurm_restarts=row.slurm_restarts,
             )
             for row in conn.execute(query)
         ]

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.table import Table
 
-    from orchestrator.show.views import StudyDetail, StudyRow
+    from orchestrator.show.views import StudyDetail, StudyRow, Worker
 
 
 def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
@@ -95,25 +95,31 @@ def best_section(detail: StudyDetail) -> list[RenderableType]:
 def workers_section(detail: StudyDetail) -> RenderableType:
     if not detail.workers:
         return "Workers seen: none recorded"
+    # The Slurm column only where a worker ran under Slurm: its job leads to squeue and scancel.
+    slurm = any(w.slurm_job for w in detail.workers)
+    columns = ["host", "GPU", "pid", "started", "last seen", "stopped"]
     workers = _table(
-        f"Workers seen ({len(detail.workers)})",
-        "host",
-        "GPU",
-        "pid",
-        "started",
-        "last seen",
-        "stopped",
+        f"Workers seen ({len(detail.workers)})", *columns, *(["Slurm job"] if slurm else [])
     )
     for w in detail.workers:
-        workers.add_row(
+        cells = [
             w.host,
             _gpu(w.gpu_index, w.gpu_name),
             str(w.pid),
             _time(w.started_at),
             _time(w.last_seen),
             _time(w.stopped_at),
-        )
+        ]
+        workers.add_row(*cells, *([_slurm_job(w)] if slurm else []))
     return workers
+
+
+def _slurm_job(w: Worker) -> str:
+    """`41_1 on n1`, with how often Slurm had requeued it: `41_1 on n1, restart 1`."""
+    if not w.slurm_job:
+        return "-"
+    text = w.slurm_job + (f" on {w.slurm_node}" if w.slurm_node else "")
+    return text + (f", restart {w.slurm_restarts}" if w.slurm_restarts else "")
 
 
 def concurrency_section(detail: StudyDetail) -> RenderableType:
