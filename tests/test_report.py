@@ -37,13 +37,18 @@ def test_report_writes_a_page_and_pngs(storage_url, tmp_path, capsys):
         capsys, "report", "--study", "demo", "--storage", storage_url, "--out", str(out)
     )
     assert code == 0 and str(out / "index.html") in printed
-    for name in ("history", "importances", "parallel", "vram", "slots"):
+    charts = ("history", "importances", "parallel", "slice", "contour", "timeline", "memory")
+    for name in (*charts, "vram", "slots"):
         assert_png(out / f"{name}.png")
     text = assert_offline_page(out / "index.html")
     for words in (
         "Study demo",
-        f"Best trial #{built['best']}",
+        f"Best trial #{built['best']}: loss ",
         "Optimisation history",
+        "Slice",
+        "Contour",
+        "Trials on each GPU over time",
+        "GPU memory held over time",
         "Parameter importances",
         "Parallel coordinates",
         "Batch size vs peak VRAM per GPU",
@@ -52,7 +57,7 @@ def test_report_writes_a_page_and_pngs(storage_url, tmp_path, capsys):
         "history.png",
     ):
         assert words in text
-    assert text.count('class="plotly-graph-div"') == 5
+    assert text.count('class="plotly-graph-div"') == 9
     # these trials reported no value per epoch: the learning curves say so instead of drawing
     assert "Learning curves" in text and "no trial has reported a value per epoch yet" in text
     assert "Objective Value" not in text  # every axis is named by the metric

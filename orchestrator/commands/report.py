@@ -37,7 +37,6 @@ def report_command(args: argparse.Namespace) -> int:
         the_study,
     )
     from orchestrator.show.report import write_report
-    from orchestrator.show.views import require_single_objective
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)
@@ -45,8 +44,7 @@ def report_command(args: argparse.Namespace) -> int:
     name = the_study(storage, args.study, label, "report")
     study = load_study_trials(storage, name, label)  # read once, for both
     detail = study_detail(storage, name, label, trials=study.get_trials())
-    # Optuna's history, importance and parallel-coordinate charts need one objective.
-    require_single_objective(detail, "report")
+    # Several objectives: the report shows their Pareto front instead of one best trial.
     files = write_report(study, detail, Path(args.out))
     print(f"report of {name!r}: {files.page}")
     for png in files.pngs:

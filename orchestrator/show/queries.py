@@ -276,6 +276,8 @@ def snapshot_study(study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Stu
         optuna.logging.set_verbosity(verbosity)
     for key, value in study.user_attrs.items():  # the study's settings: its metric, its spec
         snapshot.set_user_attr(key, value)
+    if study.metric_names:  # what each objective is called (optuna's set_metric_names)
+        snapshot.set_metric_names(study.metric_names)
 
     def get_trials(deepcopy: bool = True, states: Any = None, use_cache: bool = False) -> list:
         return [t for t in trials if states is None or t.state in states]

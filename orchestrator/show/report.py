@@ -1,7 +1,8 @@
 """A study's report: one self-contained HTML page (plotly.js inline, opens with no network), PNGs
 and trials.csv, written into one directory.
 
-The page: a summary, the best parameters, VRAM by GPU, every chart (orchestrator.show.report_charts,
+The page: what ran (orchestrator.show.report_summary), the best parameters as YAML (or the Pareto
+front of several objectives), VRAM by GPU, every chart (orchestrator.show.report_charts,
 also written as PNGs by orchestrator.show.report_pngs), then every trial in a sortable table, the
 same rows as trials.csv (orchestrator.show.report_trials).
 """
@@ -11,9 +12,10 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
+from orchestrator.show.report_summary import summary_html, vram_html
 
 if TYPE_CHECKING:
     import optuna
@@ -26,7 +28,8 @@ PAGE_NAME = "index.html"
 STYLE = (
     "<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}"
     "table{border-collapse:collapse}td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}"
-    ".note{color:#666;font-style:italic}"
+    ".note{color:#666;font-style:italic}table.what-ran th{background:none;font-weight:600}"
+    "pre.yaml{background:#f6f6f6;padding:8px 12px;border:1px solid #ddd;display:inline-block}"
     "table.trials{font-size:13px}table.trials th{cursor:pointer;background:#f4f4f4}"
     "table.trials td,table.trials th{white-space:nowrap}.wide{overflow-x:auto}"
     "table.trials th[aria-sort=ascending]::after{content:' \\25B2'}"
@@ -61,11 +64,40 @@ def write_report(
     study: optuna.Study, detail: StudyDetail, out_dir: Path, *, metric: str | None = None
 ) -> ReportFiles:
     """Write index.html, one PNG per drawn chart and trials.csv into out_dir (created if missing)."""
+    from orchestrator.record.study import SPEC_ATTR
+    from orchestrator.show.gpu_timeline import cpu_only_note
     from orchestrator.show.report_charts import plotly_charts
     from orchestrator.show.report_pngs import write_pngs
     from orchestrator.show.report_trials import CSV_NAME, trial_table, write_csv
+    from orchestrator.show.run_facts import objective_names, run_facts
 
     out_dir = Path(out_dir)
+    _writable(out_dir)
+    trials = study.get_trials(deepcopy=False)
+    adapter_metric = metric or study_metric(study)
+    names = objective_names(_metric_names(study), len(study.directions), adapter_metric)
+    charts = plotly_charts(study, detail, names[0], names)
+    pngs = write_pngs(study, detail, charts, out_dir, names[0], names)
+    table = trial_table(trials, names)
+    csv = write_csv(table, out_dir / CSV_NAME)
+    page = out_dir / PAGE_NAME
+    front = study.best_trials if len(names) > 1 else []
+    top = summary_html(detail, run_facts(study.user_attrs.get(SPEC_ATTR), trials), names, front)
+    top += vram_html(detail, cpu_only_note(detail.vram))
+    page.write_text(render_page(detail, charts, pngs, table, csv, top=top), encoding="utf-8")
+    notes = [f"{chart.title}: {chart.note}" for chart in charts if chart.figure is None]
+    return ReportFiles(page=page, pngs=pngs, notes=notes, csv=csv)
+
+
+def _metric_names(study: optuna.Study) -> list[str] | None:
+    """The study's metric names (optuna's set_metric_names), when it has them."""
+    try:
+        return study.metric_names
+    except Exception:  # an older Optuna, or a study that cannot say: fall back to the adapter's
+        return None
+
+
+def _writable(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / ".write-test"
@@ -76,15 +108,6 @@ def write_report(
             f"cannot write the report to {out_dir}: {error.strerror or error}; "
             "choose a writable directory with --out"
         ) from None
-    metric = metric or study_metric(study)
-    charts = plotly_charts(study, detail, metric)
-    pngs = write_pngs(study, detail, charts, out_dir, metric)
-    table = trial_table(study.get_trials(deepcopy=False), metric)
-    csv = write_csv(table, out_dir / CSV_NAME)
-    page = out_dir / PAGE_NAME
-    page.write_text(render_page(detail, charts, pngs, table, csv), encoding="utf-8")
-    notes = [f"{chart.title}: {chart.note}" for chart in charts if chart.figure is None]
-    return ReportFiles(page=page, pngs=pngs, notes=notes, csv=csv)
 
 
 # --- the page ----------------------------------------------------------------------------------
@@ -96,61 +119,24 @@ def render_page(
     pngs: list[Path],
     table: TrialTable | None = None,
     csv: Path | None = None,
+    *,
+    top: list[str] | None = None,
 ) -> str:
-    """The HTML page: a summary, the best parameters, each chart (plotly.js inline once), then
-    every trial in a table that sorts by the column clicked."""
+    """The HTML page: what ran and the best trial (`top`), each chart (plotly.js inline once),
+    then every trial in a table that sorts by the column clicked."""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>Study {esc(detail.name)}</title>",
         STYLE,
         "</head><body>",
-        *summary(detail),
+        *(top if top is not None else [f"<h1>Study {esc(detail.name)}</h1>"]),
         *chart_sections(charts, pngs),
     ]
     if table is not None:
         parts += trials_section(table, csv)
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def summary(detail: StudyDetail) -> list[str]:
-    """The study's heading, adapter and trial counts, its best trial and its VRAM by GPU."""
-    budget = "?" if detail.budget is None else str(detail.budget)
-    states = ", ".join(f"{state} {n}" for state, n in detail.states.items())
-    parts = [
-        f"<h1>Study {esc(detail.name)}</h1>",
-        f"<p>Adapter <b>{esc(detail.adapter or '?')}</b>, {esc(detail.direction)}, "
-        f"{detail.counted}/{budget} trials counted ({esc(states)}).</p>",
-    ]
-    if detail.best is not None:
-        rows = "".join(
-            f"<tr><td>{esc(str(k))}</td><td>{esc(_show(v))}</td></tr>"
-            for k, v in detail.best.params.items()
-        )
-        parts.append(
-            f"<h2>Best trial #{detail.best.number}: {detail.best.value:.6g}</h2>"
-            f"<table><tr><th>parameter</th><th>value</th></tr>{rows}</table>"
-        )
-    else:
-        parts.append("<p class='note'>No completed trial yet.</p>")
-    if detail.vram_by_gpu:
-        parts.append(vram_table(detail))
-    return parts
-
-
-def vram_table(detail: StudyDetail) -> str:
-    from orchestrator.show.text import mb_text
-
-    rows = "".join(
-        f"<tr><td>{esc(g.gpu)}</td><td>{g.trials}</td><td>{mb_text(g.planned_mean_mb)}</td>"
-        f"<td>{mb_text(g.peak_mean_mb)}</td><td>{mb_text(g.peak_max_mb)}</td><td>{g.ooms}</td></tr>"
-        for g in detail.vram_by_gpu
-    )
-    return (
-        "<h2>VRAM by GPU (MB)</h2><table><tr><th>GPU</th><th>trials</th><th>planned mean</th>"
-        f"<th>peak mean</th><th>peak max</th><th>OOMs</th></tr>{rows}</table>"
-    )
 
 
 def chart_sections(charts: list[Chart], pngs: list[Path]) -> list[str]:
@@ -182,7 +168,3 @@ def trials_section(table: TrialTable, csv: Path | None) -> list[str]:
         f"<div class='wide'>{table_html(table)}</div>",
         SORT_SCRIPT,
     ]
-
-
-def _show(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)

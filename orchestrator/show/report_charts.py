@@ -9,6 +9,7 @@ A chart with nothing to draw is a note saying why.
 
 from __future__ import annotations
 
+import datetime as dt
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,36 +46,121 @@ class Chart:
     note: str = ""  # why it is missing, or what to read in it
 
 
-def plotly_charts(study: optuna.Study, detail: StudyDetail, metric: str = "value") -> list[Chart]:
+def plotly_charts(
+    study: optuna.Study,
+    detail: StudyDetail,
+    metric: str = "value",
+    names: list[str] | None = None,
+) -> list[Chart]:
+    """Every chart of the page, in its order; `names`: what each objective is called."""
+    names = names or [metric]
+    if len(study.directions) > 1:
+        charts = objective_charts_of_several(study, names)
+    else:
+        charts = objective_charts(study, metric)
+    return charts + gpu_charts(study, detail) + [vram_chart(detail), slots_chart(detail)]
+
+
+def objective_charts(study: optuna.Study, metric: str) -> list[Chart]:
+    """History, learning curves, importances, parallel coordinates, slice and contour."""
     import optuna.visualization as vis
 
+    from orchestrator.show import report_optuna as plots
+
     done = len(completed(study))
-    charts: list[Chart] = []
     if done == 0:
         none = "no completed trial yet"
-        charts.append(Chart("history", "Optimisation history", None, none))
-        charts.append(curves_chart(study, metric))
-        charts.append(Chart("importances", "Parameter importances", None, none))
-        charts.append(Chart("parallel", "Parallel coordinates", None, none))
+        return [
+            Chart("history", "Optimisation history", None, none),
+            curves_chart(study, metric),
+            *(Chart(key, title, None, none) for key, title in SEARCH_CHARTS),
+        ]
+    charts = [
+        Chart("history", "Optimisation history",
+              vis.plot_optimization_history(study, target_name=metric)),
+        curves_chart(study, metric),
+    ]  # fmt: skip
+    if done < MIN_TRIALS_FOR_IMPORTANCE:
+        charts.append(Chart("importances", "Parameter importances", None, importance_note(done)))
     else:
-        history = vis.plot_optimization_history(study, target_name=metric)
-        charts.append(Chart("history", "Optimisation history", history))
-        charts.append(curves_chart(study, metric))
-        if done < MIN_TRIALS_FOR_IMPORTANCE:
-            charts.append(
-                Chart("importances", "Parameter importances", None, importance_note(done))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            figure = vis.plot_param_importances(
+                study, evaluator=importance_evaluator(), target_name=metric
             )
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                figure = vis.plot_param_importances(
-                    study, evaluator=importance_evaluator(), target_name=metric
-                )
-            charts.append(Chart("importances", "Parameter importances", figure, "PED-ANOVA"))
-        charts.append(parallel_chart(study, metric))
-    charts.append(vram_chart(detail))
-    charts.append(slots_chart(detail))
+        charts.append(Chart("importances", "Parameter importances", figure, "PED-ANOVA"))
+    charts.append(parallel_chart(study, metric))
+    params = plots.ranked_params(study)
+    if not params:
+        charts.append(Chart("slice", "Slice", None, "the completed trials have no parameters"))
+    else:
+        figure = plots.slice_figure(study, params, metric)
+        charts.append(Chart("slice", "Slice", figure, plots.slice_note(params)))
+    if len(params) < 2:
+        charts.append(Chart("contour", "Contour", None, "a contour needs two parameters"))
+    else:
+        figure = plots.contour_figure(study, params, metric)
+        charts.append(Chart("contour", "Contour", figure, plots.contour_note(params)))
     return charts
+
+
+SEARCH_CHARTS = (  # the charts of the search that need completed trials: (key, title)
+    ("importances", "Parameter importances"),
+    ("parallel", "Parallel coordinates"),
+    ("slice", "Slice"),
+    ("contour", "Contour"),
+)
+
+
+def objective_charts_of_several(study: optuna.Study, names: list[str]) -> list[Chart]:
+    """Several objectives: their Pareto front; the one-value charts say why they are missing."""
+    from orchestrator.show import report_optuna as plots
+
+    title = "Pareto front"
+    if not completed(study):
+        front = Chart("pareto", title, None, "no completed trial yet")
+    else:
+        note = f"{' against '.join(names)}; the front: trials no other trial beats on every one"
+        front = Chart("pareto", title, plots.pareto_figure(study, names), note)
+    why = f"{len(names)} objectives ({', '.join(names)}): no single value to chart; see the Pareto front"
+    return [front] + [
+        Chart(key, title, None, why)
+        for key, title in (("history", "Optimisation history"), *SEARCH_CHARTS)
+    ]
+
+
+def gpu_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
+    """The trials on each GPU over time, and the memory they held there."""
+    from orchestrator.show import report_timeline as timeline
+    from orchestrator.show.gpu_timeline import trial_lanes
+
+    trials = study.get_trials(deepcopy=False)
+    until = timeline_end(trials, detail)
+    lanes = trial_lanes(trials, until)
+    title = "Trials on each GPU over time"
+    if not lanes:
+        return [
+            Chart("timeline", title, None, "no trial has run on a device yet"),
+            Chart("memory", "GPU memory held over time", None, "no trial has run on a device yet"),
+        ]
+    charts = [Chart("timeline", title, timeline.timeline_figure(lanes), timeline.TIMELINE_NOTE)]
+    drawn, note = timeline.memory_note(lanes)
+    gpu_lanes = [lane for lane in lanes if lane.gpu_name != "cpu"]
+    figure = timeline.memory_figure(gpu_lanes, detail.concurrency_events, until) if drawn else None
+    charts.append(Chart("memory", "GPU memory held over time", figure, note))
+    return charts
+
+
+def timeline_end(trials: list, detail: StudyDetail) -> dt.datetime:
+    """Where the timelines end: now while a trial runs, else the last end or sign of a worker."""
+    from orchestrator.show.text import to_utc
+
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    if any(t.state.name == "RUNNING" for t in trials):
+        return now
+    ends = [to_utc(t.datetime_complete) for t in trials if t.datetime_complete is not None]
+    last = last_time(detail)
+    return max([*ends, *([last] if last else [])], default=now)
 
 
 def parallel_chart(study: optuna.Study, metric: str) -> Chart:
@@ -141,7 +227,7 @@ def vram_chart(detail: StudyDetail) -> Chart:
     title = "Batch size vs peak VRAM per GPU"
     rows = vram_points(detail)
     if not rows:
-        return Chart("vram", title, None, "no trial has recorded its VRAM yet")
+        return Chart("vram", title, None, no_vram_note(detail))
     figure = go.Figure()
     palette = _palette()
     gpus = sorted({r.gpu for r in rows})
@@ -163,6 +249,13 @@ def vram_chart(detail: StudyDetail) -> Chart:
         "points: measured peak per trial (an OOM at what it was planned to use); "
         "lines: the memory model the trials were planned with, and the one measured from them",
     )
+
+
+def no_vram_note(detail: StudyDetail) -> str:
+    """Why there is no VRAM to show: a CPU-only study has none to record."""
+    from orchestrator.show.gpu_timeline import cpu_only_note
+
+    return cpu_only_note(detail.vram) or "no trial has recorded its VRAM yet"
 
 
 def _add_vram_points(figure: Any, gpu: str, colour: str, mine: list[VramRow]) -> None:

@@ -34,12 +34,16 @@ def write_pngs(
     charts: list[Chart],
     out_dir: Path,
     metric: str = "value",
+    names: list[str] | None = None,
 ) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import optuna.visualization.matplotlib as mvis
+
+    from orchestrator.show import report_optuna as plots
+    from orchestrator.show import report_timeline as timeline
 
     drawn = {chart.key for chart in charts if chart.figure is not None}
     makers = {
@@ -49,6 +53,11 @@ def write_pngs(
             study, evaluator=importance_evaluator(), target_name=metric
         ),
         "parallel": lambda: _parallel_axes(study, metric),
+        "slice": lambda: plots.slice_png(study, plots.ranked_params(study), metric),
+        "contour": lambda: plots.contour_png(study, plots.ranked_params(study), metric),
+        "pareto": lambda: plots.pareto_png(study, names or [metric]),
+        "timeline": lambda: timeline.timeline_axes(_lanes(study, detail)[0]),
+        "memory": lambda: timeline.memory_axes(*_gpu_lanes(study, detail)),
         "vram": lambda: _vram_axes(detail),
         "slots": lambda: _slots_axes(detail),
     }
@@ -60,13 +69,35 @@ def write_pngs(
             warnings.simplefilter("ignore")
             axes = make()
         figure = _figure_of(axes)
-        figure.set_size_inches(11 if key == "parallel" else 9, 5.5 if key == "parallel" else 5)
-        figure.tight_layout()
+        if key not in SIZED_BY_THEIR_CONTENT:
+            wide = key == "parallel"
+            figure.set_size_inches(11 if wide else 9, 5.5 if wide else 5)
+        with warnings.catch_warnings():  # optuna's contour and slice grids refuse it politely
+            warnings.simplefilter("ignore")
+            figure.tight_layout()
         path = out_dir / f"{key}.png"
         figure.savefig(path, dpi=100)
         plt.close(figure)
         paths.append(path)
     return paths
+
+
+# Their height follows what they hold: a row per trial at once, a panel per parameter.
+SIZED_BY_THEIR_CONTENT = {"timeline", "slice", "contour"}
+
+
+def _lanes(study: optuna.Study, detail: StudyDetail) -> tuple[list, Any]:
+    from orchestrator.show.gpu_timeline import trial_lanes
+    from orchestrator.show.report_charts import timeline_end
+
+    trials = study.get_trials(deepcopy=False)
+    until = timeline_end(trials, detail)
+    return trial_lanes(trials, until), until
+
+
+def _gpu_lanes(study: optuna.Study, detail: StudyDetail) -> tuple[list, list, Any]:
+    lanes, until = _lanes(study, detail)
+    return [lane for lane in lanes if lane.gpu_name != "cpu"], detail.concurrency_events, until
 
 
 def _figure_of(axes: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import html
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 CSV_NAME = "trials.csv"
+LOG_COLUMN = "log_file"  # the trial's own output: a link on the page
 # Recorded by every trial that ran on a device (DESIGN.md), in the order a person reads them.
 RECORD_COLUMNS = (  # (the trial's attribute, the column's header)
     (names.GPU, "gpu"),
@@ -31,21 +33,34 @@ class TrialTable:
     rows: list[list[Any]]  # None where a trial has no value for a column
 
 
-def trial_table(trials: Sequence[FrozenTrial], metric: str) -> TrialTable:
-    """One row per trial: number, state, value, epochs reported, duration, records, parameters."""
+def trial_table(trials: Sequence[FrozenTrial], metric: str | Sequence[str]) -> TrialTable:
+    """One row per trial: number, state, its value for each objective (`metric`: their names),
+    epochs reported, duration, start and complete (UTC), records, parameters, its log file."""
+    objectives = [metric] if isinstance(metric, str) else list(metric)
     params: list[str] = []
     for trial in trials:  # declared order, as the adapter's suggest drew them
         params += [name for name in trial.params if name not in params]
-    header = ["trial", "state", metric, "epochs", "seconds"]
-    header += [label for _, label in RECORD_COLUMNS] + params
+    header = ["trial", "state", *objectives, "epochs", "seconds", "start", "complete"]
+    header += [label for _, label in RECORD_COLUMNS] + params + [LOG_COLUMN]
     rows = []
     for trial in sorted(trials, key=lambda t: t.number):
         seconds = round(trial.duration.total_seconds(), 2) if trial.duration is not None else None
-        row = [trial.number, trial.state.name, trial.value, len(trial.intermediate_values), seconds]
+        values = list(trial.values) if trial.values is not None else [None] * len(objectives)
+        row = [trial.number, trial.state.name, *values, len(trial.intermediate_values), seconds]
+        row += [_utc_text(trial.datetime_start), _utc_text(trial.datetime_complete)]
         row += [trial.user_attrs.get(attr) for attr, _ in RECORD_COLUMNS]
         row += [trial.params.get(name) for name in params]
+        row.append(trial.user_attrs.get(names.LOG_FILE))
         rows.append(row)
     return TrialTable(header, rows)
+
+
+def _utc_text(moment: dt.datetime | None) -> str | None:
+    """Optuna's local time as UTC, to the second: '2026-12-01 19:32:47' (sorts as text)."""
+    from orchestrator.show.text import to_utc
+
+    utc = to_utc(moment)
+    return None if utc is None else utc.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def write_csv(table: TrialTable, path: Path) -> Path:
@@ -89,15 +104,26 @@ def table_html(table: TrialTable) -> str:
     esc = html.escape
     head = "".join(f"<th title='sort by {esc(h)}'>{esc(h)}</th>" for h in table.header)
     body = []
+    log = table.header.index(LOG_COLUMN) if LOG_COLUMN in table.header else -1
     for row in table.rows:
         cells = "".join(
-            f"<td data-v='{esc(_raw(v), quote=True)}'>{esc(_shown(v))}</td>" for v in row
+            f"<td data-v='{esc(_raw(v), quote=True)}'>{_log_link(v) if i == log else esc(_shown(v))}</td>"
+            for i, v in enumerate(row)
         )
         body.append(f"<tr>{cells}</tr>")
     return (
         "<table class='sortable trials'>"
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     )
+
+
+def _log_link(path: Any) -> str:
+    """A link to a trial's log file (an absolute path on the machine that ran it)."""
+    if not path:
+        return ""
+    where = Path(str(path))
+    href = where.as_uri() if where.is_absolute() else str(where)
+    return f"<a href='{html.escape(href, quote=True)}'>{html.escape(where.name)}</a>"
 
 
 def _raw(value: Any) -> str:
