@@ -57,13 +57,30 @@ def period_sharpe(
     return_scale: float,
 ) -> float:
     """Run the greedy policy once through `period` of the prices, from a flat position."""
+    return period_sharpes(
+        prices, period, policy, device, max_position=max_position, return_scale=return_scale
+    )[0]
+
+
+def period_sharpes(
+    prices: np.ndarray,
+    period: Period,
+    policy: Policy,
+    device: torch.device,
+    *,
+    max_position: int,
+    return_scale: float,
+    runs: int = 1,
+) -> list[float]:
+    """`runs` copies of the policy side by side through `period` (a random policy's copies act
+    independently): each copy's Sharpe ratio."""
     import torch
 
     from adapters.envs import TradingEnv
 
     env = TradingEnv(
         prices,
-        num_envs=1,
+        num_envs=runs,
         window=WINDOW,
         max_position=max_position,
         episode_steps=len(prices),
@@ -80,7 +97,8 @@ def period_sharpe(
         for _ in range(env.last_t - env.first_t + 1):
             obs = env.step(policy(obs)).obs
             pnl.append(env.pnl)
-    return sharpe_ratio(torch.cat(pnl))
+    steps = torch.stack(pnl)  # (steps, runs)
+    return [sharpe_ratio(steps[:, k]) for k in range(runs)]
 
 
 def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed: int) -> float:
@@ -107,14 +125,6 @@ def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed:
     return float(returns.mean())
 
 
-def constant_policy(action: int) -> Policy:
-    """Always the same action: BUY holds one unit from the first step (later buys pass the
-    limit and are not executed), HOLD stays flat."""
-    import torch
-
-    return lambda obs: torch.full((obs.shape[0],), action, dtype=torch.long, device=obs.device)
-
-
 def random_policy(n_actions: int, seed: int) -> Policy:
     """Uniformly random actions from a generator of its own: the same seed, the same actions."""
     import torch
@@ -123,26 +133,40 @@ def random_policy(n_actions: int, seed: int) -> Policy:
     return lambda obs: torch.randint(n_actions, (obs.shape[0],), generator=generator).to(obs.device)
 
 
+def buy_and_hold_sharpe(prices: np.ndarray, period: Period, *, cost_rate: float = 5e-4) -> float:
+    """One unit bought at the period's first price and held to its last (what the trading
+    environment's accounting gives a policy that always buys, in closed form)."""
+    import torch
+
+    part = torch.as_tensor(prices[period.start : period.end], dtype=torch.float64)
+    pnl = part[1:] / part[:-1] - 1.0
+    pnl[0] -= cost_rate  # the one purchase
+    return sharpe_ratio(pnl)
+
+
 def trading_baselines(
     prices: np.ndarray, periods: dict[str, Period], *, return_scale: float
 ) -> dict[str, dict[str, float]]:
     """Buy-and-hold, flat and random Sharpe ratios on each named period, one unit at most."""
     import torch
 
-    from adapters.envs.trading import BUY, HOLD
-
     cpu = torch.device("cpu")
 
-    def score(policy: Policy, period: Period) -> float:
-        return period_sharpe(prices, period, policy, cpu, max_position=1, return_scale=return_scale)
-
     def random_mean(period: Period) -> float:
-        tries = [score(random_policy(3, BASELINE_SEED + k), period) for k in range(RANDOM_TRIES)]
+        tries = period_sharpes(
+            prices,
+            period,
+            random_policy(3, BASELINE_SEED),
+            cpu,
+            max_position=1,
+            return_scale=return_scale,
+            runs=RANDOM_TRIES,
+        )
         return sum(tries) / len(tries)
 
     return {
-        "buy_and_hold": {name: score(constant_policy(BUY), p) for name, p in periods.items()},
-        "flat": {name: score(constant_policy(HOLD), p) for name, p in periods.items()},
+        "buy_and_hold": {name: buy_and_hold_sharpe(prices, p) for name, p in periods.items()},
+        "flat": dict.fromkeys(periods, 0.0),  # no position, no return: 0 by the rule above
         "random": {name: random_mean(p) for name, p in periods.items()},
     }
 
