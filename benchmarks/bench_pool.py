@@ -22,6 +22,13 @@ not fit runs out of memory then, and the time until then is lost.
 
     python benchmarks/bench_pool.py                # 200 trials, spreads 0.1 0.25 0.5, 10 seeds
     python benchmarks/bench_pool.py --seeds 3      # quicker
+
+With `--placement` it measures placement instead: the time to finish a study on 2 and on 8 GPUs
+of mixed sizes, spread first (`orchestrator.run.placement`, as `run` does) against first fit,
+with trials on one GPU sharing its compute (`busy_fraction` of `orchestrator.run.simulated_backend`:
+what part of the GPU a trial alone keeps busy), for studies smaller and larger than the GPUs hold.
+
+    python benchmarks/bench_pool.py --placement --seeds 5
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
 from orchestrator.planning.hardware_budget import HardwareBudget
 from orchestrator.planning.planner import GpuPlan, plan_node
+from orchestrator.run.placement import Policy
 from orchestrator.run.pool import Pool
 from orchestrator.run.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
 
@@ -174,6 +182,96 @@ def simulate(trials: list[Trial], strategy: str, *, slots: int, cores: int, swar
     return result
 
 
+# --- placement: spread first against first fit, compute shared ------------------------------
+
+HOSTS = {  # GPU memory in MB: mixed sizes, as hosts that were filled over the years
+    2: [12288, 24576],
+    8: [12288, 16384, 24576, 24576, 40960, 49152, 81920, 81920],
+}
+STUDY_PER_GPU = (3, 20)  # trials per GPU: a study smaller than the GPUs hold, and a long one
+
+
+def run_placement(
+    trials: list[Trial], sizes: list[int], policy: Policy, busy: float, model: MemoryModel
+) -> tuple[float, list[int], int]:
+    """The study's hours to finish, the trials each GPU ran, the OOMs."""
+    devices = [
+        Device(i, f"Simulated GPU {mb}", f"sim-{i}", mb, kind="sim") for i, mb in enumerate(sizes)
+    ]
+    plans = plan_node(devices, model, cpu_bound=False, cpu_cores=16, budget_trials=len(trials)).gpus
+    study = SimulatedStudy(budget=len(trials), max_retries=MAX_RETRIES)
+    backend = SimulatedTrials(
+        study,
+        [SimTrial(t.batch_size, t.true_mb, t.seconds) for t in trials],
+        devices,
+        allocate_after_s=ALLOCATE_AFTER_S,
+        busy_fraction=busy,
+    )
+    pool = Pool(
+        study=study,
+        plans=list(plans),
+        probe=backend,
+        backend=backend,
+        clock=backend.clock,
+        grace_s=0,
+        placement=policy,
+    )
+    pool.run()
+    return backend.now / 3600, backend.admitted_on, backend.ooms
+
+
+def placement_table(args: argparse.Namespace) -> None:
+    model = MemoryModel(args.overhead_mb, args.per_sample_mb)
+    rows = []
+    for gpus, sizes in HOSTS.items():
+        for per_gpu in STUDY_PER_GPU:
+            for busy in args.busy:
+                hours: dict[Policy, list[float]] = {Policy.SPREAD: [], Policy.FIRST_FIT: []}
+                idle: dict[Policy, list[int]] = {Policy.SPREAD: [], Policy.FIRST_FIT: []}
+                for seed in range(args.seeds):
+                    rng = random.Random(seed)
+                    trials = make_trials(per_gpu * gpus, model, 0.25, rng)
+                    for policy in hours:
+                        h, ran, _ = run_placement(trials, sizes, policy, busy, model)
+                        hours[policy].append(h)
+                        idle[policy].append(sum(1 for n in ran if n == 0))
+                spread = statistics.median(hours[Policy.SPREAD])
+                first = statistics.median(hours[Policy.FIRST_FIT])
+                rows.append(
+                    {
+                        "gpus": gpus,
+                        "trials": per_gpu * gpus,
+                        "busy_fraction": busy,
+                        "spread_first_min": round(spread * 60, 1),
+                        "first_fit_min": round(first * 60, 1),
+                        "first_fit_over_spread": round(first / spread, 3),
+                        "idle_gpus_spread": max(idle[Policy.SPREAD]),
+                        "idle_gpus_first_fit": max(idle[Policy.FIRST_FIT]),
+                    }
+                )
+    print(
+        f"time to finish a study (minutes, median of {args.seeds} seeds); trials 60-180 s alone, "
+        f"model {model.model_overhead_mb:.0f} MB + {model.per_sample_mb} MB/sample, spread 0.25"
+    )
+    print(
+        f"{'GPUs':>4} {'trials':>6} {'busy':>5} {'spread first':>12} {'first fit':>10} "
+        f"{'ratio':>6} {'idle GPUs (spread / first fit)':>31}"
+    )
+    for row in rows:
+        print(
+            f"{row['gpus']:>4} {row['trials']:>6} {row['busy_fraction']:>5} "
+            f"{row['spread_first_min']:>12} {row['first_fit_min']:>10} "
+            f"{row['first_fit_over_spread']:>6.2f} "
+            f"{row['idle_gpus_spread']:>15} / {row['idle_gpus_first_fit']}"
+        )
+    hosts = {str(k): v for k, v in HOSTS.items()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
+        json.dumps({"args": vars(args), "hosts": hosts, "rows": rows}, indent=2)
+    )
+    print(f"wrote {args.out}")
+
+
 # --- the table ------------------------------------------------------------------------------
 
 
@@ -246,8 +344,17 @@ def main() -> None:
     parser.add_argument("--per-sample-mb", type=float, default=1.0)
     parser.add_argument("--swarm", type=int, default=20)
     parser.add_argument("--out", default="benchmarks/results/pool.json")
+    parser.add_argument(
+        "--placement", action="store_true", help="spread first against first fit on 2 and 8 GPUs"
+    )
+    parser.add_argument("--busy", type=float, nargs="+", default=[0.25, 0.5, 1.0])
     args = parser.parse_args()
     logging.getLogger("orchestrator").setLevel(logging.ERROR)  # the pool's own log lines
+    if args.placement:
+        if args.out == parser.get_default("out"):
+            args.out = "benchmarks/results/pool_placement.json"
+        placement_table(args)
+        return
 
     rows, setup = run_all(args)
     print(
