@@ -23,6 +23,7 @@ VRAM_PEAK_MB = "vram_peak_mb"
 # How it ended.
 OOM = "oom"  # True when it ran out of GPU memory
 ERROR = "error"  # the first 500 characters of what it raised
+FAIL_REASON = "fail_reason"  # why it failed without an error: "nan", "exit", "timeout"
 # A re-run of an earlier trial's parameters (after an OOM, an interruption, a lost process).
 RETRY_OF = "retry_of"
 RETRY_REASON = "retry_reason"

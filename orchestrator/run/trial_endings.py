@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -96,6 +97,8 @@ def log_ending(label: str, ending: Ending, outcome: TrialOutcome) -> None:
         logger.info("%s: a fresh trial process takes over (%s)", label, outcome.recycle)
     if ending.end is End.STOPPED:
         logger.info("%s: trial %s stopped and re-queued", label, ending.number)
+    elif outcome.late:  # one line, after the re-run was queued: nothing more will happen to it
+        logger.warning("%s: trial %s: %s", label, ending.number, outcome.error)
     elif ending.end is End.LOST:
         logger.warning(
             "%s: trial %s lost its process (%s); it is re-run once its heartbeat is stale",
@@ -119,12 +122,25 @@ def _log_finished(label: str, outcome: TrialOutcome) -> None:
         )
     elif outcome.error and outcome.state == "FAIL":
         logger.warning(
-            "%s: trial %s failed: %s%s",
+            "%s: trial %s failed: %s%s%s",
             label,
             outcome.trial_number,
             outcome.error,
+            "; re-queued" if outcome.requeued else "",
             _tail(outcome.log_file),
         )
+    elif outcome.state == "COMPLETE" and not _finite(outcome.value):
+        logger.warning(
+            "%s: trial %s returned %s: stored as COMPLETE, as Optuna does, but never "
+            "named the best trial",
+            label,
+            outcome.trial_number,
+            outcome.value,
+        )
+
+
+def _finite(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
 
 
 def _tail(log_file: str | None) -> str:

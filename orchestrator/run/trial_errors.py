@@ -1,6 +1,61 @@
-"""Which errors of a trial are out-of-memory errors, and which break the CUDA context."""
+"""What each end of a trial's objective means: out of memory, a broken CUDA context, stopped,
+timed out, the user's code saying stop (`sys.exit`), a NaN, or an error of its own.
+
+`settle` and `fail_with` turn the objective's value or what it raised into its `RunResult`, so
+that every end is an outcome told to the study, and none is mistaken for a lost process.
+"""
 
 from __future__ import annotations
+
+import logging
+import math
+import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.run.trial_result import RunResult
+
+logger = logging.getLogger(__name__)
+
+
+def settle(result: RunResult, value: object, number: int) -> None:
+    """The objective returned `value`. NaN fails the trial (Optuna's own rule: a NaN cannot be
+    compared, so it teaches the sampler nothing); inf and -inf are values Optuna accepts, stored
+    as COMPLETE, and the pool warns of them once (they are never the best trial)."""
+    from optuna.trial import TrialState
+
+    number_value = float(value)  # type: ignore[arg-type]
+    if math.isnan(number_value):
+        result.state, result.fail_reason = TrialState.FAIL, "nan"
+        result.error = "the objective returned nan; the trial fails, as Optuna fails it"
+        return
+    result.state, result.value = TrialState.COMPLETE, number_value
+
+
+def fail_with(result: RunResult, caught: BaseException, number: int) -> bool:
+    """Record in `result` why the objective failed; False for what is not the trial's to catch
+    (KeyboardInterrupt, GeneratorExit), which the caller raises again."""
+    from orchestrator.run.trial_clock import TimedOut
+    from orchestrator.run.trial_signals import Interrupted
+
+    if isinstance(caught, oom_errors()) or is_cuda_out_of_memory(caught):
+        first = str(caught).splitlines()[0] if str(caught) else ""
+        result.oom, result.error = True, f"out of memory: {first}"
+    elif isinstance(caught, Interrupted):
+        result.interrupted, result.error = True, str(caught)
+    elif isinstance(caught, TimedOut):
+        result.timed_out, result.fail_reason, result.error = True, "timeout", f"timeout: {caught}"
+    elif isinstance(caught, SystemExit):
+        # The user's code saying stop: this trial fails, with no retry; the run goes on.
+        result.fail_reason = "exit"
+        result.error = f"the objective called sys.exit({caught.code!r}); the trial fails"
+    elif isinstance(caught, Exception):
+        result.error = f"{type(caught).__name__}: {caught}"
+        result.cuda_error = is_cuda_error(caught)
+        logger.warning("trial %d failed: %s", number, traceback.format_exc())  # to its log
+    else:
+        return False
+    return True
 
 
 def oom_errors() -> tuple[type[BaseException], ...]:

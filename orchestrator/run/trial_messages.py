@@ -43,6 +43,8 @@ class TrialOutcome:
     recycle: str | None = None  # why the process ends after this trial, if it does
     setup_failed: bool = False  # the process could not open the study or the adapter
     unreachable: bool = False  # it gave up on a database away for longer than the bound
+    timed_out: bool = False  # stopped at --trial-timeout: the process makes way for a fresh one
+    late: bool = False  # its process woke after the trial was failed as lost and re-run
 
 
 class Channel(Protocol):

@@ -23,6 +23,8 @@ class RunResult:
     oom: bool = False
     interrupted: bool = False
     cuda_error: bool = False
+    timed_out: bool = False  # stopped at --trial-timeout
+    fail_reason: str | None = None  # a FAIL the objective itself caused: "nan", "exit", "timeout"
     batch_size: int | None = None
     planned_mb: float | None = None
     peak_mb: float | None = None

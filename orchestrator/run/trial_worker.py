@@ -4,8 +4,9 @@ The supervisor starts `serve` with the `spawn` context (CUDA and fork do not mix
 `TrialJob` for each trial over a pipe and gets back ("asked", number) and then the trial's
 `TrialOutcome`. The process ends, and a fresh one takes its slot, when `recycle_reason` says so:
 after an out-of-memory error or any other CUDA error (only a process exit gives back everything
-CUDA held, and a failed context cannot be trusted), when its resident memory has grown past a
-bound (a model that leaks), after a set number of trials, or when it was told to stop.
+CUDA held, and a failed context cannot be trusted), after a trial stopped at --trial-timeout
+(what the stopped code held is as suspect), when its resident memory has grown past a bound (a
+model that leaks), after a set number of trials, or when it was told to stop.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def recycle_reason(
         return "stopped"
     if outcome.oom:
         return "out of memory"
+    if outcome.timed_out:
+        return "trial timed out"
     if outcome.cuda_error:
         return "CUDA error"
     if recycling.after_trials is not None and trials_done >= recycling.after_trials:
