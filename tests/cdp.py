@@ -1,5 +1,6 @@
 """Headless Chromium driven over its DevTools protocol: open a page, wait for text, run a script,
-take a screenshot. Used by the browser tests of the dashboard note and the report's table."""
+take a screenshot (of the page, or of one element). Used by the browser tests of the dashboard
+and of the report."""
 
 from __future__ import annotations
 
@@ -88,6 +89,21 @@ class Browser:
         path.write_bytes(
             base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
         )
+
+    def screenshot_of(self, element: str, path: Path, *, pad: int = 8) -> None:
+        """A PNG of one element (`element`: a JavaScript expression for it), scrolled into view."""
+        box = self.evaluate(
+            f"(() => {{ const e = {element}; e.scrollIntoView(); const r = e.getBoundingClientRect();"
+            "return [r.left + window.scrollX, r.top + window.scrollY, r.width, r.height]; })()"
+        )
+        x, y, width, height = box
+        clip = {"x": max(0, x - pad), "y": max(0, y - pad), "width": width + 2 * pad,
+                "height": height + 2 * pad, "scale": 1}  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shot = self.call(
+            "Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True
+        )
+        path.write_bytes(base64.b64decode(shot["data"]))
 
     def close(self) -> None:
         ws = getattr(self, "_ws", None)

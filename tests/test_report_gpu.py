@@ -267,3 +267,38 @@ def _figures(page: str) -> list[dict]:
         layout, _ = decoder.raw_decode(rest)
         figures.append({"data": data, "layout": layout})
     return figures
+
+
+# --- in headless Chromium ----------------------------------------------------------------------
+
+FIGURE = (
+    "[...document.querySelectorAll('.plotly-graph-div')].find(d => d.layout.title.text === {!r})"
+)
+
+
+@pytest.mark.browser
+def test_the_new_charts_render_in_chromium(ran, tmp_path):
+    from cdp import Browser
+    from test_dashboard_browser import ARTIFACTS, require_chromium
+
+    chromium = require_chromium()
+    timeline = FIGURE.format("Trials on each GPU over time")
+    memory = FIGURE.format("GPU memory held over time")
+    with Browser(chromium, tmp_path / "profile", size=(1200, 900)) as browser:
+        browser.open(f"file://{ran['out'] / 'index.html'}")
+        browser.wait_for_text("Trials on each GPU over time")
+        assert browser.on_first_screen("What ran")
+        bars = browser.evaluate(f"{timeline}.querySelectorAll('.bars .point path').length")
+        filled = browser.evaluate(f"{memory}.querySelectorAll('.scatterlayer path.js-fill').length")
+        drawn = browser.evaluate(
+            "[...document.querySelectorAll('.plotly-graph-div')].map(d => d.layout.title.text)"
+        )
+        for name, element in (("timeline", timeline), ("memory", memory)):
+            browser.screenshot_of(element, ARTIFACTS / f"report-{name}.png")
+        browser.screenshot_of("document.querySelector('section.summary')",
+                              ARTIFACTS / "report-summary.png")  # fmt: skip
+    assert bars == len(ran["study"].trials)  # one bar a trial, drawn as SVG
+    assert filled >= 1  # the memory held, one filled area a GPU that ran trials
+    assert {"Slice Plot", "Contour Plot"} <= set(drawn)
+    for name in ("timeline", "memory", "summary"):
+        assert_png(ARTIFACTS / f"report-{name}.png")

@@ -82,8 +82,9 @@ def write_report(
     csv = write_csv(table, out_dir / CSV_NAME)
     page = out_dir / PAGE_NAME
     front = study.best_trials if len(names) > 1 else []
-    top = summary_html(detail, run_facts(study.user_attrs.get(SPEC_ATTR), trials), names, front)
-    top += vram_html(detail, cpu_only_note(detail.vram))
+    facts = run_facts(study.user_attrs.get(SPEC_ATTR), trials)
+    top = ["<section class='summary'>", *summary_html(detail, facts, names, front)]
+    top += [*vram_html(detail, cpu_only_note(detail.vram)), "</section>"]
     page.write_text(render_page(detail, charts, pngs, table, csv, top=top), encoding="utf-8")
     notes = [f"{chart.title}: {chart.note}" for chart in charts if chart.figure is None]
     return ReportFiles(page=page, pngs=pngs, notes=notes, csv=csv)

@@ -60,6 +60,8 @@ def timeline_figure(lanes: list[Lane]) -> Any:
                 name=legend,
                 text=[f"#{b.trial}" for _, b in bars],
                 textposition="inside",
+                insidetextanchor="start",
+                textangle=0,
                 hovertext=[_hover(b) for _, b in bars],
                 hoverinfo="text",
             )
@@ -69,6 +71,7 @@ def timeline_figure(lanes: list[Lane]) -> Any:
         xaxis={"type": "date", "title": "time (UTC)"},
         yaxis={"categoryorder": "array", "categoryarray": order[::-1], "title": ""},
         barmode="overlay",
+        showlegend=True,  # plotly hides a lone trace's legend: say what the colour means
         height=max(320, 120 + 26 * len(order)),
     )
     return figure
