@@ -6,7 +6,8 @@ Its own module so that the trial's steps (`orchestrator.run.trial_runner`) and i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ class RunResult:
     cuda_error: bool = False
     timed_out: bool = False  # stopped at --trial-timeout
     fail_reason: str | None = None  # a FAIL the objective itself caused: "nan", "exit", "timeout"
+    reports: list[tuple[int, float]] = field(default_factory=list)  # (epoch, value) it reported
+    flush: Callable[[], None] | None = None  # sends the reports an outage held back
     batch_size: int | None = None
     planned_mb: float | None = None
     peak_mb: float | None = None
