@@ -208,6 +208,12 @@ def dashboard(sqlite_url) -> Iterator[tuple[str, dict]]:
     from test_status import build_study
 
     built = build_study(sqlite_url, "browser-demo", completed=4)
+    # What `run` and `optimize` set when they create a study: the dashboard's name for the value.
+    import optuna
+
+    optuna.load_study(study_name="browser-demo", storage=built["storage"]).set_metric_names(
+        ["loss"]
+    )
     port = free_port()
     process = subprocess.Popen(
         [
@@ -251,6 +257,25 @@ def test_a_trial_page_shows_the_study_and_its_vram_in_chromium(dashboard, tmp_pa
     shot.unlink(missing_ok=True)
     screenshot(chromium, url, shot, tmp_path / "profile-shot")
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 10_000
+
+
+@pytest.mark.browser
+def test_the_dashboard_names_the_metric_in_chromium(dashboard, tmp_path):
+    """A study with its metric names set (as `run` and `optimize` set them) is charted by its
+    metric's name, where the dashboard would otherwise say "Objective 0"."""
+    from cdp import Browser
+
+    chromium = require_chromium()
+    base, built = dashboard
+    study_id = 1
+    with Browser(chromium, tmp_path / "profile", size=(1400, 1000)) as browser:
+        browser.open(f"{base}/dashboard/studies/{study_id}")
+        browser.wait_for_text(f"Best Trial (number={built['best']})")  # the study's data is in
+        text = browser.evaluate("document.body.innerText")
+        browser.screenshot(ARTIFACTS / "dashboard-metric.png")
+    assert "y Axis\nloss" in text or "y Axis\n\nloss" in text, text[:800]
+    assert "Objective 0" not in text
+    assert (ARTIFACTS / "dashboard-metric.png").stat().st_size > 10_000
 
 
 def test_a_port_in_use_is_one_line(sqlite_url, capsys):
