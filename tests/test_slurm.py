@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 
 import pytest
@@ -188,3 +189,35 @@ def test_dry_run_prints_a_script_bash_accepts(tmp_path) -> None:
     assert done.stdout.startswith("#!/bin/bash\n")
     assert sbatch_lines(done.stdout)["gres"] == "gpu:2"
     assert subprocess.run(["bash", "-n"], input=done.stdout, text=True).returncode == 0
+
+
+def test_a_task_stopped_by_sigterm_ends_0_once_its_worker_has_left(tmp_path) -> None:
+    """Slurm signals every process of the task: the shell waits for the worker, which leaves 130
+    (stopped by a signal, its trials re-queued), and the task ends 0 as scancel asked."""
+    stub = tmp_path / "python"
+    stub.write_text(
+        "#!/bin/bash\n"
+        "trap 'echo worker: re-queued; exit 130' TERM\n"
+        "echo worker: running\n"
+        "while true; do sleep 0.1; done\n"
+    )
+    stub.chmod(0o755)
+    script = sbatch_script(job(python=str(stub)))
+    environ = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "41", STORAGE_ENV: SECRET}
+    task = subprocess.Popen(
+        ["bash", "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=environ,
+        start_new_session=True,
+    )
+    assert task.stdout is not None
+    assert "slurm job" in task.stdout.readline()
+    assert task.stdout.readline().strip() == "worker: running"
+    os.killpg(task.pid, signal.SIGTERM)  # as scancel does: every process of the job
+    out, _ = task.communicate(timeout=30)
+    assert task.returncode == 0, out
+    assert "SIGTERM received" in out
+    assert "worker: re-queued" in out
+    assert "worker exited with status 130" in out
+    assert "the task ends with status 0" in out

@@ -158,15 +158,16 @@ echo "slurm job ${{SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}}_${{SLURM_ARRAY_TASK_ID:-0
 ${{SLURMD_NODENAME:-?}}: GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, restart ${{SLURM_RESTART_COUNT:-0}}"
 # scancel and preemption send SIGTERM to every process of the job: the worker stops its trials
 # within its grace period and re-queues them; this shell waits for it, then says how it ended.
-trap 'echo "slurm: SIGTERM received, the worker re-queues what it cannot finish"' TERM
-{worker_command(job)} &
-worker=$!
-while kill -0 "$worker" 2>/dev/null; do
-  wait "$worker"  # a trapped signal cuts a wait short: wait again while the worker runs
-done
-wait "$worker"
-status=$?
+stopped=
+trap 'stopped=1; echo "slurm: SIGTERM received, the worker re-queues what it cannot finish"' TERM
+{worker_command(job)}
+status=$?  # bash runs the trap once the worker has left, and keeps the worker's status
 echo "worker exited with status $status"
+if [ -n "$stopped" ] && [ "$status" = 130 ]; then
+  # 130 is a worker stopped by a signal, its trials re-queued: what scancel asked for.
+  echo "stopped by Slurm as asked: the task ends with status 0"
+  status=0
+fi
 exit "$status"
 """
     return "\n".join(["#!/bin/bash", *directives(job), summary, body])
