@@ -1,5 +1,9 @@
 """What this process knows of the database's outages (one record, shared by its threads), and
-what its outage lines name: the storage, and the command that resumes."""
+what its outage lines name: the storage, and the command that resumes.
+
+The lines are the host's: its `run` or `worker` process says when the database went away and
+when it is back, with the time and level of every other line; its trial processes keep quiet
+about it (`quiet_in_trial_processes`), or one outage would take a line per trial process."""
 
 from __future__ import annotations
 
@@ -14,8 +18,8 @@ from dataclasses import dataclass, field
 
 from orchestrator.errors import UserError
 from orchestrator.record.outage_errors import LOCKED, first_line
-from orchestrator.record.passwords import redact
-from orchestrator.record.storage_url import describe_location
+from orchestrator.record.passwords import password_of, redact
+from orchestrator.record.storage_url import STORAGE_ENV, describe_location
 
 # Every outage line comes from one logger, whichever module says it.
 logger = logging.getLogger("orchestrator.record.outage")
@@ -98,6 +102,11 @@ class Outages:
 OUTAGES = Outages()
 
 
+def quiet_in_trial_processes() -> None:
+    """A trial process rides out an outage without a word: its host's process says it once."""
+    logger.setLevel(logging.ERROR)
+
+
 def current(outages: Outages | None = None) -> Outages:
     """`outages` when given (a test's own), else this process's record, `OUTAGES`."""
     return outages or OUTAGES
@@ -110,5 +119,27 @@ def note_storage(url: str, outages: Outages | None = None) -> None:
 
 
 def note_command(argv: list[str], outages: Outages | None = None) -> None:
-    """The command that resumes after an outage: this one again (it resumes), redacted."""
-    current(outages).resume = redact(shlex.join(["python", "-m", "orchestrator", *argv]))
+    """The command that resumes after an outage: this one again (it resumes)."""
+    current(outages).resume = resume_command(argv)
+
+
+# What a storage URL holding a password becomes in the resume command: the shell reads it from
+# the environment, so the command can be pasted as it is shown and shows no password.
+STORAGE_FROM_ENV = f'"${STORAGE_ENV}"'
+
+
+def resume_command(argv: list[str]) -> str:
+    """`python -m orchestrator ARGV`, quoted for a shell, with a --storage URL that holds a
+    password replaced by "$ORCHESTRATOR_STORAGE" (anything else secret is redacted)."""
+    words, rest = ["python", "-m", "orchestrator"], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        flag, equals, value = arg.partition("=")
+        if arg == "--storage" and rest and password_of(rest[0]):
+            rest.pop(0)
+            words += ["--storage", STORAGE_FROM_ENV]
+        elif flag == "--storage" and equals and password_of(value):
+            words += ["--storage", STORAGE_FROM_ENV]
+        else:
+            words.append(shlex.quote(arg))
+    return redact(" ".join(words))

@@ -87,6 +87,11 @@ def kept_in(folder: Path) -> list[Kept]:
     return sorted(entries, key=lambda k: k.number)
 
 
+def deliver_kept(study: optuna.Study, log_dir: str | os.PathLike[str]) -> int:
+    """Tell the study what its trials kept in the spool under `log_dir`; how many it took."""
+    return deliver(study, spool_dir(log_dir, study.study_name))
+
+
 def deliver(study: optuna.Study, folder: Path) -> int:
     """Tell the study every outcome kept in `folder`; how many it took. One line each."""
     from optuna.trial import TrialState

@@ -91,7 +91,8 @@ def check_starts(failed: FailedStarts, outcome: TrialOutcome) -> None:
 
 def log_ending(label: str, ending: Ending, outcome: TrialOutcome) -> None:
     if ending.end is End.UNREACHABLE:
-        logger.warning("%s: a trial process gave up: %s", label, outcome.error)
+        # Every trial process meets the same outage: the host's own final line says it once.
+        logger.debug("%s: a trial process gave up: %s", label, outcome.error)
         return
     if outcome.recycle and outcome.recycle != "stopped":
         logger.info("%s: a fresh trial process takes over (%s)", label, outcome.recycle)

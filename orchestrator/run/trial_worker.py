@@ -85,6 +85,7 @@ def serve(conn: Connection, company: Any) -> None:
 
     install_signal_handlers()
     keep_stdout_clean()
+    _log_as_the_host_does()
     _import_what_every_trial_needs()
     config = _next_job(conn)
     if not isinstance(config, WorkerConfig):
@@ -102,6 +103,16 @@ def serve(conn: Connection, company: Any) -> None:
         _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), setup_failed=True))
         return
     _serve_jobs(ctx, conn, company)
+
+
+def _log_as_the_host_does() -> None:
+    """Lines with the time and level, as the host's own; no outage lines (the host says them)."""
+    from orchestrator.record.outage_state import quiet_in_trial_processes
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
+    quiet_in_trial_processes()
 
 
 def _import_what_every_trial_needs() -> None:
