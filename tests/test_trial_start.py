@@ -1,0 +1,84 @@
+"""How trial processes start: forked from a fork server that imported torch once and never
+initialised CUDA, or spawned where there is no fork server; either way with the supervisor's
+environment of the moment."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from orchestrator.errors import UserError
+from orchestrator.run.processes import (
+    PRELOAD,
+    START_ENV,
+    start_method,
+    start_process,
+    trial_process_context,
+)
+
+
+def _what_the_process_has(conn) -> None:
+    """In the started process, before anything else: what it inherited."""
+    already = "torch" in sys.modules
+    import torch
+
+    conn.send(
+        {
+            "torch_preloaded": already,
+            "cuda_initialized": torch.cuda.is_initialized(),
+            # Set in a process forked from one that had initialised CUDA.
+            "bad_fork": torch.cuda._is_in_bad_fork(),
+            "marker": os.environ.get("ORCHESTRATOR_TEST_MARKER"),
+        }
+    )
+    conn.close()
+
+
+def _start_and_hear(context) -> dict:
+    ours, theirs = context.Pipe()
+    process = start_process(context, _what_the_process_has, theirs)
+    theirs.close()
+    heard = ours.recv() if ours.poll(120) else {}
+    process.join(30)
+    return heard
+
+
+def test_the_fork_server_imported_torch_and_never_initialised_cuda(monkeypatch):
+    monkeypatch.delenv(START_ENV, raising=False)
+    context = trial_process_context()
+    assert context.get_start_method() == "forkserver"
+    heard = _start_and_hear(context)
+    assert heard["torch_preloaded"], "the process imported torch itself: no preload"
+    assert heard["cuda_initialized"] is False and heard["bad_fork"] is False
+
+
+def test_nothing_the_fork_server_imports_is_about_cuda():
+    assert "torch" in PRELOAD and not any("cuda" in name.lower() for name in PRELOAD)
+
+
+def test_a_trial_process_has_the_environment_its_supervisor_has_when_it_starts(monkeypatch):
+    context = trial_process_context()
+    _start_and_hear(context)  # the server runs now, with the environment it started with
+    monkeypatch.setenv("ORCHESTRATOR_TEST_MARKER", "set after the server started")
+    assert _start_and_hear(context)["marker"] == "set after the server started"
+
+
+@pytest.mark.parametrize(
+    ("environ", "available", "method"),
+    [
+        ({}, ("fork", "spawn", "forkserver"), "forkserver"),
+        ({START_ENV: "spawn"}, ("fork", "spawn", "forkserver"), "spawn"),
+        ({START_ENV: "Forkserver "}, ("fork", "spawn", "forkserver"), "forkserver"),
+        ({}, ("spawn",), "spawn"),  # no fork server here (Windows)
+        ({START_ENV: "forkserver"}, ("spawn",), "spawn"),
+    ],
+)
+def test_the_start_method(environ, available, method):
+    assert start_method(environ, available) == method
+
+
+def test_an_unknown_start_method_is_refused_in_one_line():
+    with pytest.raises(UserError, match=f"{START_ENV}='fork' must be spawn or forkserver"):
+        start_method({START_ENV: "fork"}, ("fork", "spawn", "forkserver"))
