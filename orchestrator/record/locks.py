@@ -5,13 +5,17 @@
 - The schema lock: creating Optuna's tables and upgrading ours happen under it, so workers that
   start together on an empty database do not create the same tables twice.
 
-On PostgreSQL each is an advisory lock on a key derived from its name, held by a connection of
-its own while Optuna works through another; beside an SQLite file, an exclusive file lock.
+On PostgreSQL each is a transaction-scoped advisory lock (`pg_advisory_xact_lock`) on a key
+derived from its name: it goes with the transaction's end, so it works through PgBouncer's
+transaction pooling, where a session lock would stay behind on a server connection that the
+next client gets. A trial process, which holds one connection, runs its budget section as one
+transaction on it (`budget_section`); any other process holds the lock in a transaction of a
+connection of its own, open while the section works through others. Beside an SQLite file the
+lock is an exclusive file lock.
 
-An advisory lock lives as long as its connection: when PostgreSQL restarts, the lock is gone with
-the session, and another process may take it. So a section is never resumed half-way after an
-outage: `locked` runs the whole section again (take the lock on a new connection, count, ask)
-until it completes, and a lock whose connection is already gone is not released a second time.
+A lock lives as long as its transaction: when PostgreSQL restarts, the lock is gone with it, and
+another process may take it. So a section is never resumed half-way after an outage: `locked`
+runs the whole section again (take the lock on a new connection, count, ask) until it completes.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_errors import is_outage
-from orchestrator.record.storage import engine_kwargs
+from orchestrator.record.storage import engine_kwargs, one_connection_storage
 from orchestrator.record.storage_url import normalize_url, sqlite_path
 
 if TYPE_CHECKING:
@@ -59,29 +63,27 @@ def storage_lock(url: str, name: str) -> Iterator[None]:
     kwargs = engine_kwargs(url)
     kwargs.pop("pool_pre_ping", None)
     engine = sa.create_engine(normalize_url(url), poolclass=sa.pool.NullPool, **kwargs)
-    key = {"key": lock_key(name)}
     try:
         with engine.connect() as conn:
-            conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), key)
-            conn.commit()
+            # The transaction this opens stays open while the section runs, and holds the lock.
+            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock_key(name)})
             try:
                 yield
             finally:
-                _unlock(conn, key)
+                _unlock(conn)
     finally:
         engine.dispose()
 
 
-def _unlock(conn: Connection, key: dict[str, int]) -> None:
+def _unlock(conn: Connection) -> None:
     import sqlalchemy as sa
 
     try:
-        conn.execute(sa.text("SELECT pg_advisory_unlock(:key)"), key)
-        conn.commit()
+        conn.rollback()  # the transaction wrote nothing: ending it lets the lock go
     except sa.exc.SQLAlchemyError as error:
         if not is_outage(error):
             raise
-        # The connection is gone, and the lock with its session: nothing is left to release.
+        # The connection is gone, and the lock with its transaction: nothing is left to release.
         conn.invalidate()
 
 
@@ -91,9 +93,17 @@ def budget_lock(url: str, study_name: str) -> contextlib.AbstractContextManager[
 
 def locked(url: str, name: str, section: Callable[[], T], *, what: str) -> T:
     """`section()` under the lock called `name`, riding out an outage: a section that a lost
-    connection interrupted is run again whole, under the lock taken anew."""
+    connection interrupted is run again whole, under the lock taken anew.
+
+    In a process that holds one connection to this PostgreSQL storage (a trial process), the
+    section is one transaction on that connection (`budget_section`)."""
+    from orchestrator.record import budget_section
+
+    shared = one_connection_storage(url)
 
     def attempt() -> T:
+        if shared is not None:
+            return budget_section.run_section(shared, lock_key(name), section)
         with storage_lock(url, name):
             return section()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record import budget_section
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_state import current
 
@@ -36,7 +37,6 @@ _RIDDEN = {
     "get_trial_id_from_study_id_trial_number": "find a trial",
     "get_trial": "read a trial",
     "get_all_trials": "read the trials",
-    "_get_trials": "read the trials",
     "get_best_trial": "read the best trial",
     "record_heartbeat": "record a trial's heartbeat",
     "_get_stale_trial_ids": "look for lost trials",
@@ -58,6 +58,7 @@ def _set_trial_state_values(self: Any, trial_id: int, state: Any, values: Any = 
     state landed: a retry that finds the trial finished in that very state has told it."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.storages import RDBStorage
+    from optuna.trial import TrialState
 
     attempts = 0
 
@@ -72,7 +73,25 @@ def _set_trial_state_values(self: Any, trial_id: int, state: Any, values: Any = 
                 return True
             raise
 
-    return ride_out(attempt, what="tell a trial's result")
+    told = ride_out(attempt, what="tell a trial's result")
+    if told and state == TrialState.RUNNING:
+        budget_section.claimed(self, trial_id)  # a waiting trial popped under the budget lock
+    return told
+
+
+def _get_trials(self: Any, study_id: int, states: Any, *args: Any, **kwargs: Any) -> Any:
+    """Read trials, riding out an outage. Under the budget lock, before the claim, the one read
+    is Optuna's look for a waiting trial (its cache asks for every unfinished trial, those that
+    others run among them): only waiting ones are read there, and the rest are read after."""
+    from optuna.storages import RDBStorage
+    from optuna.trial import TrialState
+
+    if states is None and budget_section.before_claim(self.engine):
+        states = (TrialState.WAITING,)
+    return ride_out(
+        lambda: RDBStorage._get_trials(self, study_id, states, *args, **kwargs),
+        what="read the trials",
+    )
 
 
 # Each new trial carries a mark of its own, written in the same transaction: a retry after a
@@ -152,7 +171,8 @@ def _create_once(storage: Any, study_id: int, template: Any) -> Any:
         frozen.number = trial.number
         frozen.datetime_start = trial.datetime_start
         frozen._trial_id = trial.trial_id
-        return frozen
+    budget_section.claimed(storage, frozen._trial_id)  # under the budget lock: it goes now
+    return frozen
 
 
 def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
@@ -171,7 +191,7 @@ def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
             attrs.c.value_json == json.dumps(mark),
         )
     )
-    with storage.engine.connect() as conn:
+    with budget_section.connection_for(storage.engine) as conn:
         return conn.execute(query).scalar()
 
 
@@ -190,6 +210,7 @@ def riding_storage_class() -> type[RDBStorage]:
         body = {name: _ridden(getattr(RDBStorage, name), what) for name, what in _RIDDEN.items()}
         body["set_trial_state_values"] = _set_trial_state_values
         body["_create_new_trial"] = _create_new_trial
+        body["_get_trials"] = _get_trials
         body["__module__"] = __name__
         _RIDING_CLASS = type("RidingRDBStorage", (RDBStorage,), body)
     return _RIDING_CLASS

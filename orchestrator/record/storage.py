@@ -59,19 +59,40 @@ def sqlite_busy_timeout(environ: Mapping[str, str] = os.environ) -> float:
     return value
 
 
-def engine_kwargs(url: str) -> dict[str, Any]:
+# A thread of a one-connection process waits this long for the connection another thread uses
+# (a heartbeat behind a tell): calls are short, so a longer wait means something hangs.
+ONE_CONNECTION_WAIT_S = 120
+
+
+def engine_kwargs(url: str, *, one_connection: bool = False) -> dict[str, Any]:
     """Engine settings that ride out outages.
 
     Every engine checks a pooled connection before using it (`pool_pre_ping`: after a
     PostgreSQL restart the pool holds dead connections, and SQLAlchemy replaces them instead of
     failing the call; Optuna's RDBStorage then just works on its next session). PostgreSQL
-    connections time out and keep alive; SQLite waits for a busy file."""
+    connections time out and keep alive; SQLite waits for a busy file.
+
+    With `one_connection`, a PostgreSQL engine keeps at most one connection, which the threads
+    of the process take in turn: a cluster's hundreds of trial processes then need no more
+    connections than processes (and, through PgBouncer, far fewer on the server)."""
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if is_sqlite(url):
         kwargs["connect_args"] = {"timeout": sqlite_busy_timeout()}
-    else:
-        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES}
+        return kwargs
+    kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES}
+    if one_connection:
+        kwargs.update(pool_size=1, max_overflow=0, pool_timeout=ONE_CONNECTION_WAIT_S)
     return kwargs
+
+
+# The storage each URL was opened with in this process, when it holds one connection: the
+# budget section runs on that connection (`budget_section`), not on a second one.
+_ONE_CONNECTION: dict[str, RDBStorage] = {}
+
+
+def one_connection_storage(url: str) -> RDBStorage | None:
+    """The one-connection PostgreSQL storage this process opened on `url`, if any."""
+    return _ONE_CONNECTION.get(normalize_url(url))
 
 
 def _enable_sqlite_wal(url: str) -> None:
@@ -144,12 +165,28 @@ def heartbeat_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, in
     return interval, max(grace, interval + 1)
 
 
+def _hold_one_connection(storage: RDBStorage, url: str) -> None:
+    """Swap the storage's engine for one that keeps a single connection. Not from the start:
+    Optuna's first opening of a new database nests a session inside a connection it holds."""
+    import sqlalchemy as sa
+    from sqlalchemy import orm
+
+    opened_with = storage.engine
+    storage.engine = sa.create_engine(url, **engine_kwargs(url, one_connection=True))
+    storage.scoped_session = orm.scoped_session(orm.sessionmaker(bind=storage.engine))
+    storage._version_manager.engine = storage.engine
+    storage._version_manager.scoped_session = storage.scoped_session
+    opened_with.dispose()
+    _ONE_CONNECTION[url] = storage
+
+
 def create_storage(
     url: str,
     *,
     heartbeat: bool = False,
     heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None,
     wait: bool = False,
+    one_connection: bool | None = None,
 ) -> RDBStorage:
     """Open Optuna's RDBStorage on URL, creating Optuna's schema when it is missing.
 
@@ -158,6 +195,9 @@ def create_storage(
     cannot be reached (a wrong URL says so in a second), unless `wait`: then it rides out an
     outage as every later call does (see RidingRDBStorage). A process that a running study
     starts (a trial process) waits; a command the user just typed does not.
+
+    A trial process also holds at most one connection (`one_connection`, by default `wait`):
+    its heartbeat and its main thread share it, and its budget section runs on it.
     """
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -167,16 +207,20 @@ def create_storage(
     url = normalize_url(url)
     quiet_optuna_warnings()
     interval, grace = heartbeat_settings() if heartbeat else (None, None)
+    single = (wait if one_connection is None else one_connection) and not is_sqlite(url)
 
     def open_it() -> RDBStorage:
         _enable_sqlite_wal(url)
-        return riding_storage_class()(
+        storage = riding_storage_class()(
             url,
             engine_kwargs=engine_kwargs(url),
             heartbeat_interval=interval,
             grace_period=grace,
             heartbeat_stale_trial_callback=heartbeat_stale_trial_callback,
         )
+        if single:
+            _hold_one_connection(storage, url)
+        return storage
 
     try:
         if wait:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from orchestrator.record.budget_section import connection_for
 from orchestrator.record.study import BudgetCount
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def stored_count(engine: Engine, study_id: int) -> BudgetCount:
         .select_from(system.join(trials, system.c.trial_id == trials.c.trial_id))
         .where(trials.c.study_id == study_id, system.c.key == "retry_history")
     )
-    with engine.connect() as connection:
+    with connection_for(engine) as connection:  # inside the budget section: its own connection
         states = {state: int(n) for state, n in connection.execute(by_state)}
         requeued = {json.loads(text)[-1] for (text,) in connection.execute(histories) if text}
     failed = states.get(TrialState.FAIL, 0)
