@@ -51,10 +51,11 @@ def status_command(args: argparse.Namespace) -> int:
     storage = open_for_reading(url)
     if args.study:
         detail = study_detail(storage, args.study, describe_location(url))
+        updates = _settings_updates(storage, args.study)
         if args.json:
-            print(json.dumps(to_jsonable(detail), indent=2))
+            print(json.dumps({**to_jsonable(detail), "settings_updates": updates}, indent=2))
         else:
-            _console().print(render_detail(detail, limit=args.limit))
+            _console().print(render_detail(detail, limit=args.limit, settings_updates=updates))
         return 0
     rows = list_studies(storage)
     if args.json:
@@ -62,6 +63,15 @@ def status_command(args: argparse.Namespace) -> int:
     else:
         _console().print(render_studies(rows, mask_password(url)))
     return 0
+
+
+def _settings_updates(storage: object, name: str) -> list[dict]:
+    """What `run --update-settings` recorded with the study (record/settings_drift.py)."""
+    import optuna
+
+    from orchestrator.record.settings_drift import stored_updates
+
+    return stored_updates(optuna.load_study(study_name=name, storage=storage))
 
 
 def _console() -> Console:

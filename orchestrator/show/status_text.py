@@ -4,7 +4,8 @@ section (its settings, trials, best trial, workers, concurrency changes, OOMs an
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.show.text import mb_text, plural
 from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction
@@ -41,13 +42,16 @@ def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
     return table
 
 
-def render_detail(detail: StudyDetail, *, limit: int) -> RenderableType:
+def render_detail(
+    detail: StudyDetail, *, limit: int, settings_updates: Sequence[Mapping[str, Any]] = ()
+) -> RenderableType:
     """One study in detail, a section after another (`limit`: VRAM rows of the last N trials,
-    0 for all; `status --limit`)."""
+    0 for all; `status --limit`; `settings_updates`: what `run --update-settings` recorded)."""
     from rich.console import Group
 
     return Group(
         *heading(detail),
+        *updates_section(settings_updates),
         *best_section(detail),
         workers_section(detail),
         concurrency_section(detail),
@@ -75,6 +79,22 @@ def heading(detail: StudyDetail) -> list[RenderableType]:
         f"[bold]Study {escape(detail.name)}[/] ({escape(', '.join(about))})",
         f"Trials: {detail.counted}/{budget} counted · {states}{retried}",
     ]
+
+
+def updates_section(updates: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per `--update-settings`: when, on which host, each setting from and to; the
+    trials before it ran under the settings it replaced."""
+    from rich.markup import escape
+
+    lines = []
+    for update in updates:
+        changes = ", ".join(
+            f"{change.get('setting')} {change.get('from')} -> {change.get('to')}"
+            for change in update.get("changes", [])
+        )
+        when, host = update.get("time", "?"), update.get("host", "?")
+        lines.append(escape(f"Settings updated {when} on {host}: {changes}"))
+    return lines
 
 
 def best_section(detail: StudyDetail) -> list[RenderableType]:
