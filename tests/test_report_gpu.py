@@ -69,7 +69,21 @@ def ran(tmp_path_factory) -> dict:
     with (out / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     return {"study": study, "out": out, "page": assert_offline_page(out / "index.html"),
-            "rows": rows, "printed": report.stdout}  # fmt: skip
+            "rows": rows, "printed": report.stdout, "cli": cli}  # fmt: skip
+
+
+def test_status_and_best_read_back_what_the_run_wrote(ran):
+    """End to end: `run` on simulated GPUs writes what status, best and report read back."""
+    status = ran["cli"]("status", "--study", "synthetic", "--json")
+    assert status.returncode == 0, status.stderr
+    detail = json.loads(status.stdout)
+    assert detail["counted"] == 6 and detail["budget"] == 6
+    assert len(detail["vram"]) == 6 and all(row["peak_mb"] > 0 for row in detail["vram"])
+    assert {row["gpu"] for row in detail["vram"]} <= {w["gpu_name"] for w in detail["workers"]}
+    assert detail["concurrency_events"], "the pool records at least its start"
+    best = ran["cli"]("best", "--study", "synthetic")
+    assert json.loads(best.stdout) == detail["best"]["params"]
+    assert_png(ran["out"] / "vram.png")
 
 
 def test_the_report_says_what_ran_and_when(ran):
@@ -100,9 +114,10 @@ def test_slice_contour_and_the_gpu_charts_are_drawn(ran):
     page, out = ran["page"], ran["out"]
     for title in ("Slice", "Contour", "Trials on each GPU over time", "GPU memory held over time"):
         assert f"<h2>{title}</h2>" in page
-    for name in ("slice", "contour", "timeline", "memory"):
+    for name in ("slice", "timeline", "memory"):
         assert_png(out / f"{name}.png")
         assert str(Path("report") / f"{name}.png") in ran["printed"]
+    assert "pair by pair (on this page only, no PNG" in page  # the contour's PNG costs too much
     figures = _figures(page)
     timeline = next(f for f in figures if f["layout"]["title"]["text"].startswith("Trials on each"))
     bars = {int(t[1:]) for trace in timeline["data"] for t in trace["text"]}
@@ -286,7 +301,7 @@ def test_the_new_charts_render_in_chromium(ran, tmp_path):
     memory = FIGURE.format("GPU memory held over time")
     with Browser(chromium, tmp_path / "profile", size=(1200, 900)) as browser:
         browser.open(f"file://{ran['out'] / 'index.html'}")
-        browser.wait_for_text("Trials on each GPU over time")
+        browser.wait_for_text("Trials on each GPU over time", timeout_s=120)  # 5 MB, 2 busy cores
         assert browser.on_first_screen("What ran")
         bars = browser.evaluate(f"{timeline}.querySelectorAll('.bars .point path').length")
         filled = browser.evaluate(f"{memory}.querySelectorAll('.scatterlayer path.js-fill').length")
@@ -302,3 +317,40 @@ def test_the_new_charts_render_in_chromium(ran, tmp_path):
     assert {"Slice Plot", "Contour Plot"} <= set(drawn)
     for name in ("timeline", "memory", "summary"):
         assert_png(ARTIFACTS / f"report-{name}.png")
+
+
+def screenshots(page: Path, out: Path, chromium: str) -> list[Path]:
+    """PNGs of the report's summary and new charts, as docs/see-a-study.md shows them."""
+    import tempfile
+
+    from cdp import Browser
+
+    shots = {
+        "report-summary.png": "document.querySelector('section.summary')",
+        "report-timeline.png": FIGURE.format("Trials on each GPU over time"),
+        "report-memory.png": FIGURE.format("GPU memory held over time"),
+        "report-slice.png": FIGURE.format("Slice Plot"),
+        "report-contour.png": FIGURE.format("Contour Plot"),
+    }
+    with (
+        tempfile.TemporaryDirectory() as profile,
+        Browser(chromium, Path(profile), size=(1200, 900)) as browser,
+    ):
+        browser.open(page.resolve().as_uri())
+        browser.wait_for_text("Trials on each GPU over time", timeout_s=120)
+        for name, element in shots.items():
+            browser.screenshot_of(element, out / name)
+    return [out / name for name in shots]
+
+
+if __name__ == "__main__":
+    # python tests/test_report_gpu.py report/index.html docs/screens
+    from test_dashboard_browser import find_chromium
+
+    found = find_chromium()
+    if found is None or len(sys.argv) != 3:
+        sys.exit(
+            "usage: python tests/test_report_gpu.py REPORT/index.html OUT_DIR (needs chromium)"
+        )
+    for shot in screenshots(Path(sys.argv[1]), Path(sys.argv[2]), found):
+        print(shot)

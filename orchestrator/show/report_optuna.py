@@ -1,7 +1,8 @@
 """Optuna's own plots that the report adds: slice and contour of the most important parameters,
-and the Pareto front of a study with several objectives; each for the page (plotly) and as a PNG
-(optuna.visualization.matplotlib). The parameters are those the parallel coordinates rank first:
-a contour of every pair of a dozen parameters is a grid nobody reads, and costs seconds.
+and the Pareto front of a study with several objectives; each for the page (plotly), and as a PNG
+(optuna.visualization.matplotlib) but for the contour. The parameters are those the parallel
+coordinates rank first: a contour of every pair of a dozen parameters is a grid nobody reads,
+and costs seconds.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def contour_figure(study: optuna.Study, params: Sequence[str], metric: str) -> A
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return vis.plot_contour(study, params=list(params[:CONTOUR_PARAMS]), target_name=metric)
+        figure = vis.plot_contour(study, params=list(params[:CONTOUR_PARAMS]), target_name=metric)
+    shown = len(params[:CONTOUR_PARAMS])
+    if shown > 2:  # a grid of pairs: plotly's default height squashes each to a strip
+        figure.update_layout(height=280 * shown)
+    return figure
 
 
 def pareto_figure(study: optuna.Study, names: Sequence[str]) -> Any:
@@ -58,12 +63,6 @@ def slice_png(study: optuna.Study, params: Sequence[str], metric: str) -> Any:
     return mvis.plot_slice(study, params=list(params[:SLICE_PARAMS]), target_name=metric)
 
 
-def contour_png(study: optuna.Study, params: Sequence[str], metric: str) -> Any:
-    import optuna.visualization.matplotlib as mvis
-
-    return mvis.plot_contour(study, params=list(params[:CONTOUR_PARAMS]), target_name=metric)
-
-
 def pareto_png(study: optuna.Study, names: Sequence[str]) -> Any:
     import optuna.visualization.matplotlib as mvis
 
@@ -72,7 +71,10 @@ def pareto_png(study: optuna.Study, names: Sequence[str]) -> Any:
 
 def contour_note(params: Sequence[str]) -> str:
     shown = list(params[:CONTOUR_PARAMS])
-    return f"{' and '.join(shown)}: the {len(shown)} most important parameters, pair by pair"
+    return (
+        f"{', '.join(shown)}: the {len(shown)} most important parameters, pair by pair "
+        "(on this page only, no PNG: see orchestrator.show.report_pngs)"
+    )
 
 
 def slice_note(params: Sequence[str]) -> str:
