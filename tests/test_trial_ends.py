@@ -1,0 +1,73 @@
+"""What each end of an objective becomes (pure, no process): NaN, inf, sys.exit, the trial's
+timeout, an error of its own; the clock of --trial-timeout; the spool's entries on disk."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+from orchestrator.record import spool
+from orchestrator.run.trial_clock import TimedOut, time_limit
+from orchestrator.run.trial_context import Recycling
+from orchestrator.run.trial_errors import fail_with, settle
+from orchestrator.run.trial_messages import TrialOutcome
+from orchestrator.run.trial_result import RunResult
+from orchestrator.run.trial_worker import recycle_reason
+
+
+def _fresh() -> RunResult:
+    return RunResult(TrialState.FAIL)
+
+
+def test_nan_fails_and_inf_completes():
+    nan, inf = _fresh(), _fresh()
+    settle(nan, float("nan"), 0)
+    settle(inf, float("-inf"), 1)
+    assert nan.state == TrialState.FAIL and nan.fail_reason == "nan" and nan.value is None
+    assert inf.state == TrialState.COMPLETE and inf.value == float("-inf")
+
+
+@pytest.mark.parametrize(
+    ("error", "reason", "says"),
+    [
+        (SystemExit(3), "exit", "the objective called sys.exit(3)"),
+        (TimedOut("ran past --trial-timeout 2 s"), "timeout", "timeout: ran past"),
+        (ValueError("bad"), None, "ValueError: bad"),
+    ],
+)
+def test_each_error_is_an_outcome(error, reason, says):
+    result = _fresh()
+    assert fail_with(result, error, 0)
+    assert result.fail_reason == reason and says in result.error
+    assert result.timed_out == (reason == "timeout")
+
+
+def test_what_is_not_the_trials_to_catch_is_raised_again():
+    assert not fail_with(_fresh(), KeyboardInterrupt(), 0)
+
+
+def test_the_clock_cuts_a_sleep_short_and_is_gone_after():
+    started = time.monotonic()
+    with pytest.raises(TimedOut), time_limit(0.2):
+        time.sleep(30)
+    assert time.monotonic() - started < 10
+    with time_limit(None):
+        time.sleep(0.01)  # no limit: nothing rings
+
+
+def test_a_trial_that_timed_out_makes_way_for_a_fresh_process():
+    outcome = TrialOutcome(1, "FAIL", timed_out=True)
+    reason = recycle_reason(Recycling(), outcome, trials_done=1, resident_mb=None, baseline_mb=None)
+    assert reason == "trial timed out"
+
+
+def test_a_kept_outcome_reads_back_whole_and_goes_when_done(tmp_path):
+    folder = spool.spool_dir(tmp_path, "my study")
+    kept = spool.Kept(7, 3, "COMPLETE", [0.25], {"oom": False}, [(0, 0.5), (1, 0.25)])
+    spool.keep(folder, kept)
+    (folder / "trial-id-9.partial").write_text("{")  # a write cut short: never read
+    assert spool.kept_in(folder) == [kept]
+    spool.done(folder, 7)
+    assert spool.kept_in(folder) == []
