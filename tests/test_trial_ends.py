@@ -71,3 +71,23 @@ def test_a_kept_outcome_reads_back_whole_and_goes_when_done(tmp_path):
     assert spool.kept_in(folder) == [kept]
     spool.done(folder, 7)
     assert spool.kept_in(folder) == []
+
+
+def test_delivery_tells_a_running_trial_and_drops_what_is_not_this_studys(sqlite_url, tmp_path):
+    import optuna
+
+    study = optuna.create_study(study_name="s", storage=sqlite_url)
+    running, finished = study.ask(), study.ask()
+    study.tell(finished, 1.0)
+    folder = spool.spool_dir(tmp_path, "s")
+    spool.keep(
+        folder, spool.Kept(running._trial_id, 0, "COMPLETE", [0.5], {"oom": False}, [(0, 2.0)])
+    )
+    spool.keep(folder, spool.Kept(finished._trial_id, 1, "FAIL", None))  # finished meanwhile
+    spool.keep(folder, spool.Kept(999, 5, "COMPLETE", [0.1]))  # another database's trial
+    assert spool.deliver(study, folder) == 1
+    zero, one = study.trials
+    assert zero.state == TrialState.COMPLETE and zero.value == 0.5
+    assert zero.intermediate_values == {0: 2.0} and zero.user_attrs == {"oom": False}
+    assert one.state == TrialState.COMPLETE and one.value == 1.0  # its own end is kept
+    assert spool.kept_in(folder) == []

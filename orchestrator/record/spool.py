@@ -100,10 +100,16 @@ def deliver(study: optuna.Study, folder: Path) -> int:
 
     taken = 0
     for kept in kept_in(folder):
-        frozen = ride_out(
-            lambda k=kept: study._storage.get_trial(k.trial_id), what="read a kept trial"
-        )
-        if frozen.state != TrialState.RUNNING:
+        frozen = ride_out(lambda k=kept: _stored(study, k), what="read a kept trial")
+        if frozen is None:
+            logger.warning(
+                "trial %d kept in %s is not a trial of this study's database; it is dropped",
+                kept.number,
+                folder,
+            )
+        elif frozen.state.name == kept.state:
+            pass  # stored already (by another process of this host delivering it too)
+        elif frozen.state != TrialState.RUNNING:
             logger.warning(
                 "trial %d was %s meanwhile; the result kept while the database was away is dropped",
                 kept.number,
@@ -119,6 +125,17 @@ def deliver(study: optuna.Study, folder: Path) -> int:
             taken += 1
         done(folder, kept.trial_id)
     return taken
+
+
+def _stored(study: optuna.Study, kept: Kept) -> Any:
+    """The study's trial the entry names, or None (another database with a study of this name)."""
+    try:
+        frozen = study._storage.get_trial(kept.trial_id)
+    except KeyError:
+        return None
+    trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+    ids = {t._trial_id for t in trials}
+    return frozen if frozen.number == kept.number and kept.trial_id in ids else None
 
 
 def _tell(study: optuna.Study, kept: Kept, frozen: Any) -> None:
