@@ -80,4 +80,4 @@ def contour_note(params: Sequence[str]) -> str:
 def slice_note(params: Sequence[str]) -> str:
     shown = len(params[:SLICE_PARAMS])
     of = f" of {len(params)}" if len(params) > shown else ""
-    return f"the {shown}{of} parameters, most important first; each dot a completed trial"
+    return f"the {shown}{of} most important parameters, in name order; each dot a completed trial"
