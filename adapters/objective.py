@@ -84,4 +84,6 @@ class ObjectiveAdapter(BaseAdapter):
     ) -> float:
         assert self._trial is not None, "suggest() comes first"
         trial, self._trial = self._trial, None
-        return float(self._objective(trial, device))
+        from orchestrator.record.objectives import objective_value
+
+        return objective_value(self._objective(trial, device))  # type: ignore[return-value]

@@ -23,7 +23,7 @@ objective's module is importable there. It returns the `optuna.Study`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.study import StudySpec
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 def optimize(
-    objective: Callable[..., float],
+    objective: Callable[..., Any],
     *,
     n_trials: int,
     study_name: str | None = None,
@@ -44,9 +44,12 @@ def optimize(
     memory_model: tuple[float, float] = (0.0, 0.0),
     batch_sizes: tuple[int, int] | None = None,
     direction: str = "minimize",
+    directions: Sequence[str] | None = None,
     metric: str = "value",
-    sampler: str = StudySpec.sampler,
-    pruner: str = StudySpec.pruner,
+    objectives: Sequence[str] | str | None = None,
+    sampler: str | optuna.samplers.BaseSampler = StudySpec.sampler,
+    pruner: str | optuna.pruners.BasePruner = StudySpec.pruner,
+    callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
     seed: int | None = None,
     swarm_size: int = StudySpec.swarm_size,
     epochs: int = 1,
@@ -59,13 +62,19 @@ def optimize(
     size, which admission counts by; `batch_sizes` is the (low, high) range the objective draws
     "batch_size" from (log scale), drawn before it runs so the trial is admitted by its bytes.
     `epochs` is what pruners take as the resource (Hyperband), when the objective reports one
-    value per epoch. `host` takes the flags `run` has about this host, by their Python names:
-    concurrency, timeout, grace, sim_memory_scale, log_dir, recycle_after, fresh_process, ...
+    value per epoch. `directions` (one per value the objective returns) makes a study of several
+    objectives; `objectives` names them and may add "vram_peak_mb" and "seconds", which every
+    trial measures (orchestrator.record.objectives). `sampler` and `pruner` are names or Optuna
+    objects (pickled for the trial processes); `callbacks` are called as
+    `callback(study, frozen_trial)` in this process for every trial that finishes.
+    `host` takes the flags `run` has about this host, by their Python names: concurrency,
+    timeout, trial_timeout, grace, sim_memory_scale, log_dir, quiet (default: quiet unless
+    stderr is a terminal), recycle_after, fresh_process, ...
     """
     from adapters.objective import objective_ref
 
     ref = objective_ref(objective)
-    low, high = batch_sizes if batch_sizes is not None else (0, 0)
+    names, all_directions = _objectives(objectives, directions, metric=metric, direction=direction)
     spec = StudySpec(
         adapter=ref,
         adapter_path=True,
@@ -73,20 +82,99 @@ def optimize(
         metric=metric,
         trials=n_trials,
         epochs=epochs,
-        direction=direction,
-        options={
-            "overhead_mb": float(memory_model[0]),
-            "per_sample_mb": float(memory_model[1]),
-            "batch_size_min": int(low),
-            "batch_size_max": int(high),
-        },
-        sampler=sampler,
+        direction=all_directions[0],
+        directions=all_directions if len(all_directions) > 1 else None,
+        objectives=names if len(names) > 1 else None,
+        options=_options(memory_model, batch_sizes),
         seed=seed,
         swarm_size=swarm_size,
         max_retries=max_retries,
-        pruner=pruner,
+        **_sampler_and_pruner(sampler, pruner),
     )
-    return _run(spec, study_name or ref.rpartition(":")[2], storage, gpus, host)
+    check_spec(spec)
+    name = study_name or default_study_name(objective)
+    return _run(spec, name, storage, gpus, host, list(callbacks))
+
+
+def _options(memory_model: tuple[float, float], batch_sizes: tuple[int, int] | None) -> dict:
+    low, high = batch_sizes if batch_sizes is not None else (0, 0)
+    return {
+        "overhead_mb": float(memory_model[0]),
+        "per_sample_mb": float(memory_model[1]),
+        "batch_size_min": int(low),
+        "batch_size_max": int(high),
+    }
+
+
+def default_study_name(objective: Callable[..., Any]) -> str:
+    """`mlp:objective`: the objective's module (a script's file name) and its name, so that two
+    scripts sharing a database do not share a study by accident."""
+    import sys
+    from pathlib import Path
+
+    module = objective.__module__
+    if module in ("__main__", "__mp_main__"):
+        path = getattr(sys.modules.get(module), "__file__", None)
+        module = Path(path).stem if path else "main"
+    return f"{module}:{objective.__qualname__}"
+
+
+def _objectives(
+    objectives: Sequence[str] | str | None,
+    directions: Sequence[str] | None,
+    *,
+    metric: str,
+    direction: str,
+) -> tuple[list[str], list[str]]:
+    from orchestrator.record.objectives import parse_names, plan_objectives
+
+    if isinstance(directions, str):
+        raise ValueError(f"directions={directions!r}: give a list, as in ['maximize', 'minimize']")
+    if isinstance(objectives, str):
+        objectives = parse_names(objectives, "objectives")
+    return plan_objectives(objectives, directions, metric=metric, direction=direction)
+
+
+def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
+    """The spec's sampler and pruner fields: a name, or an Optuna object pickled with its class."""
+    import optuna
+
+    from orchestrator.record.optuna_objects import pickled, sampler_label
+
+    fields: dict[str, Any] = {"sampler": sampler, "pruner": pruner}
+    if isinstance(sampler, optuna.samplers.BaseSampler):
+        fields["sampler"] = sampler_label(sampler)
+        fields["sampler_pickle"] = pickled(sampler, "sampler")
+    elif not isinstance(sampler, str):
+        raise ValueError(f"sampler={sampler!r}: give a sampler's name or an Optuna sampler")
+    if isinstance(pruner, optuna.pruners.BasePruner):
+        fields["pruner"] = type(pruner).__name__
+        fields["pruner_pickle"] = pickled(pruner, "pruner")
+    elif not isinstance(pruner, str):
+        raise ValueError(f"pruner={pruner!r}: give a pruner's name or an Optuna pruner")
+    return fields
+
+
+def check_spec(spec: StudySpec) -> None:
+    """Everything about the spec that can be wrong, found before anything is stored: the
+    sampler for this many objectives, the pruner, and settings that must be stored as JSON."""
+    import json
+
+    from orchestrator.record.study import pruner_for
+    from samplers import make_sampler
+
+    if spec.sampler_pickle is None:
+        make_sampler(
+            spec.sampler,
+            seed=spec.seed,
+            swarm_size=spec.swarm_size,
+            n_objectives=len(spec.all_directions),
+        )
+    pruner_for(spec)
+    try:
+        json.dumps(spec.to_attr())
+    except TypeError as error:
+        raise ValueError(f"the study's settings must be plain values: {error}") from None
 
 
 def plan(
@@ -119,7 +207,16 @@ def plan(
     )
 
 
-def _run(spec: Any, name: str, storage: str | None, gpus: str, host: dict[str, Any]) -> Any:
+def _run(
+    spec: Any,
+    name: str,
+    storage: str | None,
+    gpus: str,
+    host: dict[str, Any],
+    callbacks: list[Callable[..., None]],
+) -> Any:
+    import sys
+
     import optuna
 
     from orchestrator.host_options import (
@@ -133,7 +230,10 @@ def _run(spec: Any, name: str, storage: str | None, gpus: str, host: dict[str, A
     from orchestrator.record.storage_url import parse_url, resolve_storage_url
     from orchestrator.run.processes import prestart
 
-    settings = HostOptions(gpus=gpus, quiet=host.pop("quiet", True), **host)
+    quiet = host.pop("quiet", None)
+    if quiet is None:  # as study.optimize: progress shown where someone watches
+        quiet = not sys.stderr.isatty()
+    settings = HostOptions(gpus=gpus, quiet=quiet, **host)
     check_host_options(settings)
     url = resolve_storage_url(storage)
     parse_url(url)
@@ -141,47 +241,76 @@ def _run(spec: Any, name: str, storage: str | None, gpus: str, host: dict[str, A
     adapter = spec.resolve_adapter()  # the objective imports here, or says why not
     spare = prestart(1)
     opened = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
-    spec = _resume(opened, name, spec)
+    existing, spec = _resume(opened, name, spec)
     execute(
         url=url,
         storage=opened,
         adapter=adapter,
         spec=spec,
         options=settings,
-        open_study=lambda: _store(opened, name, spec),
+        open_study=lambda: _store(opened, name, spec, existing),
         spare=spare,
+        callbacks=callbacks,
     )
     return optuna.load_study(study_name=name, storage=opened)
 
 
-def _resume(storage: Any, name: str, spec: Any) -> Any:
-    """The spec to store (this call's), once an existing study of that name is checked to tune
-    the same objective: its budget becomes `n_trials`, as `run --trials` does."""
+def _resume(storage: Any, name: str, spec: Any) -> tuple[Any, Any]:
+    """The study to resume (None: a new one) and the spec to store, once an existing study of
+    that name is checked to tune the same objective (its budget becomes `n_trials`, as
+    `run --trials` does), or, made by plain Optuna, to have the same directions and search
+    space (orchestrator.record.adoption)."""
     import contextlib
 
     import optuna
 
     from orchestrator.errors import UserError
+    from orchestrator.record.adoption import adoption_problem
     from orchestrator.record.study import load_spec
 
     existing = None
     with contextlib.suppress(KeyError):
         existing = optuna.load_study(study_name=name, storage=storage)
     if existing is None:
-        return spec
+        return None, spec
     stored = load_spec(existing)
-    if stored is None or stored.adapter != spec.adapter:
-        raise UserError(f"study {name!r} does not tune {spec.adapter}: give another study_name")
-    return spec
+    if stored is None:
+        problem = adoption_problem(existing, spec)
+        if problem:
+            raise UserError(f"study {name!r} cannot be adopted: {problem}")
+        return existing, spec
+    if stored.adapter != spec.adapter:
+        raise UserError(
+            f"study {name!r} tunes {stored.adapter}, not {spec.adapter}: give another study_name"
+        )
+    if stored.all_directions != spec.all_directions:
+        raise UserError(
+            f"study {name!r} has directions {', '.join(stored.all_directions)}, not "
+            f"{', '.join(spec.all_directions)}: give the same, or another study_name"
+        )
+    return existing, spec
 
 
-def _store(storage: Any, name: str, spec: Any) -> Any:
+def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
+    """The study, created (or the one resumed or adopted) with the spec stored and its metric
+    names set; a new study whose spec cannot be stored is deleted again, so a corrected call
+    is not refused because of it."""
     import optuna
 
-    from orchestrator.record.study import save_spec
+    from orchestrator.record.study import save_spec, set_metric_names
 
+    if existing is not None:
+        save_spec(existing, spec)
+        set_metric_names(existing, spec)
+        return existing
     study = optuna.create_study(
-        study_name=name, storage=storage, direction=spec.direction, load_if_exists=True
+        study_name=name, storage=storage, directions=spec.all_directions, load_if_exists=True
     )
-    save_spec(study, spec)
+    try:
+        save_spec(study, spec)
+        set_metric_names(study, spec)
+    except BaseException:
+        if not study.trials:
+            optuna.delete_study(study_name=name, storage=storage)
+        raise
     return study

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,9 +80,12 @@ def run_pool(
     host: HostPlan,
     options: HostOptions,
     spare: list[Any] | None = None,
+    callbacks: Sequence[Callable[..., None]] = (),
 ) -> Outcome:
     """Run the study's trials on this host's planned GPUs until its budget is used (`spare`:
-    trial processes prestarted by `orchestrator.run.processes.prestart`)."""
+    trial processes prestarted by `orchestrator.run.processes.prestart`; `callbacks`: called as
+    `callback(study, frozen_trial)` for each trial that finishes meanwhile)."""
+    from orchestrator.record.study import set_metric_names
     from orchestrator.result import outcome_of
     from orchestrator.run.pool import Pool
     from orchestrator.run.trial_endings import TrialsCannotStart
@@ -92,7 +95,9 @@ def run_pool(
     for gpu in host.plan.gpus:
         log_plan(gpu)
     _prepare_tracking(spec, study.study_name, metric)
+    set_metric_names(study, spec, metric)
     progress = _progress(options)
+    finished = FinishedTrials(study, callbacks) if callbacks else None
     pool = Pool.on_storage(
         storage_url=url,
         engine=storage.engine,
@@ -110,12 +115,14 @@ def run_pool(
         timeout_s=options.timeout,
         grace_s=options.grace,
         metric=metric,
-        on_update=progress.update if progress else None,
+        on_update=_updates(progress, finished),
     )
     final = None
     try:
         result = pool.run()
         final = pool.snapshot()
+        if finished is not None:
+            finished.call()  # the trials that finished after the last update
     except TrialsCannotStart as error:
         raise UserError(str(error)) from None
     finally:
@@ -123,6 +130,44 @@ def run_pool(
             progress.close(final)  # restores the terminal even when the pool raised
     _refine_memory_models(storage, adapter.name, study.study_name, host.devices)
     return outcome_of(study, spec, interrupted=result.interrupted)
+
+
+class FinishedTrials:
+    """Calls the user's callbacks once for each trial that finishes from now on, as
+    `study.optimize` does, in this process (the trials ran in others)."""
+
+    def __init__(self, study: optuna.Study, callbacks: Sequence[Callable[..., None]]) -> None:
+        self.study = study
+        self.callbacks = list(callbacks)
+        self.seen = {t.number for t in self._finished()}  # a resumed study's earlier trials
+
+    def _finished(self) -> list[Any]:
+        from optuna.trial import TrialState
+
+        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        return self.study.get_trials(deepcopy=False, states=states)
+
+    def call(self) -> None:
+        for trial in sorted(self._finished(), key=lambda t: t.number):
+            if trial.number not in self.seen:
+                self.seen.add(trial.number)
+                for callback in self.callbacks:
+                    callback(self.study, trial)
+
+
+def _updates(progress: Any, finished: FinishedTrials | None) -> Callable[[Any], None] | None:
+    """What the pool calls with each snapshot (about once a second): the progress display and
+    the callbacks; None when there is neither."""
+    if progress is None and finished is None:
+        return None
+
+    def update(snapshot: Any) -> None:
+        if progress is not None:
+            progress.update(snapshot)
+        if finished is not None:
+            finished.call()
+
+    return update
 
 
 def _refine_memory_models(storage: Any, adapter: str, study_name: str, devices: list[Any]) -> None:
@@ -209,8 +254,10 @@ def execute(
     options: HostOptions,
     open_study: Callable[[], optuna.Study],
     spare: list[Any] | None = None,
+    callbacks: Sequence[Callable[..., None]] = (),
 ) -> Outcome:
     """Plan this host, open the study once the plan fits, run the pools: the outcome."""
+
     with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
         host = plan_host(url=url, adapter=adapter, spec=spec, options=options, sim_dir=sim_dir)
         study = open_study()
@@ -222,6 +269,7 @@ def execute(
             host=host,
             options=options,
             spare=spare,
+            callbacks=callbacks,
         )
 
 

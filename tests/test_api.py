@@ -27,13 +27,13 @@ def test_a_plain_objective_runs_on_two_simulated_gpus_with_every_record(sqlite_u
         pruner="none",
         log_dir=str(tmp_path / "logs"),
     )
-    assert study.study_name == "objective"
+    assert study.study_name == "tests.api_objective:objective"  # module:function
     trials = study.trials
     assert len(trials) == 6 and all(t.state == TrialState.COMPLETE for t in trials)
     assert load_spec(study).trials == 6
     gpus = {t.user_attrs["gpu"] for t in trials}
     assert gpus <= {"Simulated GPU 12 GB", "Simulated GPU 24 GB"}
-    rows = records.list_trial_vram(sa.create_engine(normalize_url(sqlite_url)), "objective")
+    rows = records.list_trial_vram(sa.create_engine(normalize_url(sqlite_url)), study.study_name)
     assert sorted(r["trial_number"] for r in rows) == [t.number for t in trials]
     for trial in trials:
         batch = trial.params["batch_size"]

@@ -19,6 +19,7 @@ from orchestrator.cli import (
     whole_number,
 )
 from orchestrator.errors import UserError
+from orchestrator.objective_flags import add_objective_arguments, objectives_of
 
 if TYPE_CHECKING:
     import optuna
@@ -100,6 +101,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help="sampler seed (default: one is drawn and stored with the study)",
     )
     add_swarm_size_argument(parser)
+    add_objective_arguments(parser)
     parser.add_argument(
         "--pruner",
         choices=PRUNERS,
@@ -111,12 +113,6 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         type=whole_number("--max-retries", low=0, high=1000, example=2),
         metavar="N",
         help=f"re-runs of an OOM'd or lost trial (default {StudySpec.max_retries})",
-    )
-    parser.add_argument(
-        "--update-settings",
-        action="store_true",
-        help="resume a study with other epochs, sampler, seed, pruner or options than it was run "
-        "with (recorded with the time and host; `status` shows it); without it they are refused",
     )
     parser.add_argument(
         "--enqueue-defaults",
@@ -189,7 +185,7 @@ def run_command(args: argparse.Namespace) -> int:
         spec=spec,
         options=host,
         spare=spare,
-        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue, args),
+        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue),
     )
 
 
@@ -246,8 +242,8 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         adapter_path=bool(args.adapter_path),
         trials=args.trials or int(getattr(adapter, "default_trials", 20)),
         epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
-        direction=adapter.direction,
         options=options,
+        **objectives_of(args, adapter, options),
         sampler=args.sampler,
         seed=args.seed if args.seed is not None else draw_seed(),
         swarm_size=args.swarm_size,
@@ -265,7 +261,6 @@ def _resumed_spec(
     label: str,
 ) -> StudySpec:
     """A resumed study's stored spec, checked to be ours and this adapter's, with what was typed now."""
-    from orchestrator.record.settings_drift import differences, drift_message
     from orchestrator.record.study import count_trials
 
     adapter_ref = args.adapter_path or adapter.name
@@ -278,6 +273,13 @@ def _resumed_spec(
         raise UserError(
             f"study {name!r} tunes {spec.adapter!r}, not {adapter_ref!r}: choose another --study name"
         )
+    if args.directions or args.objectives:
+        asked = objectives_of(args, adapter, options)
+        if asked["objectives"] != spec.objectives or asked["direction"] != spec.direction:
+            raise UserError(
+                f"study {name!r} optimises {', '.join(spec.objectives or [spec.direction])}: "
+                "its objectives cannot change; choose another --study name"
+            )
     counted = count_trials(existing.get_trials(deepcopy=False)).counted
     if args.trials is not None and args.trials < counted:
         raise UserError(
@@ -285,7 +287,7 @@ def _resumed_spec(
             "or more to run more of it"
         )
     typed_now = {key: options[key] for key in options if _typed(key, args)}
-    wanted = spec.updated(
+    return spec.updated(
         trials=args.trials,
         epochs=args.epochs,
         sampler=args.sampler,
@@ -295,10 +297,6 @@ def _resumed_spec(
         max_retries=args.max_retries,
         options={**spec.options, **typed_now},
     )
-    drifts = differences(spec, wanted)
-    if drifts and not args.update_settings:
-        raise UserError(drift_message(name, drifts))  # before anything starts or is stored
-    return wanted
 
 
 def _store(
@@ -307,30 +305,18 @@ def _store(
     spec: StudySpec,
     name: str,
     queue: Sequence[Queued] = (),
-    args: argparse.Namespace | None = None,
 ) -> optuna.Study:
     """Create the study (or take the one resumed), store this run's spec with it, and queue the
-    parameter sets to run first. The stored settings are checked again here: another run may
-    have created the study, or updated its settings, since this one read them (`args`: whether
-    --update-settings and --seed were given)."""
-    update_settings = bool(args and args.update_settings)
-    seed_typed = args is None or args.seed is not None
-    import dataclasses
-
+    parameter sets to run first."""
     import optuna
 
     from orchestrator.enqueue import enqueue
-    from orchestrator.record.study import load_spec, save_spec
+    from orchestrator.record.study import save_spec
 
     study = existing or optuna.create_study(
-        study_name=name, storage=storage, direction=spec.direction, load_if_exists=True
+        study_name=name, storage=storage, directions=spec.all_directions, load_if_exists=True
     )
-    stored = load_spec(study) if existing is None and not seed_typed else None
-    if stored is not None and stored.seed is not None:
-        # Another run created the study a moment ago with a seed it drew: this run, which drew
-        # its own and was given none, joins that one's sequence instead of refusing a drift.
-        spec = dataclasses.replace(spec, seed=stored.seed)
-    save_spec(study, spec, update_settings=update_settings)
+    save_spec(study, spec)
     enqueue(study, queue)
     return study
 

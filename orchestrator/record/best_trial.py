@@ -61,3 +61,38 @@ def best_of_study(study: optuna.Study) -> FrozenTrial | None:
     except ValueError:  # no completed trial yet
         return None
     return pick_best([trial], directions)
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    """Not marked infeasible by its constraints (Optuna's: each value <= 0 is met;
+    orchestrator.record.objectives marks a trial that ran out of memory)."""
+    return all(float(c) <= 0.0 for c in trial.constraints.values())
+
+
+def pareto_front(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> list[FrozenTrial]:
+    """The completed, feasible trials no other one dominates (at least as good on every
+    objective and better on one), by number; of equal values the lowest number stands for all.
+    For one objective it is the best trial."""
+    from optuna.trial import TrialState
+
+    signs = [1.0 if d == "minimize" else -1.0 for d in directions]
+    done = [
+        t
+        for t in sorted(trials, key=lambda t: t.number)
+        if t.state == TrialState.COMPLETE
+        and t.values is not None
+        and len(t.values) == len(signs)
+        and not any(math.isnan(v) for v in t.values)
+        and feasible(t)
+    ]
+    keys = [tuple(s * v for s, v in zip(signs, t.values, strict=True)) for t in done]
+    front = []
+    for i, trial in enumerate(done):
+        dominated = any(
+            all(a <= b for a, b in zip(other, keys[i], strict=True)) and other != keys[i]
+            for other in keys
+        )
+        repeated = keys[i] in keys[:i]
+        if not dominated and not repeated:
+            front.append(trial)
+    return front

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record import attr_names as names
@@ -43,7 +44,8 @@ def trial_note(trial: FrozenTrial, *, metric: str = "value") -> str:
     if attrs.get("enqueued_from"):
         lines.append(f"- **parameters from**: {attrs['enqueued_from']}")
     if attrs.get(LOG_FILE_ATTR):
-        lines.append(f"- **log**: `{attrs[LOG_FILE_ATTR]}`")
+        # Absolute: the dashboard may run from another directory than the trials did.
+        lines.append(f"- **log**: `{Path(attrs[LOG_FILE_ATTR]).resolve()}`")
     return "\n".join(lines) + "\n"
 
 
@@ -53,8 +55,10 @@ def _outcome(trial: FrozenTrial, metric: str) -> str:
         last = max(trial.intermediate_values)
         value = trial.intermediate_values[last]
         return f"PRUNED at epoch {last} ({metric} {value:.6g})"
-    if trial.value is not None:
-        return f"{state}, {metric} {trial.value:.6g}"
+    if trial.values is not None:  # `values`: reading `value` of several objectives raises
+        if len(trial.values) == 1:
+            return f"{state}, {metric} {trial.values[0]:.6g}"
+        return f"{state}, " + ", ".join(f"{v:.6g}" for v in trial.values)
     return state
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
 SPEC_ATTR = "orchestrator"
+PICKLED = ("sampler_pickle", "pruner_pickle")  # StudySpec's fields kept in system attributes
+PICKLES_ATTR = "orchestrator:objects"
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,20 @@ class StudySpec:
     )
     objective: bool = False  # `adapter` is a plain objective(trial, device): orchestrator.optimize
     metric: str | None = None  # what the value is, for an objective (adapters name their own)
+    # A study of several objectives: each one's direction and name, the objective's own values
+    # first, then what the orchestrator measures (orchestrator.record.objectives). None: one.
+    directions: list[str] | None = None
+    objectives: list[str] | None = None
+    # An Optuna sampler or pruner object given to `optimize`, pickled (base64): each trial
+    # process rebuilds it. Kept in the study's system attributes, not with the rest
+    # (optuna-dashboard shows user attributes, and a pickle says nothing to a reader).
+    sampler_pickle: str | None = None
+    pruner_pickle: str | None = None
+
+    @property
+    def all_directions(self) -> list[str]:
+        """One direction per objective."""
+        return list(self.directions) if self.directions else [self.direction]
 
     def resolve_adapter(self) -> Any:
         """The adapter this study tunes, loaded in this process."""
@@ -54,7 +70,8 @@ class StudySpec:
         )
 
     def to_attr(self) -> dict[str, Any]:
-        return asdict(self)
+        """What is stored in the study's user attributes (the pickles go to system attributes)."""
+        return {k: v for k, v in asdict(self).items() if k not in PICKLED}
 
     @classmethod
     def from_attr(cls, value: dict[str, Any]) -> StudySpec:
@@ -88,6 +105,10 @@ def pruner_for(spec: StudySpec) -> optuna.pruners.BasePruner:
     builds its own from the spec; epochs are the resource (the adapter reports once per epoch)."""
     import optuna
 
+    if spec.pruner_pickle is not None:
+        from orchestrator.record.optuna_objects import unpickled
+
+        return unpickled(spec.pruner_pickle)
     if spec.pruner not in PRUNERS:
         raise UserError(
             f"study's pruner {spec.pruner!r} is unknown to this version; "
@@ -119,6 +140,9 @@ def load_spec(study: optuna.Study) -> StudySpec | None:
     if not isinstance(value, dict):
         return None
     spec = StudySpec.from_attr(value)
+    pickles = study._storage.get_study_system_attrs(study._study_id).get(PICKLES_ATTR)
+    if isinstance(pickles, dict):
+        spec = replace(spec, **{k: v for k, v in pickles.items() if k in PICKLED})
     if spec.seed is None and spec.sampler == "qmc":
         # A study stored before seeds were drawn: QMC's points form one sequence only if every
         # process scrambles it alike, so each derives the same seed from the study itself.
@@ -144,15 +168,13 @@ def derived_seed(study_name: str, study_id: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def save_spec(study: optuna.Study, spec: StudySpec, *, update_settings: bool = False) -> None:
-    """Store the spec; settings that would change what the study's trials mean are refused
-    unless `update_settings` (record/settings_drift.py: `run`, `optimize`, and a run that
-    raced another to create the study all meet this one check)."""
-    from orchestrator.record.settings_drift import check_stored
-
-    check_stored(study, load_spec(study), spec, update_settings=update_settings)
+def save_spec(study: optuna.Study, spec: StudySpec) -> None:
     # JSON round trip: user attributes must be JSON-serialisable, and we want a clear error if not.
     study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.to_attr())))
+    pickles = {key: getattr(spec, key) for key in PICKLED}
+    stored = study._storage.get_study_system_attrs(study._study_id).get(PICKLES_ATTR)
+    if any(pickles.values()) or stored:
+        study._storage.set_study_system_attr(study._study_id, PICKLES_ATTR, pickles)
 
 
 def study_names(storage: BaseStorage) -> list[str]:
@@ -228,3 +250,11 @@ def count_trials(trials: Iterable[FrozenTrial]) -> BudgetCount:
         elif trial.state == TrialState.WAITING:
             counts["waiting"] += 1
     return BudgetCount(**counts)
+
+
+def set_metric_names(study: optuna.Study, spec: StudySpec, metric: str | None = None) -> None:
+    """Name the study's values where people look (optuna-dashboard says "sharpe", not
+    "Objective 0"): the spec's objectives, else its one metric (`metric`: the adapter's)."""
+    names = list(spec.objectives or [metric or spec.metric or "value"])
+    if len(names) == len(study.directions) and study.metric_names != names:
+        study.set_metric_names(names)

@@ -133,6 +133,13 @@ class TrialContext:
 
         spec = self.spec
         assert spec is not None
+        if spec.sampler_pickle is not None:  # an Optuna sampler object given to `optimize`
+            from orchestrator.record.optuna_objects import user_sampler
+
+            if bounds not in self._samplers:
+                self._samplers[bounds] = user_sampler(spec.sampler_pickle, bounds)
+            return self._samplers[bounds]
+        n_objectives = len(spec.all_directions)
         if spec.sampler == "pso":
             if bounds not in self._samplers:
                 self._samplers[bounds] = make_sampler(
@@ -140,6 +147,7 @@ class TrialContext:
                     seed=spec.seed,
                     swarm_size=spec.swarm_size,
                     bounds={"batch_size": bounds},
+                    n_objectives=n_objectives,
                 )
             return self._samplers[bounds]
         return make_sampler(
@@ -148,6 +156,7 @@ class TrialContext:
             swarm_size=spec.swarm_size,
             bounds={"batch_size": bounds},
             independent_seed_offset=trial_number or 0,
+            n_objectives=n_objectives,
         )
 
 

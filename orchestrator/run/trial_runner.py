@@ -68,7 +68,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         oom=result.oom,
         alone=alone,
         batch_size=result.batch_size,
-        value=result.value,
+        value=None if isinstance(result.value, list) else result.value,  # several: in the study
         vram_peak_mb=result.peak_mb,
         error=result.error,
         requeued=requeued,
@@ -175,6 +175,7 @@ def run_objective(
     from optuna.trial import TrialState
 
     from adapters.base import reporter
+    from orchestrator.record.objectives import objective_value, unpruned_reporter
 
     _placement_attrs(ctx, job, trial, log_file)
     result = RunResult(TrialState.FAIL)
@@ -189,7 +190,11 @@ def run_objective(
             if not isinstance(go, Go):
                 raise Interrupted("stopped before it was admitted")
             _admitted(ctx, trial, go, result)
-            report = reporter(trial)  # holds its values while the database is away
+            report = (  # holds its values while the database is away
+                reporter(trial)
+                if len(spec.all_directions) == 1
+                else unpruned_reporter(trial.number)
+            )
             value = ctx.adapter.train(
                 params,
                 epochs=spec.epochs,
@@ -199,7 +204,7 @@ def run_objective(
             )
             hold_simulated(ctx, result)  # a model that never reports still held it all
             report.flush()  # progress reports held through an outage, before the result
-        result.state, result.value = TrialState.COMPLETE, float(value)
+        result.state, result.value = TrialState.COMPLETE, objective_value(value)
     except optuna.TrialPruned:
         result.state = TrialState.PRUNED
     except oom_errors() as caught:
@@ -293,16 +298,40 @@ def requeue_if_interrupted(
 
 
 def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
-    from optuna.trial import TrialState
-
     attrs: dict[str, Any] = {names.OOM: result.oom}
     if result.peak_mb is not None:
         attrs[names.VRAM_PEAK_MB] = round(result.peak_mb, 1)
     if result.error:
         attrs[names.ERROR] = result.error[:500]
     set_user_attrs(trial, attrs)
-    value = result.value if result.state == TrialState.COMPLETE else None
-    ctx.study.tell(trial, value, state=result.state)
+    state, values = told_values(ctx, trial, result)
+    ctx.study.tell(trial, values, state=state)
+
+
+def told_values(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> tuple[Any, Any]:
+    """The state and values the study is told: the objective's value, and what was measured when
+    the study optimises it too (orchestrator.record.objectives; an OOM there is infeasible)."""
+    import datetime
+
+    from optuna.trial import TrialState
+
+    from orchestrator.record import objectives
+
+    spec = ctx.spec
+    assert spec is not None
+    seconds = (datetime.datetime.now() - trial.datetime_start).total_seconds()
+    told = objectives.told(
+        objectives=spec.objectives,
+        directions=spec.all_directions,
+        state=result.state.name,
+        value=result.value,
+        oom=result.oom,
+        peak_mb=result.peak_mb,
+        seconds=seconds,
+    )
+    if told.violation is not None:
+        trial.set_constraint(objectives.CONSTRAINT, told.violation)
+    return TrialState[told.state], told.values
 
 
 def publish(ctx: TrialContext, trial: optuna.Trial) -> None:

@@ -1,0 +1,54 @@
+"""`--directions` and `--objectives`: what a study of several objectives optimises, as typed.
+
+The rule for names and directions is orchestrator.record.objectives'; here the flags are
+declared and what was typed becomes the spec's `direction`, `directions` and `objectives`, or
+one line saying what to type instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from orchestrator.errors import UserError
+
+
+def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
+    """Several objectives: the adapter's own values' directions, and what the study optimises."""
+    from orchestrator.record.objectives import MEASURED
+
+    parser.add_argument(
+        "--directions",
+        metavar="D1,D2",
+        help="minimize or maximize for each value the adapter returns (default: its direction)",
+    )
+    parser.add_argument(
+        "--objectives",
+        metavar="NAMES",
+        help=f"what the study optimises: the adapter's metric, then any of {', '.join(MEASURED)} "
+        "(minimised), as in sharpe,vram_peak_mb,seconds; `best` shows the Pareto front",
+    )
+
+
+def objectives_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> dict:
+    """The spec's direction, directions and objectives from --directions and --objectives."""
+    from adapters import metric_name
+    from orchestrator.record.objectives import parse_names, plan_objectives
+
+    try:
+        directions = parse_names(args.directions, "--directions") if args.directions else None
+        objectives = parse_names(args.objectives, "--objectives") if args.objectives else None
+        names, all_directions = plan_objectives(
+            objectives,
+            directions,
+            metric=metric_name(adapter, options),
+            direction=adapter.direction,
+        )
+    except ValueError as error:
+        raise UserError(str(error).replace("objectives ", "--objectives ", 1)) from None
+    several = len(all_directions) > 1
+    return {
+        "direction": all_directions[0],
+        "directions": all_directions if several else None,
+        "objectives": names if several else None,
+    }
