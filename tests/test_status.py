@@ -415,18 +415,13 @@ def test_a_multi_objective_study_is_listed_and_shown_not_a_traceback(storage_url
     assert "COMPLETE 3" in out
 
 
-@pytest.mark.parametrize("command", ["best"])  # the report shows the Pareto front: test_report_gpu
-def test_best_and_report_of_a_multi_objective_study_say_so_in_one_line(
-    sqlite_url, tmp_path, capsys, command
-):
-    build_multi_objective_study(sqlite_url)
-    argv = [command, "--study", "pareto", "--storage", sqlite_url]
-    if command == "report":
-        argv += ["--out", str(tmp_path / "r")]
-    code, _, err = run_cli(capsys, *argv)
-    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert "multi-objective" in err and f"`{command}`" in err
-    assert not (tmp_path / "r").exists()
+def test_best_of_a_multi_objective_study_gives_its_pareto_front(sqlite_url, capsys):
+    build_multi_objective_study(sqlite_url)  # values (0, 0), (1, -1), (2, -2): #0 dominates
+    code, out, err = run_cli(capsys, "best", "--study", "pareto", "--storage", sqlite_url)
+    assert code == 0 and "Traceback" not in err and "Pareto front of 'pareto'" in err
+    assert json.loads(out) == [
+        {"trial": 0, "values": {"value 0": 0.0, "value 1": 0.0}, "params": {"x": 0.0}}
+    ]
 
 
 def test_best_of_a_multi_objective_trial_list_is_none():
