@@ -178,3 +178,22 @@ def test_objectives_are_planned_and_told_by_one_rule():
     plain_oom = told(objectives=None, directions=["minimize"], state="FAIL",
                      value=None, oom=True, peak_mb=None, seconds=1.0)  # fmt: skip
     assert (plain_oom.state, plain_oom.values) == ("FAIL", None)  # re-run, as before
+
+
+def test_logs_of_a_trial_that_printed_nothing_says_so(sqlite_url, tmp_path, capsys, monkeypatch):
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.notes import trial_note
+
+    monkeypatch.chdir(tmp_path)
+    Path("trial-0.log").write_text("")
+    study = optuna.create_study(study_name="quiet", storage=open_storage(sqlite_url))
+    trial = study.ask()
+    trial.set_user_attr("log_file", "trial-0.log")  # relative, as `--log-dir logs` gives
+    study.tell(trial, 1.0)
+    code, out, err = run_cli(capsys, "logs", "--study", "quiet", "--trial", "0",
+                             "--storage", sqlite_url)  # fmt: skip
+    assert code == 0 and out == ""
+    assert err.strip() == "trial 0's log trial-0.log is empty: the trial printed nothing"
+    # The dashboard note names the log by its absolute path: the dashboard runs elsewhere.
+    note = trial_note(study.trials[0], metric="loss")
+    assert f"`{tmp_path / 'trial-0.log'}`" in note

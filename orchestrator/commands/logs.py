@@ -31,10 +31,17 @@ def logs_command(args: argparse.Namespace) -> int:
     path = trial_log_file(storage, args.study, args.trial, describe_location(url))
     try:
         with open(path, "rb") as log:
-            sys.stdout.buffer.write(log.read())
+            text = log.read()
     except OSError as error:
         raise UserError(
             f"trial {args.trial}'s log {path} cannot be read here ({error.strerror}): it is on "
             "the machine that ran the trial"
         ) from None
+    if not text:
+        # Silence would look like a broken command: say that the trial itself printed nothing.
+        print(
+            f"trial {args.trial}'s log {path} is empty: the trial printed nothing", file=sys.stderr
+        )
+        return 0
+    sys.stdout.buffer.write(text)
     return 0
