@@ -156,8 +156,8 @@ if [ -n "${{{SIM_GPU_ENV}:-}}" ]; then
 fi
 echo "slurm job ${{SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}}_${{SLURM_ARRAY_TASK_ID:-0}} on \
 ${{SLURMD_NODENAME:-?}}: GPUs ${{CUDA_VISIBLE_DEVICES:-none}}, restart ${{SLURM_RESTART_COUNT:-0}}"
-# scancel and preemption send SIGTERM to every process of the job: the worker stops its trials
-# within its grace period and re-queues them; this shell waits for it, then says how it ended.
+# scancel and preemption send SIGTERM to every process of the job: the trial processes stop
+# and are re-queued, the worker leaves; this shell waits for it, then says how it ended.
 stopped=
 trap 'stopped=1; echo "slurm: SIGTERM received, the worker re-queues what it cannot finish"' TERM
 {worker_command(job)}
