@@ -8,7 +8,8 @@ that connection:
     count the trials; find a waiting trial or insert a new one, with its heartbeat row
     COMMIT                                      -- the claim lands and the lock goes, together
 
-A transaction-scoped lock is what PgBouncer's transaction pooling allows (a session lock would
+(`take_lock` waits for the lock in slices, so waiters do not hold PgBouncer's server
+connections for ever.) A transaction-scoped lock is what PgBouncer's transaction pooling allows (a session lock would
 stay on a server connection that the next client gets). Optuna's own calls inside the section
 go through a Session joined to the transaction by savepoints, so an error Optuna catches (an
 integrity error it ignores) rolls back its savepoint, never the lock. The lock goes at the claim,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,6 +42,35 @@ class Section:
     storage: RDBStorage
     connection: Connection
     claimed: bool = False
+    waiting: int | None = None  # waiting trials, as the section's count found them
+
+
+def counted(engine: Engine, waiting: int) -> None:
+    """The section's count found `waiting` waiting trials (none: the look for one is skipped)."""
+    section = current(engine)
+    if section is not None:
+        section.waiting = waiting
+
+
+def none_waiting(engine: Engine) -> bool:
+    """Whether this thread is in a section on `engine` whose count found no waiting trial: the
+    lock keeps any from being queued since, so there is nothing to look for."""
+    section = current(engine)
+    return section is not None and not section.claimed and section.waiting == 0
+
+
+@dataclass(frozen=True)
+class LockTimes:
+    """How long the last section of this thread waited for the lock, and held it, in ms."""
+
+    wait_ms: float
+    held_ms: float
+
+
+def last_times() -> LockTimes | None:
+    """The lock times of this thread's last section (None before any): what the lock really
+    cost, from taking it to the claim's commit, without the part of the ask that follows."""
+    return getattr(_local, "last", None)
 
 
 def current(engine: Engine | None = None) -> Section | None:
@@ -74,35 +105,76 @@ def claimed(storage: RDBStorage, trial_id: int) -> None:
     """A trial was claimed in this thread's section: write its heartbeat row in the same
     transaction and commit, which lets the lock go. From here a lost process always leaves a
     RUNNING trial with a heartbeat, which the next worker finds stale."""
-    from optuna.storages import RDBStorage as Plain
+    import sqlalchemy as sa
 
     section = current(storage.engine)
     if section is None or section.claimed:
         return
-    Plain.record_heartbeat(storage, trial_id)
+    # Optuna's record_heartbeat takes four round trips here (a savepoint, a read, the insert,
+    # the release); the trial is new to running, so this is one.
+    section.connection.execute(
+        sa.text(
+            "INSERT INTO trial_heartbeats (trial_id, heartbeat) VALUES (:trial, now()) "
+            "ON CONFLICT (trial_id) DO UPDATE SET heartbeat = now()"
+        ),
+        {"trial": trial_id},
+    )
     section.connection.commit()
     section.claimed = True
+    _local.held_until = time.perf_counter()
+
+
+# A waiter gives up its place this often and asks again (`take_lock`).
+LOCK_WAIT_SLICE_MS = 50
+_LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's code for "canceling statement due to lock timeout"
+
+
+def take_lock(conn: Connection, key: int) -> None:
+    """Take the transaction-scoped lock `key` in a new transaction of `conn`, however long it takes.
+
+    Waiting blocks in slices of LOCK_WAIT_SLICE_MS: after each, the waiter ends its transaction
+    and asks again. Behind PgBouncer a transaction holds one of the pool's few server
+    connections: waiters that blocked without end could fill the pool while the holder of the
+    lock waits for a connection of the pool to finish its section, and nobody would move."""
+    import sqlalchemy as sa
+
+    # One round trip: the bounded wait, the lock, and the transaction's usual lock_timeout back.
+    statement = sa.text(
+        f"SET LOCAL lock_timeout = '{LOCK_WAIT_SLICE_MS}ms'; SELECT pg_advisory_xact_lock(:key); "
+        "SET LOCAL lock_timeout = DEFAULT"
+    )
+    while True:
+        try:
+            conn.execute(statement, {"key": key})
+            return
+        except sa.exc.OperationalError as error:
+            if getattr(error.orig, "pgcode", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            conn.rollback()
 
 
 def run_section(storage: RDBStorage, key: int, section: Callable[[], T]) -> T:
     """`section()` as one transaction under the transaction-scoped lock `key`, on a connection
     of `storage`'s pool that Optuna's calls in this thread share while it runs."""
-    import sqlalchemy as sa
     from sqlalchemy import orm
 
     if current() is not None:
         raise RuntimeError("a budget section does not nest")
     registry = storage.scoped_session.registry
     earlier = registry() if registry.has() else None
+    asked_at = time.perf_counter()
     with storage.engine.connect() as connection:
-        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+        take_lock(connection, key)
+        locked_at = time.perf_counter()
         session = orm.Session(bind=connection, join_transaction_mode="create_savepoint")
         registry.set(session)
-        _local.section = Section(storage, connection)
+        _local.section, _local.held_until = Section(storage, connection), None
         try:
             result = section()
             if connection.in_transaction():
                 connection.commit()
+            until = _local.held_until or time.perf_counter()
+            _local.last = LockTimes((locked_at - asked_at) * 1000, (until - locked_at) * 1000)
             return result
         finally:
             _local.section = None

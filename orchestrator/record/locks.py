@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
+from orchestrator.record import budget_section
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_errors import is_outage
 from orchestrator.record.storage import engine_kwargs, one_connection_storage
@@ -66,7 +67,7 @@ def storage_lock(url: str, name: str) -> Iterator[None]:
     try:
         with engine.connect() as conn:
             # The transaction this opens stays open while the section runs, and holds the lock.
-            conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock_key(name)})
+            budget_section.take_lock(conn, lock_key(name))
             try:
                 yield
             finally:
@@ -97,8 +98,6 @@ def locked(url: str, name: str, section: Callable[[], T], *, what: str) -> T:
 
     In a process that holds one connection to this PostgreSQL storage (a trial process), the
     section is one transaction on that connection (`budget_section`)."""
-    from orchestrator.record import budget_section
-
     shared = one_connection_storage(url)
 
     def attempt() -> T:

@@ -87,6 +87,8 @@ def _get_trials(self: Any, study_id: int, states: Any, *args: Any, **kwargs: Any
     from optuna.trial import TrialState
 
     if states is None and budget_section.before_claim(self.engine):
+        if budget_section.none_waiting(self.engine):
+            return []  # the count under this lock found none: no read at all
         states = (TrialState.WAITING,)
     return ride_out(
         lambda: RDBStorage._get_trials(self, study_id, states, *args, **kwargs),
@@ -129,7 +131,7 @@ def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> A
                 return RDBStorage.get_trial(self, made)
         if template_trial is None:
             memory[key] = mark
-        return _create_once(self, study_id, template)
+        return _create_once(self, study_id, template, claim=template_trial is None)
 
     return ride_out(attempt, what="ask for a trial")
 
@@ -155,7 +157,7 @@ def _new_trial_template() -> Any:
     )
 
 
-def _create_once(storage: Any, study_id: int, template: Any) -> Any:
+def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> Any:
     """One attempt of RDBStorage._create_new_trial. Optuna's own method retries a failed commit
     itself, blind to whether it landed, and would make a second trial with the same mark."""
     import copy
@@ -171,7 +173,8 @@ def _create_once(storage: Any, study_id: int, template: Any) -> Any:
         frozen.number = trial.number
         frozen.datetime_start = trial.datetime_start
         frozen._trial_id = trial.trial_id
-    budget_section.claimed(storage, frozen._trial_id)  # under the budget lock: it goes now
+    if claim:  # a plain ask under the budget lock: the lock goes now (a re-queue keeps it)
+        budget_section.claimed(storage, frozen._trial_id)
     return frozen
 
 

@@ -1,0 +1,82 @@
+"""The budget section of a trial process: one connection, a transaction-scoped lock let go at the claim."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import optuna
+import sqlalchemy as sa
+from optuna.trial import TrialState
+
+from orchestrator.record.locks import under_budget_lock
+from orchestrator.record.migrate import open_storage
+from orchestrator.record.storage import create_storage
+from orchestrator.record.trial_counts import stored_count
+
+BUDGET = 24
+
+
+def _advisory_locks(url: str) -> int:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            return int(conn.execute(sa.text(query)).scalar())
+    finally:
+        engine.dispose()
+
+
+def _trial_process(url: str) -> int:
+    """Ask and tell as a trial process does, until the budget is used; the trials it ran."""
+    storage = create_storage(url, heartbeat=True, wait=True)
+    study = optuna.load_study(study_name="section", storage=storage)
+
+    def count_and_create() -> optuna.Trial | None:
+        if not stored_count(storage.engine, study._study_id).may_ask(BUDGET):
+            return None
+        return study.ask()
+
+    ran = 0
+    while (trial := under_budget_lock(url, "section", count_and_create, what="ask")) is not None:
+        study.tell(trial, float(trial.number))
+        ran += 1
+    return ran
+
+
+def test_trial_processes_share_an_exact_budget_on_one_connection_each(postgres_url):
+    study = optuna.create_study(study_name="section", storage=open_storage(postgres_url))
+    study.enqueue_trial({})  # one waiting trial: popped under the lock, not created
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        ran = pool.map(_trial_process, [postgres_url] * 4)
+    assert sum(ran) == BUDGET
+    trials = optuna.load_study(study_name="section", storage=postgres_url).trials
+    assert len(trials) == BUDGET
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    engine = sa.create_engine(postgres_url, poolclass=sa.pool.NullPool)
+    with engine.connect() as conn:
+        beats = conn.execute(sa.text("SELECT count(*) FROM trial_heartbeats")).scalar()
+    engine.dispose()
+    assert beats == BUDGET, "every claimed trial got its heartbeat row with the claim"
+    assert _advisory_locks(postgres_url) == 0
+
+
+def test_the_lock_goes_at_the_claim_and_the_process_holds_one_connection(postgres_url):
+    optuna.create_study(study_name="claim", storage=open_storage(postgres_url))
+    storage = create_storage(postgres_url, heartbeat=True, wait=True)
+    assert (storage.engine.pool.size(), storage.engine.pool._max_overflow) == (1, 0)
+    study = optuna.load_study(study_name="claim", storage=storage)
+    seen: dict[str, int] = {}
+
+    def section() -> optuna.Trial:
+        stored_count(storage.engine, study._study_id)  # on the section's connection: no wait
+        seen["before"] = _advisory_locks(postgres_url)
+        trial = study.ask()
+        seen["after"] = _advisory_locks(postgres_url)
+        storage.record_heartbeat(trial._trial_id)  # the one connection, after the claim
+        return trial
+
+    trial = under_budget_lock(postgres_url, "claim", section, what="ask")
+    assert seen == {"before": 1, "after": 0}
+    assert storage.engine.pool.checkedout() == 0
+    study.tell(trial, 1.0)
+    assert study.trials[0].state == TrialState.COMPLETE
