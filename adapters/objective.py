@@ -86,4 +86,26 @@ class ObjectiveAdapter(BaseAdapter):
         trial, self._trial = self._trial, None
         from orchestrator.record.objectives import objective_value
 
-        return objective_value(self._objective(trial, device))  # type: ignore[return-value]
+        try:
+            value = self._objective(trial, device)
+        except ValueError as error:
+            raise _batch_size_mismatch(error, options) from None
+        return objective_value(value)  # type: ignore[return-value]
+
+
+# What Optuna says when a parameter is drawn again from an incompatible distribution.
+_INCOMPATIBLE = ("Cannot set different", "does not support dynamic value space")
+
+
+def _batch_size_mismatch(error: ValueError, options: Mapping[str, Any]) -> ValueError:
+    """The error to raise: Optuna's, or, when the objective drew the batch size (drawn before it
+    ran, for admission) from another distribution, what the objective must call instead."""
+    low, high = int(options["batch_size_min"]), int(options["batch_size_max"])
+    if high <= 0 or not any(words in str(error) for words in _INCOMPATIBLE):
+        return error
+    return ValueError(
+        f"the objective draws batch_size from another distribution than batch_sizes=({low}, "
+        f"{high}), which drew it before the trial ran: call trial.suggest_int('batch_size', "
+        f"{low}, {high}, log=True) or read trial.params['batch_size'], or pass the objective's "
+        f"own bounds as batch_sizes (Optuna: {error})"
+    )

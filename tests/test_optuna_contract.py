@@ -18,7 +18,7 @@ import orchestrator
 from orchestrator.errors import UserError
 from orchestrator.record.objectives import plan_objectives, told
 from orchestrator.record.study import PICKLES_ATTR, SPEC_ATTR, load_spec
-from tests.optuna_objectives import quadratic, two_values
+from tests.optuna_objectives import draws_its_own_batch, quadratic, two_values
 
 QUICK = {"gpus": "none", "quiet": True}
 
@@ -197,3 +197,13 @@ def test_logs_of_a_trial_that_printed_nothing_says_so(sqlite_url, tmp_path, caps
     # The dashboard note names the log by its absolute path: the dashboard runs elsewhere.
     note = trial_note(study.trials[0], metric="loss")
     assert f"`{tmp_path / 'trial-0.log'}`" in note
+
+
+def test_a_batch_size_drawn_otherwise_says_what_the_objective_must_call(sqlite_url):
+    study = orchestrator.optimize(
+        draws_its_own_batch, n_trials=1, storage=sqlite_url, batch_sizes=(32, 1024),
+        max_retries=0, **QUICK,
+    )  # fmt: skip
+    (trial,) = study.trials
+    assert trial.state == TrialState.FAIL
+    assert "call trial.suggest_int('batch_size', 32, 1024, log=True)" in trial.user_attrs["error"]
