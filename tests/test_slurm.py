@@ -156,9 +156,15 @@ def test_a_job_that_cannot_be_submitted_is_refused_saying_what_to_give(values, s
             ["--study", "syn", "--nodes", "1", "--gpus-per-node", "1", "--trials", "3"],
             "give the ADAPTER too",
         ),
+        (
+            ["--study", "nosuch", "--nodes", "1", "--gpus-per-node", "1", "--dry-run"],
+            "no study database at",
+        ),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args, says, capsys) -> None:
+def test_bad_input_is_one_line_and_exit_2(args, says, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no orchestrator.db here
+    monkeypatch.delenv(STORAGE_ENV, raising=False)
     assert main(["slurm", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err

@@ -117,11 +117,22 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
         import adapters
 
         return args.adapter, adapters.get(args.adapter).workload_class
-    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.storage_url import (
+        STORAGE_ENV,
+        describe_location,
+        resolve_storage_url,
+        sqlite_path,
+    )
     from orchestrator.record.study import load_existing_study, load_spec
     from orchestrator.show.queries import open_for_reading
 
     url = resolve_storage_url(None)
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise UserError(
+            f"no study database at {describe_location(url)}: export {STORAGE_ENV} with the "
+            "study's database, or give the adapter: slurm ADAPTER --study NAME"
+        )
     study = load_existing_study(open_for_reading(url), args.study, describe_location(url))
     spec = load_spec(study)
     if spec is None:
