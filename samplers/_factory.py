@@ -41,7 +41,10 @@ def make_sampler(
 
     _check(name, n_objectives, grid)
     if name == "pso":
-        return _swarm(swarm_size, seed, bounds, n_objectives)
+        # One class for one objective or several: the study's directions decide how it is led.
+        from samplers._pso import PSOSampler
+
+        return PSOSampler(swarm_size=swarm_size, seed=seed, bounds=bounds)
     own_seed = None if seed is None else (seed + independent_seed_offset) % 2**32
     if name == "tpe":
         # Constant liar, as Optuna advises for parallel workers; it works for several
@@ -95,22 +98,3 @@ def _check(name: str, n_objectives: int, grid: Mapping[str, Sequence[Any]] | Non
             raise ValueError(
                 f"The grid for {', '.join(map(repr, empty))} must be a non-empty list of values."
             )
-
-
-def _swarm(
-    swarm_size: int,
-    seed: int | None,
-    bounds: Mapping[str, tuple[float, float]] | None,
-    n_objectives: int,
-) -> BaseSampler:
-    if n_objectives == 1:
-        from samplers._pso import PSOSampler
-
-        return PSOSampler(swarm_size=swarm_size, seed=seed, bounds=bounds)
-    # Until the multi-objective swarm exists, several objectives get NSGA-II (Optuna's), which
-    # is also what the swarm falls back to where it cannot help.
-    import optuna
-
-    from samplers._bounded import bounded
-
-    return bounded(optuna.samplers.NSGAIISampler(seed=seed), bounds)

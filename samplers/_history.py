@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 # System attributes: "pso" = {"p": particle, "x": {name: [position, velocity]}} from a relative
 # sample; "pso:NAME" = [particle, position, velocity] from a sample of one parameter.
 RECORD_KEY = "pso"
+# Where Optuna's samplers keep a trial's constraint values (`constraints_func`'s results).
+CONSTRAINTS_KEY = "constraints"
 PARAM_KEY_PREFIX = "pso:"
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
@@ -43,13 +45,19 @@ class Record:
     params: dict[str, Any]
     distributions: dict[str, BaseDistribution]
     oom: bool
+    # Several objectives: every value to minimise (None unless COMPLETE with numbers), and the
+    # sum of the positive values of the trial's constraints (Optuna's "constraints" attribute).
+    values: tuple[float, ...] | None = None
+    violation: float = 0.0
 
     def evaluated(self, name: str) -> float:
         """The unit coordinate of the value this trial really ran with."""
         return to_unit(self.distributions[name], self.params[name])
 
 
-def parse(trial: FrozenTrial, sign: float) -> Record:
+def parse(trial: FrozenTrial, sign: float | tuple[float, ...]) -> Record:
+    """The trial as the swarm sees it; `sign` is -1 for a maximised objective, one per objective
+    (a tuple) in a study of several."""
     system_attrs = trial.system_attrs
     record = system_attrs.get(RECORD_KEY)
     particle = int(record["p"]) if isinstance(record, dict) else None
@@ -63,17 +71,38 @@ def parse(trial: FrozenTrial, sign: float) -> Record:
             particle = int(value[0])
     if merged is not None:
         moves = merged
-    value = trial.value if trial.state == TrialState.COMPLETE else None
+    values, score = None, None
+    if isinstance(sign, tuple):
+        values = _signed_values(trial, sign)
+    elif trial.state == TrialState.COMPLETE and not math.isnan(trial.value):
+        score = sign * trial.value
     return Record(
         number=trial.number,
         state=trial.state,
-        score=None if value is None or math.isnan(value) else sign * value,
+        score=score,
         particle=particle,
         moves=moves,
         params=trial.params,
         distributions=trial.distributions,
         oom=trial.state == TrialState.FAIL and trial.user_attrs.get(OOM) is True,
+        values=values,
+        violation=_violation(system_attrs.get(CONSTRAINTS_KEY)),
     )
+
+
+def _signed_values(trial: FrozenTrial, sign: tuple[float, ...]) -> tuple[float, ...] | None:
+    if trial.state != TrialState.COMPLETE or trial.values is None:
+        return None
+    if len(trial.values) != len(sign) or any(math.isnan(v) for v in trial.values):
+        return None
+    return tuple(s * v for s, v in zip(sign, trial.values, strict=True))
+
+
+def _violation(constraints: Any) -> float:
+    # Optuna's convention: constraint values <= 0 are satisfied; a positive one is violated.
+    if not isinstance(constraints, list | tuple):
+        return 0.0
+    return float(sum(max(0.0, float(c)) for c in constraints))
 
 
 def _rank_key(record: Record) -> tuple[float, int]:
@@ -85,7 +114,7 @@ def _rank_key(record: Record) -> tuple[float, int]:
 class FinishedTrials:
     """Parsed finished trials of one study, with the indexes the swarm reads."""
 
-    sign: float
+    sign: float | tuple[float, ...]
     storage: weakref.ref
     study_id: int
     by_id: dict[int, Record] = field(default_factory=dict)
@@ -162,6 +191,11 @@ class SwarmView:
         self._others = others
 
     @property
+    def several(self) -> bool:
+        """Whether the study has several objectives (its records carry `values`, not `score`)."""
+        return isinstance(self._finished.sign, tuple)
+
+    @property
     def ranked(self) -> list[Record]:
         return self._finished.ranked
 
@@ -184,6 +218,15 @@ class SwarmView:
             if name in record.params:
                 return record
         return None
+
+    def complete(self) -> list[Record]:
+        """Every COMPLETE trial with values for all objectives (a study of several), by number."""
+        finished = self._finished
+        with finished.lock:
+            return sorted(
+                (r for r in finished.by_id.values() if r.values is not None),
+                key=lambda r: r.number,
+            )
 
     def best_number(self, name: str) -> int | None:
         """The number of the best complete trial that has parameter `name`."""
@@ -219,7 +262,11 @@ class History:
         self._lock = threading.Lock()
 
     def view(
-        self, storage: BaseStorage, study_id: int, trials: Sequence[FrozenTrial], sign: float
+        self,
+        storage: BaseStorage,
+        study_id: int,
+        trials: Sequence[FrozenTrial],
+        sign: float | tuple[float, ...],
     ) -> SwarmView:
         finished = self._finished(storage, study_id, sign)
         others = []
@@ -249,7 +296,9 @@ class History:
                 finished.frontier, finished.frontier_id = start, trials[start - 1]._trial_id
         return SwarmView(finished, others)
 
-    def _finished(self, storage: BaseStorage, study_id: int, sign: float) -> FinishedTrials:
+    def _finished(
+        self, storage: BaseStorage, study_id: int, sign: float | tuple[float, ...]
+    ) -> FinishedTrials:
         key = (id(storage), study_id)
         with self._lock:
             cached = self._studies.get(key)

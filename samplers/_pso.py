@@ -11,18 +11,20 @@ import hashlib
 import math
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
+from optuna.samplers._base import _process_constraints_after_trial
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from orchestrator.record.attr_names import BATCH_SIZE
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, Record, SwarmView
+from samplers._leaders import Archive, archive, leader, personal_best
 from samplers._lhs import lhs_point, name_key
 from samplers._space import clip_to_bounds, from_unit, to_unit
 from samplers._swarm import SwarmCoefficients, back_off, reflect, step
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 MEMORY_PARAMS = (BATCH_SIZE,)
 TOPOLOGIES = ("global", "ring")
 _DEDUPE_ATTEMPTS = 32
+SEVERAL_MAX_VELOCITY = 0.5
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,13 @@ class PSOSampler(BaseSampler):
     that parameter into ``[lo, hi]`` (keeping the distribution's log and step), while the study's
     search space stays the same on every node.
 
+    **Several objectives.** The same swarm, guided by Pareto dominance (MOPSO, as SMPSO and
+    OMOPSO): the leader is drawn from the archive of the study's non-dominated trials by a
+    binary tournament on crowding distance, and a particle's personal best is its latest trial
+    that its others do not dominate (see ``samplers._leaders``). Constraints follow Optuna's
+    convention (the ``constraints`` system attribute, set by ``constraints_func``): a feasible
+    trial beats an infeasible one, and of two infeasible ones the smaller violation wins.
+
     Duplicates: before a relative sample is returned it is checked against every trial in the
     storage and nudged if it repeats one (integer and categorical spaces can collide).
 
@@ -101,7 +111,8 @@ class PSOSampler(BaseSampler):
         inertia, cognitive, social: the step's coefficients (0.6, 1.2, 1.2 by default: set for
             runs of about ten generations, see ``samplers._swarm``; Clerc and Kennedy's
             constriction values 0.7298, 1.49618, 1.49618 suit long runs).
-        max_velocity: the velocity clamp as a fraction of each parameter's range, in (0, 1].
+        max_velocity: the velocity clamp as a fraction of each parameter's range, in (0, 1];
+            ``None``: 0.15 for one objective, 0.5 for several.
         search_radius: how far the particle that holds the best searches around it, as a
             fraction of each range (it has no pull of its own, so it would otherwise stop).
         topology: ``"global"`` or ``"ring"``.
@@ -112,6 +123,9 @@ class PSOSampler(BaseSampler):
             of the same name).
         independent_sampler: draws the open parameters of enqueued trials; ``None`` draws them
             uniformly from the trial's own random stream.
+        archive_size: the most non-dominated trials kept as leaders (several objectives).
+        constraints_func: a trial's constraint values (<= 0 is satisfied), stored as Optuna's
+            samplers store them; infeasible trials never lead while a feasible one exists.
     """
 
     def __init__(
@@ -121,12 +135,14 @@ class PSOSampler(BaseSampler):
         inertia: float = SwarmCoefficients.inertia,
         cognitive: float = SwarmCoefficients.cognitive,
         social: float = SwarmCoefficients.social,
-        max_velocity: float = SwarmCoefficients.max_velocity,
+        max_velocity: float | None = None,
         search_radius: float = 0.05,
         topology: str = "global",
         bounds: Mapping[str, tuple[float, float]] | None = None,
         seed: int | None = None,
         independent_sampler: BaseSampler | None = None,
+        archive_size: int = 100,
+        constraints_func: Callable[[FrozenTrial], Sequence[float]] | None = None,
     ) -> None:
         if isinstance(swarm_size, bool) or not isinstance(swarm_size, int) or swarm_size < 2:
             raise ValueError(f"The `{swarm_size=}` must be a whole number of at least 2.")
@@ -137,7 +153,13 @@ class PSOSampler(BaseSampler):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"The `{seed=}` must be a whole number >= 0 or None.")
         self._swarm_size = swarm_size
-        self._coefficients = SwarmCoefficients(inertia, cognitive, social, max_velocity)
+        clamp = SwarmCoefficients.max_velocity if max_velocity is None else max_velocity
+        self._coefficients = SwarmCoefficients(inertia, cognitive, social, clamp)
+        # Several objectives: SMPSO's clamp at half of each range unless one is given. A swarm
+        # that must cover a front, not close in on one point, needs the longer steps (measured
+        # in docs/sampler.md).
+        several = SEVERAL_MAX_VELOCITY if max_velocity is None else max_velocity
+        self._several_coefficients = SwarmCoefficients(inertia, cognitive, social, several)
         if not (0 <= search_radius <= 1):
             raise ValueError(f"The `{search_radius=}` must be in [0, 1]: a fraction of each range.")
         self._search_radius = search_radius
@@ -146,6 +168,10 @@ class PSOSampler(BaseSampler):
         self._seed = seed
         self._salt = 0  # set by reseed_rng
         self._independent_sampler = independent_sampler
+        if isinstance(archive_size, bool) or not isinstance(archive_size, int) or archive_size < 1:
+            raise ValueError(f"The `{archive_size=}` must be a whole number of at least 1.")
+        self._archive_size = archive_size
+        self._constraints_func = constraints_func
         self._local = threading.local()
         self._history = History()
 
@@ -164,14 +190,11 @@ class PSOSampler(BaseSampler):
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
-        if study._is_multi_objective():
-            return {}
         return dict(self._view(study).relative_space)
 
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        self._raise_error_if_multi_objective(study)
         if not search_space or self._is_enqueued(trial):
             return {}
         view = self._view(study)
@@ -199,7 +222,6 @@ class PSOSampler(BaseSampler):
         param_name: str,
         param_distribution: BaseDistribution,
     ) -> Any:
-        self._raise_error_if_multi_objective(study)
         entropy = self._entropy(study)
         if self._is_enqueued(trial):
             return self._sample_open_parameter(
@@ -228,6 +250,9 @@ class PSOSampler(BaseSampler):
         values: Sequence[float] | None,
     ) -> None:
         self._enqueued_cache().pop(trial._trial_id, None)
+        if self._constraints_func is not None:
+            # Stored under Optuna's own key, where NSGA-II, TPE and the swarm all read it.
+            _process_constraints_after_trial(self._constraints_func, study, trial, state)
         if self._independent_sampler is not None:
             self._independent_sampler.after_trial(study, trial, state, values)
 
@@ -239,8 +264,8 @@ class PSOSampler(BaseSampler):
         """Where trial `number`'s particle goes for parameter `name`, and from where."""
         particle, generation = number % self._swarm_size, number // self._swarm_size
         previous = self._previous(view, particle, number, name)
-        neighbourhood_best = self._neighbourhood_best(view, particle, name)
-        if previous is None or neighbourhood_best is None:
+        guides = None if previous is None else self._guides(view, entropy, number, name, previous)
+        if previous is None or guides is None:
             return _Move(
                 None, lhs_point(entropy, generation, particle, name, self._swarm_size), 0.0
             )
@@ -250,12 +275,9 @@ class PSOSampler(BaseSampler):
             x, v = previous.evaluated(name), 0.0
         if previous.oom and self._is_memory_param(name) and name in previous.params:
             x, v = self._back_off(previous, name, x, v)
-        personal_best = self._personal_best(view, particle, name)
+        personal_best, neighbourhood_best, holds_best = guides
         rng = np.random.default_rng([entropy, number, name_key(name)])
         r1, r2, r3 = rng.random(3)
-        # The particle that holds the best is pulled nowhere; it searches around it instead
-        # (guaranteed-convergence PSO), or it would stand still and repeat itself.
-        holds_best = view.best_number(name) == previous.number
         new_x, new_v = step(
             np.array([x]),
             np.array([v]),
@@ -263,7 +285,7 @@ class PSOSampler(BaseSampler):
             np.array([neighbourhood_best]),
             np.array([r1]),
             np.array([r2]),
-            self._coefficients,
+            self._several_coefficients if view.several else self._coefficients,
             jitter=np.array([self._search_radius * (2 * r3 - 1) if holds_best else 0.0]),
         )
         return _Move(x, float(new_x[0]), float(new_v[0]))
@@ -274,9 +296,37 @@ class PSOSampler(BaseSampler):
                 return record
         return None
 
-    def _personal_best(self, view: SwarmView, particle: int, name: str) -> float | None:
-        best = view.personal_best(particle, name)
-        return None if best is None else best.evaluated(name)
+    def _guides(
+        self, view: SwarmView, entropy: int, number: int, name: str, previous: Record
+    ) -> tuple[float | None, float, bool] | None:
+        """(personal best, neighbourhood best or leader, whether `previous` is that best).
+
+        None while there is no best yet. The particle that holds the best is pulled nowhere;
+        it searches around it instead (guaranteed-convergence PSO), or it would stand still.
+        """
+        particle = number % self._swarm_size
+        if view.several:
+            members = self._archive(view)
+            lead = leader(members, name, np.random.default_rng([entropy, number, 0x1EAD]))
+            if lead is None:
+                return None
+            own = personal_best(view.particle_records(particle), name)
+            own_x = None if own is None else own.evaluated(name)
+            return own_x, lead.evaluated(name), lead.number == previous.number
+        best = self._neighbourhood_best(view, particle, name)
+        if best is None:
+            return None
+        own = view.personal_best(particle, name)
+        own_x = None if own is None else own.evaluated(name)
+        return own_x, best, view.best_number(name) == previous.number
+
+    def _archive(self, view: SwarmView) -> Archive:
+        # One archive per view (a view is one snapshot of the study's trials).
+        cached = getattr(self._local, "archive", None)
+        if cached is None or cached[0] is not view:
+            cached = (view, archive(view.complete(), self._archive_size))
+            self._local.archive = cached
+        return cached[1]
 
     def _neighbourhood_best(self, view: SwarmView, particle: int, name: str) -> float | None:
         if self._topology == "ring":
@@ -375,7 +425,8 @@ class PSOSampler(BaseSampler):
         cached = getattr(self._local, "view", None)
         if cached is not None and cached[0] == key and cached[2] is trials:
             return cached[1]
-        sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+        signs = tuple(-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in study.directions)
+        sign = signs if len(signs) > 1 else signs[0]
         view = self._history.view(study._storage, study._study_id, trials, sign)
         self._local.view = (key, view, trials)
         return view

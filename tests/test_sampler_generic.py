@@ -6,8 +6,8 @@ import optuna
 import pytest
 from optuna.testing.pytest_samplers import (
     BasicSamplerTestCase,
+    MultiObjectiveSamplerTestCase,
     RelativeSamplerTestCase,
-    SingleOnlySamplerTestCase,
 )
 
 from samplers import PSOSampler, bounded
@@ -28,10 +28,10 @@ class TestPSOSamplerRelative(RelativeSamplerTestCase):
         return lambda: PSOSampler(swarm_size=4, seed=0)
 
 
-class TestPSOSamplerSingleOnly(SingleOnlySamplerTestCase):
+class TestPSOSamplerMultiObjective(MultiObjectiveSamplerTestCase):
     @pytest.fixture
     def sampler(self):
-        return lambda: PSOSampler(seed=0)
+        return lambda: PSOSampler(swarm_size=4, seed=0)
 
 
 class TestBoundedQMCRelative(RelativeSamplerTestCase):

@@ -1,8 +1,9 @@
 # Vendored from Optuna 5.0.0, tests/samplers_tests/test_samplers.py (the sdist on PyPI:
 # `pip download --no-deps --no-binary :all: optuna==5.0.0`), so that Optuna's own sampler tests run
 # against PSOSampler offline. Our changes, each marked "PSOSampler (ours)": the import below,
-# PSOSampler in `sampler_class_with_seed` (the seeded registry every reproducibility test uses)
-# and in test_sampler_reseed_rng's list. Everything else is Optuna's file as released.
+# PSOSampler in `sampler_class_with_seed` (the seeded registry every reproducibility test uses),
+# in TestMultiObjectiveSampler's list and in test_sampler_reseed_rng's list. Everything else is
+# Optuna's file as released.
 #
 # MIT License
 #
@@ -164,6 +165,8 @@ class TestMultiObjectiveSampler(MultiObjectiveSamplerTestCase):
             lambda: optuna.samplers.TPESampler(n_startup_trials=0),
             lambda: get_gp_sampler(deterministic_objective=True),
             lambda: get_gp_sampler(deterministic_objective=False),
+            # PSOSampler (ours): the multi-objective swarm.
+            pytest.param(lambda: PSOSampler(swarm_size=4), id="PSOSampler"),
         ]
     )
     def sampler(
