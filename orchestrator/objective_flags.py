@@ -23,6 +23,13 @@ def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
         help="minimize or maximize for each value the adapter returns (default: its direction)",
     )
     parser.add_argument(
+        "--grid",
+        action="append",
+        metavar="NAME=V1,V2",
+        help="--sampler grid: the values of a parameter (repeat it; the others stay at the "
+        "adapter's defaults); in --config, a table such as grid = {learning_rate = [0.001, 0.01]}",
+    )
+    parser.add_argument(
         "--objectives",
         metavar="NAMES",
         help=f"what the study optimises: the adapter's metric, then any of {', '.join(MEASURED)} "
@@ -52,3 +59,21 @@ def objectives_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any
         "directions": all_directions if several else None,
         "objectives": names if several else None,
     }
+
+
+def grid_of(args: argparse.Namespace, adapter: Any) -> dict:
+    """The spec's grid (and, when --trials is not typed, the budget of one walk of it) for
+    `--sampler grid`; --grid without it is refused."""
+    from orchestrator.record.grid import full_grid, grid_size, parse_grid
+
+    if args.sampler != "grid":
+        if args.grid:
+            raise UserError("--grid is the grid of --sampler grid: add --sampler grid")
+        return {}
+    try:
+        grid = full_grid(parse_grid(args.grid or []), getattr(adapter, "default_params", {}))
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    if not grid:
+        raise UserError("--sampler grid needs --grid NAME=V1,V2 (or a grid table in --config)")
+    return {"grid": grid, "trials": args.trials or grid_size(grid)}

@@ -207,3 +207,26 @@ def test_a_batch_size_drawn_otherwise_says_what_the_objective_must_call(sqlite_u
     (trial,) = study.trials
     assert trial.state == TrialState.FAIL
     assert "call trial.suggest_int('batch_size', 32, 1024, log=True)" in trial.user_attrs["error"]
+
+
+def test_sampler_grid_walks_the_config_file_s_grid_once(sqlite_url, tmp_path, capsys):
+    config = tmp_path / "grid.toml"
+    config.write_text(
+        'adapter = "synthetic"\nsampler = "grid"\n'
+        'grid = {x = [-1.0, 1.0], activation = ["relu", "tanh"]}\n'
+    )
+    code, _, err = run_cli(
+        capsys, "run", "--config", str(config), "--storage", sqlite_url, "--gpus", "none",
+        "--option", "trial_seconds=0", "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    study = optuna.load_study(study_name="synthetic", storage=sqlite_url)
+    points = sorted((t.params["x"], t.params["activation"]) for t in study.trials)
+    # The budget is one walk of the grid; parameters not in it stay at the adapter's defaults.
+    assert points == [(-1.0, "relu"), (-1.0, "tanh"), (1.0, "relu"), (1.0, "tanh")]
+    assert {t.params["learning_rate"] for t in study.trials} == {0.01}
+    assert not any(t.state == TrialState.FAIL for t in study.trials)
+    code, _, err = run_cli(
+        capsys, "run", "synthetic", "--study", "g2", "--grid", "x=1,2", "--storage", sqlite_url
+    )
+    assert code == 2 and "add --sampler grid" in err

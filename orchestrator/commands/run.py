@@ -19,7 +19,7 @@ from orchestrator.cli import (
     whole_number,
 )
 from orchestrator.errors import UserError
-from orchestrator.objective_flags import add_objective_arguments, objectives_of
+from orchestrator.objective_flags import add_objective_arguments, grid_of, objectives_of
 
 if TYPE_CHECKING:
     import optuna
@@ -237,13 +237,15 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
     from orchestrator.planning.workloads import workload_class
     from orchestrator.record.study import StudySpec, draw_seed
 
+    grid = grid_of(args, adapter)  # --sampler grid: its budget is one walk of the grid
     return StudySpec.new(
         adapter=args.adapter_path or adapter.name,
         adapter_path=bool(args.adapter_path),
-        trials=args.trials or int(getattr(adapter, "default_trials", 20)),
+        trials=args.trials or grid.pop("trials", 0) or int(getattr(adapter, "default_trials", 20)),
         epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
         options=options,
         **objectives_of(args, adapter, options),
+        **grid,
         sampler=args.sampler,
         seed=args.seed if args.seed is not None else draw_seed(),
         swarm_size=args.swarm_size,

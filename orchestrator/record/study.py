@@ -51,6 +51,7 @@ class StudySpec:
     # (optuna-dashboard shows user attributes, and a pickle says nothing to a reader).
     sampler_pickle: str | None = None
     pruner_pickle: str | None = None
+    grid: dict[str, list[Any]] | None = None  # --sampler grid: each parameter's values
 
     @property
     def all_directions(self) -> list[str]:

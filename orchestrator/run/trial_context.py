@@ -150,6 +150,13 @@ class TrialContext:
                     n_objectives=n_objectives,
                 )
             return self._samplers[bounds]
+        if spec.sampler == "grid":  # one walk of the stored grid, shared through the storage
+            from orchestrator.record.grid import walked_once
+
+            if bounds not in self._samplers:
+                grid = make_sampler("grid", seed=spec.seed, grid=spec.grid)
+                self._samplers[bounds] = walked_once(grid, bounds)
+            return self._samplers[bounds]
         return make_sampler(
             spec.sampler,
             seed=spec.seed,
