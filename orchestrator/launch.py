@@ -256,11 +256,14 @@ def execute(
     spare: list[Any] | None = None,
     callbacks: Sequence[Callable[..., None]] = (),
 ) -> Outcome:
-    """Plan this host, open the study once the plan fits, run the pools: the outcome."""
+    """Plan this host, open the study once the plan fits, store the outcomes this host's last
+    run kept on disk while the database was away, run the pools: the outcome."""
+    from orchestrator.record.spool import deliver_kept
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
         host = plan_host(url=url, adapter=adapter, spec=spec, options=options, sim_dir=sim_dir)
         study = open_study()
+        deliver_kept(study, options.log_dir_for(url))  # what the last run here could not store
         return run_pool(
             url=url,
             storage=storage,

@@ -1,7 +1,8 @@
 """The best trial of a study: one rule for every place that names it.
 
 The best trial is the completed trial with the best value in the study's direction, the lowest
-number winning a tie; a NaN value is never best. There is none while no trial has completed, and
+number winning a tie; a value that is not finite (NaN, inf, -inf: Optuna stores the last two as
+COMPLETE) is never best. There is none while no trial has completed, and
 none in a study of several objectives: its trials carry several values and no single one is best
 (its Pareto front is, which optuna-dashboard shows).
 
@@ -39,7 +40,7 @@ def pick_best(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> Froze
         if t.state == TrialState.COMPLETE
         and t.values is not None
         and len(t.values) == 1
-        and not math.isnan(t.values[0])
+        and math.isfinite(t.values[0])
     ]
     if not done:
         return None
@@ -56,11 +57,17 @@ def best_of_study(study: optuna.Study) -> FrozenTrial | None:
     directions = directions_of(study)
     if len(directions) != 1:
         return None  # `study.best_trial` would raise RuntimeError
+    from optuna.trial import TrialState
+
     try:
         trial = study.best_trial
     except ValueError:  # no completed trial yet
         return None
-    return pick_best([trial], directions)
+    best = pick_best([trial], directions)
+    if best is None:  # an inf or -inf at the top of the query: the finite ones, read whole
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        best = pick_best(done, directions)
+    return best
 
 
 def feasible(trial: FrozenTrial) -> bool:
