@@ -177,6 +177,7 @@ def child(url: str, folder: Path, index: int, breakdown: bool) -> None:
             {
                 "wait_ms": times.wait_ms,
                 "held_ms": times.held_ms,
+                "held_cpu_ms": times.held_cpu_ms,
                 "ask_ms": (asked - started) * 1000,
                 "tell_ms": (told - asked) * 1000,
                 "at": told,
@@ -267,6 +268,7 @@ def summarise(
         "asks": len(records),
         "held_median_ms": round(statistics.median(held), 2),
         "held_p99_ms": round(_pct(held, 0.99), 2),
+        "held_cpu_median_ms": round(statistics.median(r["held_cpu_ms"] for r in records), 2),
         "wait_median_ms": round(statistics.median(wait), 2),
         "wait_p99_ms": round(_pct(wait, 0.99), 2),
         "ask_median_ms": round(statistics.median(ask_ms), 2),
@@ -286,13 +288,14 @@ def summarise(
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
         "| processes | asks | lock held median / p99 ms | lock wait median / p99 ms "
-        "| ask median / p99 ms | ceiling starts/s | measured asks/s |"
+        "| held CPU median ms | ask median / p99 ms | ceiling starts/s | measured asks/s |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['processes']} | {r['asks']} | {r['held_median_ms']} / {r['held_p99_ms']} "
-            f"| {r['wait_median_ms']} / {r['wait_p99_ms']} | {r['ask_median_ms']} / {r['ask_p99_ms']} "
+            f"| {r['wait_median_ms']} / {r['wait_p99_ms']} | {r['held_cpu_median_ms']} "
+            f"| {r['ask_median_ms']} / {r['ask_p99_ms']} "
             f"| {r['ceiling_starts_per_s']} | {r['measured_asks_per_s']} |"
         )
     if any("count_median_ms" in r for r in rows):

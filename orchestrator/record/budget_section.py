@@ -65,6 +65,9 @@ class LockTimes:
 
     wait_ms: float
     held_ms: float
+    held_cpu_ms: (
+        float  # this thread's CPU time while it held the lock (the rest: waiting on others)
+    )
 
 
 def last_times() -> LockTimes | None:
@@ -121,7 +124,7 @@ def claimed(storage: RDBStorage, trial_id: int) -> None:
     )
     section.connection.commit()
     section.claimed = True
-    _local.held_until = time.perf_counter()
+    _local.held_until = time.perf_counter(), time.thread_time()
 
 
 # A waiter gives up its place this often and asks again (`take_lock`).
@@ -165,7 +168,7 @@ def run_section(storage: RDBStorage, key: int, section: Callable[[], T]) -> T:
     asked_at = time.perf_counter()
     with storage.engine.connect() as connection:
         take_lock(connection, key)
-        locked_at = time.perf_counter()
+        locked_at, locked_cpu = time.perf_counter(), time.thread_time()
         session = orm.Session(bind=connection, join_transaction_mode="create_savepoint")
         registry.set(session)
         _local.section, _local.held_until = Section(storage, connection), None
@@ -173,8 +176,12 @@ def run_section(storage: RDBStorage, key: int, section: Callable[[], T]) -> T:
             result = section()
             if connection.in_transaction():
                 connection.commit()
-            until = _local.held_until or time.perf_counter()
-            _local.last = LockTimes((locked_at - asked_at) * 1000, (until - locked_at) * 1000)
+            until, until_cpu = _local.held_until or (time.perf_counter(), time.thread_time())
+            _local.last = LockTimes(
+                (locked_at - asked_at) * 1000,
+                (until - locked_at) * 1000,
+                (until_cpu - locked_cpu) * 1000,
+            )
             return result
         finally:
             _local.section = None
