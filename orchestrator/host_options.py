@@ -29,6 +29,7 @@ class HostOptions:
     sim_memory_scale: float = 1.0
     concurrency: int | None = None
     timeout: float | None = None
+    trial_timeout: float | None = None  # seconds one trial may train; None: no limit
     grace: float = 30.0
     recycle_after: int | None = None
     recycle_memory_mb: float = 2048.0
@@ -51,7 +52,11 @@ class HostOptions:
         from orchestrator.run.trial_context import Recycling
 
         after = 1 if self.fresh_process else self.recycle_after
-        return Recycling(after_trials=after, memory_growth_mb=self.recycle_memory_mb)
+        return Recycling(
+            after_trials=after,
+            memory_growth_mb=self.recycle_memory_mb,
+            trial_timeout=self.trial_timeout,
+        )
 
     def log_dir_for(self, url: str) -> str:
         """Where trials' logs go: --log-dir, else beside the study's SQLite file or here."""
@@ -116,6 +121,13 @@ def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
         type=number("--timeout", above_low=True, example="3600"),
         metavar="SECONDS",
         help="start no trial after this long; running ones finish",
+    )
+    parser.add_argument(
+        "--trial-timeout",
+        type=number("--trial-timeout", above_low=True, example="600"),
+        metavar="SECONDS",
+        help="a trial training longer is stopped and fails with reason timeout (re-run only "
+        "within --max-retries; default: no limit)",
     )
     parser.add_argument(
         "--grace",
@@ -190,6 +202,8 @@ def check_host_options(options: HostOptions) -> None:
     problems = host_option_problems(options)
     if problems:
         raise UserError(problems[0])  # one line: the first thing to fix
+    if options.log_dir:
+        check_log_dir(options.log_dir)
     set_retry_seconds(options.storage_retry_seconds)
     check_gpus_exist(options.gpus)
     heartbeat_settings()  # a bad value in the environment is refused before anything starts
@@ -220,8 +234,17 @@ def host_option_problems(o: HostOptions) -> list[str]:
             f"--grace {o.grace} must be 0 or more seconds",
         ),
         (
+            math.isfinite(o.grace) and o.grace > MAX_GRACE_S,
+            f"--grace {o.grace:g} is more than a day: give at most --grace {MAX_GRACE_S:.0f}",
+        ),
+        *((True, message) for message in _sim_size_problems(o.gpus)),
+        (
             o.timeout is not None and not positive(o.timeout),
             f"--timeout {o.timeout} must be more than 0 seconds",
+        ),
+        (
+            o.trial_timeout is not None and not positive(o.trial_timeout),
+            f"--trial-timeout {o.trial_timeout} must be more than 0 seconds",
         ),
         (
             o.recycle_after is not None and o.recycle_after < 1,
@@ -237,6 +260,57 @@ def host_option_problems(o: HostOptions) -> list[str]:
         ),
     ]
     return [message for wrong, message in checks if wrong]
+
+
+# A grace period is how long a stop waits for running trials: past a day it is a typing error
+# (and a number such as 1e15 would overflow the clocks it is added to).
+MAX_GRACE_S = 86_400.0
+# More than any GPU holds (the largest have a few hundred GB): a bigger simulated one is a typo.
+MAX_SIM_MB = 1_048_576.0
+
+
+def _sim_size_problems(gpus: str) -> list[str]:
+    problems = []
+    for part in (p.strip() for p in gpus.split(",")):
+        if not part.startswith("sim:"):
+            continue
+        try:
+            size = float(part[4:])
+        except ValueError:
+            continue  # its form is check_gpu_spec's to refuse
+        if math.isfinite(size) and size > MAX_SIM_MB:
+            problems.append(
+                f"--gpus {part}: a simulated GPU of more than {MAX_SIM_MB:,.0f} MB (1 TiB) is "
+                "larger than any GPU; give its size in MB, e.g. sim:24576"
+            )
+    return problems
+
+
+def check_log_dir(log_dir: str) -> None:
+    """--log-dir must be a folder this user can write in (made if missing): else every trial
+    process would fail to open its log and be re-run as lost. What this check makes it removes,
+    so that a run refused later leaves nothing behind; the pool makes the folder again."""
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(log_dir)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"--log-dir {log_dir} is a file: give a folder for the trials' logs")
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UserError(
+            f"--log-dir {log_dir} cannot hold the trials' logs ({error.strerror or error}): "
+            "give a folder this user can write in"
+        ) from None
+    finally:
+        for path in made:  # deepest first
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def check_storage_for_workers(url: str) -> None:

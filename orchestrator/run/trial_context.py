@@ -24,11 +24,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Recycling:
-    """When a warm trial process makes way for a fresh one (besides an OOM, a CUDA error or a
-    crash, which always do)."""
+    """When a warm trial process makes way for a fresh one (besides an OOM, a CUDA error, a
+    trial stopped at its timeout or a crash, which always do)."""
 
     after_trials: int | None = None  # 1: a fresh process for every trial
     memory_growth_mb: float | None = 2048.0  # resident memory grown past this since trial one
+    # --trial-timeout: a trial training longer is stopped, fails, and its process makes way
+    # (what the stopped code held cannot be trusted). None: no limit.
+    trial_timeout: float | None = None
 
 
 @dataclass(frozen=True)

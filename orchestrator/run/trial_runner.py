@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,8 @@ if TYPE_CHECKING:
     from orchestrator.run.trial_context import TrialContext
 
 from orchestrator.record.trial_attrs import set_user_attrs
-from orchestrator.run.trial_errors import is_cuda_error, is_cuda_out_of_memory, oom_errors
+from orchestrator.run.trial_clock import time_limit
+from orchestrator.run.trial_errors import fail_with, settle
 from orchestrator.run.trial_memory import (
     hold_simulated,
     peak_mb,
@@ -34,8 +34,10 @@ from orchestrator.run.trial_memory import (
     reset_memory,
 )
 from orchestrator.run.trial_messages import Channel, Go, TrialJob, TrialOutcome
+from orchestrator.run.trial_requeue import requeue_if_interrupted
 from orchestrator.run.trial_result import RunResult
 from orchestrator.run.trial_signals import Interrupted, interruptible, stop_requested
+from orchestrator.run.trial_spool import Told, kept_until_told, noted
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     """Ask for a trial and run it to the end. The supervisor hears its number as soon as it has
     one (("asked", n)) and its batch size once drawn (("sized", batch)), and answers with a `Go`
     when the trial fits the GPU; `company.value` says whether another trial shared the GPU."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
     spec = ctx.refresh_spec()
     ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
     ctx.study.pruner = ctx.pruner
@@ -55,13 +59,18 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
     fit_fixed_batch_size(trial, job.batch_bounds)
     log_file = _log_file(ctx, trial)
-    with _output_to(log_file), _heartbeat(ctx, trial):
-        result = run_objective(ctx, job, spec, trial, channel, log_file)
-        alone = result.oom and not company.value
-        requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
-        tell(ctx, trial, result)
-        record(ctx, trial, result, lock)
-        publish(ctx, trial)
+    try:
+        with _output_to(log_file), _heartbeat(ctx, trial):
+            result = run_objective(ctx, job, spec, trial, channel, log_file)
+            alone = result.oom and not company.value
+            told = Told(*told_values(ctx, trial, result), attrs=told_attrs(result))
+            with kept_until_told(ctx, trial, result, told):  # an outage past the bound keeps it
+                requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
+                tell(ctx, trial, told)
+                record(ctx, trial, result, lock)
+            publish(ctx, trial)
+    except UpdateFinishedTrialError:
+        return _late(trial.number, log_file)
     return TrialOutcome(
         trial.number,
         result.state.name,
@@ -74,6 +83,21 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         requeued=requeued,
         interrupted=result.interrupted,
         cuda_error=result.cuda_error,
+        log_file=None if log_file is None else str(log_file),
+        timed_out=result.timed_out,
+    )
+
+
+def _late(number: int, log_file: Path | None) -> TrialOutcome:
+    """This process was frozen (SIGSTOP, a swapped-out host) past the heartbeat's grace: the
+    study failed the trial as lost and queued its re-run, and now refuses its late write. The
+    result is dropped (the re-run has the parameters); the process carries on."""
+    return TrialOutcome(
+        number,
+        "FAIL",
+        error="its process woke after the trial was failed as lost and re-run; "
+        "its late result is dropped",
+        late=True,
         log_file=None if log_file is None else str(log_file),
     )
 
@@ -175,7 +199,7 @@ def run_objective(
     from optuna.trial import TrialState
 
     from adapters.base import reporter
-    from orchestrator.record.objectives import objective_value, unpruned_reporter
+    from orchestrator.record.objectives import several_values, unpruned_reporter
 
     _placement_attrs(ctx, job, trial, log_file)
     result = RunResult(TrialState.FAIL)
@@ -195,30 +219,26 @@ def run_objective(
                 if len(spec.all_directions) == 1
                 else unpruned_reporter(trial.number)
             )
-            value = ctx.adapter.train(
-                params,
-                epochs=spec.epochs,
-                device=ctx.torch_device,
-                options=spec.options,
-                report=reporting_memory(ctx, result, channel, report),
-            )
+            result.flush = report.flush  # run before the result is told (trial_spool)
+            with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
+                value = ctx.adapter.train(
+                    params,
+                    epochs=spec.epochs,
+                    device=ctx.torch_device,
+                    options=spec.options,
+                    report=reporting_memory(ctx, result, channel, noted(result, report)),
+                )
             hold_simulated(ctx, result)  # a model that never reports still held it all
-            report.flush()  # progress reports held through an outage, before the result
-        result.state, result.value = TrialState.COMPLETE, objective_value(value)
+        several = several_values(value)  # an objective of several values returns a sequence
+        if several is None:
+            settle(result, value, trial.number)
+        else:
+            settle_several(result, several, trial.number)
     except optuna.TrialPruned:
         result.state = TrialState.PRUNED
-    except oom_errors() as caught:
-        first = str(caught).splitlines()[0] if str(caught) else ""
-        result.oom, result.error = True, f"out of memory: {first}"
-    except Interrupted as caught:
-        result.interrupted, result.error = True, str(caught)
-    except Exception as caught:
-        if is_cuda_out_of_memory(caught):
-            result.oom, result.error = True, f"out of memory: {str(caught).splitlines()[0]}"
-        else:
-            result.error = f"{type(caught).__name__}: {caught}"
-            result.cuda_error = is_cuda_error(caught)
-            logger.warning("trial %d failed: %s", trial.number, traceback.format_exc())
+    except BaseException as caught:  # every end of the objective is an outcome (see fail_with)
+        if not fail_with(result, caught, trial.number):
+            raise
     result.peak_mb = peak_mb(ctx)
     release_memory(ctx)
     return result
@@ -255,57 +275,30 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
         ctx.ledger.allocate(process_holder(), held)
 
 
-def requeue_if_interrupted(
-    ctx: TrialContext,
-    job: TrialJob,
-    spec: StudySpec,
-    trial: optuna.Trial,
-    result: RunResult,
-    *,
-    alone: bool,
-) -> bool:
-    """Queue a re-run of a trial that ran out of memory or was stopped; True if queued.
-
-    Out of memory with the GPU to itself means this batch size does not fit this GPU: the GPU's
-    batch limit goes below it and the re-run gets half the batch (none if it was the smallest)."""
-    from orchestrator.record import records
-    from orchestrator.record.retry import requeue
-
-    if not (result.oom or result.interrupted):
-        return False
-    retry_params, reason = None, "oom" if result.oom else "interrupted"
-    batch = result.batch_size
-    if alone and batch is not None:
-        low = job.batch_bounds[0]
-        records.lower_batch_limit(
-            ctx.engine,
-            study_name=ctx.config.study_name,
-            gpu_name=ctx.gpu_name,
-            max_batch_size=max(low, batch - 1),
-            trial_number=trial.number,
-        )
-        if batch <= low:
-            return False  # the smallest batch does not fit: re-running cannot help
-        retry_params = {names.BATCH_SIZE: max(low, batch // 2)}
-    frozen = ctx.study._storage.get_trial(trial._trial_id)
-    return requeue(
-        ctx.study,
-        frozen,
-        max_retries=spec.max_retries if result.oom else None,
-        params=retry_params,
-        reason=reason,
-    )
-
-
-def tell(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> None:
+def told_attrs(result: RunResult) -> dict[str, Any]:
+    """The user attributes a trial's end sets."""
     attrs: dict[str, Any] = {names.OOM: result.oom}
     if result.peak_mb is not None:
         attrs[names.VRAM_PEAK_MB] = round(result.peak_mb, 1)
     if result.error:
         attrs[names.ERROR] = result.error[:500]
-    set_user_attrs(trial, attrs)
-    state, values = told_values(ctx, trial, result)
-    ctx.study.tell(trial, values, state=state)
+    if result.fail_reason:
+        attrs[names.FAIL_REASON] = result.fail_reason
+    return attrs
+
+
+def tell(ctx: TrialContext, trial: optuna.Trial, told: Told) -> None:
+    set_user_attrs(trial, told.attrs)
+    ctx.study.tell(trial, told.values, state=told.state)
+
+
+def settle_several(result: RunResult, values: list[float], number: int) -> None:
+    """Several objectives' values: one NaN among them fails the trial, as `settle` fails one."""
+    for value in values:
+        settle(result, value, number)
+        if result.fail_reason:
+            return
+    result.value = values  # type: ignore[assignment]
 
 
 def told_values(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> tuple[Any, Any]:
