@@ -20,7 +20,11 @@ def _advisory_locks(url: str) -> int:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
-            query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            # This database's only: the server is shared with other tests.
+            query = (
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
             return int(conn.execute(sa.text(query)).scalar())
     finally:
         engine.dispose()
