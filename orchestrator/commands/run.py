@@ -115,6 +115,12 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"re-runs of an OOM'd or lost trial (default {StudySpec.max_retries})",
     )
     parser.add_argument(
+        "--update-settings",
+        action="store_true",
+        help="resume a study with other epochs, sampler, seed, pruner or options than it was run "
+        "with (recorded with the time and host; `status` shows it); without it they are refused",
+    )
+    parser.add_argument(
         "--enqueue-defaults",
         action="store_true",
         help="run the adapter's known-good parameters (its default_params) as the first trial",
@@ -185,7 +191,7 @@ def run_command(args: argparse.Namespace) -> int:
         spec=spec,
         options=host,
         spare=spare,
-        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue),
+        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue, args),
     )
 
 
@@ -226,9 +232,13 @@ def _resolve_spec(
         spec = _new_spec(args, adapter, options)
     else:
         spec = _resumed_spec(existing, name, args, adapter, options, label)
+    _check_swarm(spec)
+    return existing, spec
+
+
+def _check_swarm(spec: StudySpec) -> None:
     if spec.sampler == "pso" and spec.swarm_size < 2:
         raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
-    return existing, spec
 
 
 def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
@@ -263,6 +273,7 @@ def _resumed_spec(
     label: str,
 ) -> StudySpec:
     """A resumed study's stored spec, checked to be ours and this adapter's, with what was typed now."""
+    from orchestrator.record.settings_drift import differences, drift_message
     from orchestrator.record.study import count_trials
 
     adapter_ref = args.adapter_path or adapter.name
@@ -289,7 +300,7 @@ def _resumed_spec(
             "or more to run more of it"
         )
     typed_now = {key: options[key] for key in options if _typed(key, args)}
-    return spec.updated(
+    wanted = spec.updated(
         trials=args.trials,
         epochs=args.epochs,
         sampler=args.sampler,
@@ -299,6 +310,11 @@ def _resumed_spec(
         max_retries=args.max_retries,
         options={**spec.options, **typed_now},
     )
+    _check_swarm(wanted)  # a value no study takes is said as such, not as a drift
+    drifts = differences(spec, wanted)
+    if drifts and not args.update_settings:
+        raise UserError(drift_message(name, drifts))  # before anything starts or is stored
+    return wanted
 
 
 def _store(
@@ -307,18 +323,31 @@ def _store(
     spec: StudySpec,
     name: str,
     queue: Sequence[Queued] = (),
+    args: argparse.Namespace | None = None,
 ) -> optuna.Study:
     """Create the study (or take the one resumed), store this run's spec with it, and queue the
-    parameter sets to run first."""
+    parameter sets to run first. The stored settings are checked again here: another run may
+    have created the study, or updated its settings, since this one read them (`args`: whether
+    --update-settings and --seed were given)."""
+    import dataclasses
+
     import optuna
 
     from orchestrator.enqueue import enqueue
-    from orchestrator.record.study import save_spec
+    from orchestrator.record.study import load_spec, save_spec
+
+    update_settings = bool(args and args.update_settings)
+    seed_typed = args is None or args.seed is not None
 
     study = existing or optuna.create_study(
         study_name=name, storage=storage, directions=spec.all_directions, load_if_exists=True
     )
-    save_spec(study, spec)
+    stored = load_spec(study) if existing is None and not seed_typed else None
+    if stored is not None and stored.seed is not None:
+        # Another run created the study a moment ago with a seed it drew: this run, which drew
+        # its own and was given none, joins that one's sequence instead of refusing a drift.
+        spec = dataclasses.replace(spec, seed=stored.seed)
+    save_spec(study, spec, update_settings=update_settings)
     enqueue(study, queue)
     return study
 

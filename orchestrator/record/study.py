@@ -169,7 +169,13 @@ def derived_seed(study_name: str, study_id: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def save_spec(study: optuna.Study, spec: StudySpec) -> None:
+def save_spec(study: optuna.Study, spec: StudySpec, *, update_settings: bool = False) -> None:
+    """Store the spec; settings that would change what the study's trials mean are refused
+    unless `update_settings` (record/settings_drift.py: `run`, `optimize`, and a run that
+    raced another to create the study all meet this one check)."""
+    from orchestrator.record.settings_drift import check_stored
+
+    check_stored(study, load_spec(study), spec, update_settings=update_settings)
     # JSON round trip: user attributes must be JSON-serialisable, and we want a clear error if not.
     study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.to_attr())))
     pickles = {key: getattr(spec, key) for key in PICKLED}
