@@ -10,7 +10,8 @@ build allows several on one host) with GPU_COUNT GPUs each. Slurm accepts GPU GR
 character devices, so each "GPU" is a `mknod c 1 3` (a /dev/null twin) under the folder: Slurm
 allots them and sets CUDA_VISIBLE_DEVICES, and the batch script maps the allotted indices to
 simulated devices ($ORCHESTRATOR_SIM_GPU_MB). No cgroups: processes are tracked by linuxproc and
-tasks are not bound. Where the daemons are missing, or cannot start (not root), the tests skip
+tasks are not bound. KillWait is Slurm's default, 30 s, not less: after scancel's SIGTERM a
+worker needs a few seconds on a busy machine to re-queue its trials and leave. Where the daemons are missing, or cannot start (not root), the tests skip
 with the reason; under CI=true they fail, as a missing PostgreSQL does.
 """
 
@@ -89,7 +90,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=1
 SchedulerParameters=sched_interval=2,bf_interval=2
-KillWait=5
+KillWait=30
 MinJobAge=600
 {nodes}
 PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP
