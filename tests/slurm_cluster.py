@@ -11,8 +11,9 @@ character devices, so each "GPU" is a `mknod c 1 3` (a /dev/null twin) under the
 allots them and sets CUDA_VISIBLE_DEVICES, and the batch script maps the allotted indices to
 simulated devices ($ORCHESTRATOR_SIM_GPU_MB). No cgroups: processes are tracked by linuxproc and
 tasks are not bound. KillWait is Slurm's default, 30 s, not less: after scancel's SIGTERM a
-worker needs a few seconds on a busy machine to re-queue its trials and leave. Where the daemons are missing, or cannot start (not root), the tests skip
-with the reason; under CI=true they fail, as a missing PostgreSQL does.
+worker needs a few seconds on a busy machine to re-queue its trials and leave. Where the daemons
+are missing, or cannot start (not root), the tests skip with the reason; under CI=true they fail,
+as a missing PostgreSQL does.
 """
 
 from __future__ import annotations
