@@ -270,7 +270,7 @@ def test_the_dashboard_names_the_metric_in_chromium(dashboard, tmp_path):
     study_id = 1
     with Browser(chromium, tmp_path / "profile", size=(1400, 1000)) as browser:
         browser.open(f"{base}/dashboard/studies/{study_id}")
-        browser.wait_for_text(f"Best Trial (number={built['best']})")  # the study's data is in
+        browser.wait_for_text(f"Best Trial (number={built['best']})", timeout_s=120)  # data in
         text = browser.evaluate("document.body.innerText")
         browser.screenshot(ARTIFACTS / "dashboard-metric.png")
     assert "y Axis\nloss" in text or "y Axis\n\nloss" in text, text[:800]

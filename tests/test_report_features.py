@@ -103,7 +103,7 @@ def test_the_trial_table_sorts_by_a_clicked_column_in_chromium(sqlite_url, tmp_p
     click = "Array.from(document.querySelectorAll('table.trials th')).find(h => h.textContent === 'loss').click()"
     with Browser(chromium, tmp_path / "profile") as browser:
         browser.open(f"file://{out / 'index.html'}")
-        browser.wait_for_text("click a column to sort by it")
+        browser.wait_for_text("click a column to sort by it", timeout_s=120)  # a 5 MB page
         browser.evaluate(click)
         ascending = browser.evaluate(column)
         browser.evaluate(click)

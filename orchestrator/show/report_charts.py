@@ -122,7 +122,8 @@ def objective_charts_of_several(study: optuna.Study, names: list[str]) -> list[C
     else:
         note = f"{' against '.join(names)}; the front: trials no other trial beats on every one"
         front = Chart("pareto", title, plots.pareto_figure(study, names), note)
-    why = f"{len(names)} objectives ({', '.join(names)}): no single value to chart; see the Pareto front"
+    why = f"{len(names)} objectives ({', '.join(names)}): no single value to chart"
+    why += "; see the Pareto front"
     return [front] + [
         Chart(key, title, None, why)
         for key, title in (("history", "Optimisation history"), *SEARCH_CHARTS)

@@ -106,9 +106,10 @@ def table_html(table: TrialTable) -> str:
     body = []
     log = table.header.index(LOG_COLUMN) if LOG_COLUMN in table.header else -1
     for row in table.rows:
+        shown = [_log_link(v) if i == log else esc(_shown(v)) for i, v in enumerate(row)]
         cells = "".join(
-            f"<td data-v='{esc(_raw(v), quote=True)}'>{_log_link(v) if i == log else esc(_shown(v))}</td>"
-            for i, v in enumerate(row)
+            f"<td data-v='{esc(_raw(v), quote=True)}'>{text}</td>"
+            for v, text in zip(row, shown, strict=True)
         )
         body.append(f"<tr>{cells}</tr>")
     return (
