@@ -228,12 +228,14 @@ def placement_table(args: argparse.Namespace) -> None:
             for busy in args.busy:
                 hours: dict[Policy, list[float]] = {Policy.SPREAD: [], Policy.FIRST_FIT: []}
                 idle: dict[Policy, list[int]] = {Policy.SPREAD: [], Policy.FIRST_FIT: []}
+                ooms: dict[Policy, int] = {Policy.SPREAD: 0, Policy.FIRST_FIT: 0}
                 for seed in range(args.seeds):
                     rng = random.Random(seed)
                     trials = make_trials(per_gpu * gpus, model, 0.25, rng)
                     for policy in hours:
-                        h, ran, _ = run_placement(trials, sizes, policy, busy, model)
+                        h, ran, oom = run_placement(trials, sizes, policy, busy, model)
                         hours[policy].append(h)
+                        ooms[policy] += oom
                         idle[policy].append(sum(1 for n in ran if n == 0))
                 spread = statistics.median(hours[Policy.SPREAD])
                 first = statistics.median(hours[Policy.FIRST_FIT])
@@ -247,6 +249,8 @@ def placement_table(args: argparse.Namespace) -> None:
                         "first_fit_over_spread": round(first / spread, 3),
                         "idle_gpus_spread": max(idle[Policy.SPREAD]),
                         "idle_gpus_first_fit": max(idle[Policy.FIRST_FIT]),
+                        "ooms_spread": ooms[Policy.SPREAD],  # all seeds together
+                        "ooms_first_fit": ooms[Policy.FIRST_FIT],
                     }
                 )
     print(
@@ -255,15 +259,21 @@ def placement_table(args: argparse.Namespace) -> None:
     )
     print(
         f"{'GPUs':>4} {'trials':>6} {'busy':>5} {'spread first':>12} {'first fit':>10} "
-        f"{'ratio':>6} {'idle GPUs (spread / first fit)':>31}"
+        f"{'ratio':>6} {'idle GPUs':>9} {'OOMs':>7}"
     )
     for row in rows:
         print(
             f"{row['gpus']:>4} {row['trials']:>6} {row['busy_fraction']:>5} "
             f"{row['spread_first_min']:>12} {row['first_fit_min']:>10} "
             f"{row['first_fit_over_spread']:>6.2f} "
-            f"{row['idle_gpus_spread']:>15} / {row['idle_gpus_first_fit']}"
+            f"{row['idle_gpus_spread']:>5} / {row['idle_gpus_first_fit']} "
+            f"{row['ooms_spread']:>3} / {row['ooms_first_fit']}"
         )
+    print(
+        "ratio: first fit's time over spread first's (above 1: spread first is faster); idle "
+        "GPUs: the most that ran no trial, in any seed; OOMs: all seeds together; "
+        "each as spread first / first fit"
+    )
     hosts = {str(k): v for k, v in HOSTS.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(
