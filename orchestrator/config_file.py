@@ -51,6 +51,11 @@ def read_config(path: str) -> dict[str, Any]:
         text = file.read_text(encoding="utf-8")
     except OSError as error:
         raise UserError(f"cannot read --config {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise UserError(
+            f"--config {path} is not a text file (byte {error.start} is not UTF-8): give a "
+            "TOML or YAML file"
+        ) from None
     if file.suffix.lower() == ".toml":
         try:
             data: Any = tomllib.loads(text)

@@ -36,6 +36,11 @@ def make_study_folder(folder: str | os.PathLike[str]) -> None:
     assert done.returncode == 0, done.stderr
     (folder / "prices").mkdir()
     (folder / "prices" / "close.csv").write_text("close\n" + "\n".join(["1.0"] * 300) + "\n")
+    # What a careless user points flags at: binary garbage as a config, a text file and a
+    # folder as a database.
+    (folder / "garbage.toml").write_bytes(bytes(range(256)) * 4)
+    (folder / "notadb.db").write_text("not a database\n")
+    (folder / "dirdb.db").mkdir()
 
 
 @pytest.fixture(scope="module")

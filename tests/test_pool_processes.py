@@ -275,19 +275,23 @@ def test_sigterm_lets_the_grace_period_pass_then_stops_and_re_queues(sqlite_url)
         "--storage",
         sqlite_url,
     )
+    # Opened as the CLI opens it, under the schema lock: a plain `optuna.load_study` here would
+    # create the database's tables at the moment the CLI does, and one of the two would fail.
+    storage = open_storage(sqlite_url)
 
     def training():
         try:
-            trials = _study(sqlite_url, "stop").get_trials(states=(TrialState.RUNNING,))
+            study = optuna.load_study(study_name="stop", storage=storage)
         except KeyError:
             return None
+        trials = study.get_trials(states=(TrialState.RUNNING,))
         return next((t for t in trials if len(t.params) == 5), None)
 
     victim = _wait_for(training)
     worker.send_signal(signal.SIGTERM)  # the supervisor only, as `kill PID` or Kubernetes would
     worker.communicate(timeout=60)
     assert worker.returncode == 130
-    study = _study(sqlite_url, "stop")
+    study = optuna.load_study(study_name="stop", storage=storage)
     stopped = study.trials[victim.number]
     assert stopped.state == TrialState.FAIL
     assert "stopped by signal" in stopped.user_attrs["error"]

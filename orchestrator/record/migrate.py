@@ -58,10 +58,15 @@ def open_storage(url: str, **kwargs: Any) -> RDBStorage:
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.record.locks import schema_lock
+    from orchestrator.record.sqlite_file import check_sqlite_file
+    from orchestrator.record.storage_url import sqlite_path
 
+    path = sqlite_path(url)
+    if path is not None:
+        check_sqlite_file(path)  # before the lock file beside it is made
     try:
         with schema_lock(url):
-            storage = create_storage(url, **kwargs)
+            storage = _created(url, kwargs)
             if current_revision(storage) != head_revision():
                 upgrade_orchestrator_schema(storage)
     except SQLAlchemyError as error:  # the lock's own connection failed: the server is not there
@@ -69,3 +74,43 @@ def open_storage(url: str, **kwargs: Any) -> RDBStorage:
     except ImportError as error:
         raise missing_driver(url, error) from None
     return storage
+
+
+CREATE_ATTEMPTS = 3
+
+
+def _created(url: str, kwargs: dict[str, Any]) -> RDBStorage:
+    """Optuna's storage, created if missing. Our processes create it under the schema lock, but
+    a plain Optuna process (a script's `optuna.load_study`, the dashboard) takes no lock: when it
+    creates the same tables at the same moment, one of the two inserts the schema's version row
+    second and fails on its unique key. The tables are then there: opening again finds them."""
+    import time
+
+    from orchestrator.errors import UserError
+
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            return create_storage(url, **kwargs)
+        except UserError as error:
+            if attempt == CREATE_ATTEMPTS or not lost_a_creation_race(error):
+                raise
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+def lost_a_creation_race(error: BaseException) -> bool:
+    """Whether `error` (or what it was raised from) says another process created the same
+    schema first: a duplicate version row, or a table or type that already exists."""
+    from sqlalchemy.exc import DBAPIError
+
+    seen: BaseException | None = error
+    for _ in range(10):  # the chain is short; a cycle must not loop for ever
+        if seen is None:
+            return False
+        # SQLite says "table trials already exists" (an OperationalError), PostgreSQL a
+        # duplicate key of its catalogue, either one a UNIQUE failure of the version row.
+        if isinstance(seen, DBAPIError):
+            text = str(seen).lower()
+            return any(words in text for words in ("unique", "duplicate", "already exists"))
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -18,6 +18,7 @@ from orchestrator.record.outage_state import Outages, current
 from orchestrator.record.storage_url import describe_location, mask_password
 
 EXIT_STATUS = 75  # EX_TEMPFAIL: try again later (the study is intact)
+SQLITE_FULL = 13  # "database or disk is full": the disk, or a file at the size limit
 
 
 class StorageUnreachable(UserError):
@@ -70,6 +71,11 @@ def storage_failure(error: BaseException, outages: Outages | None = None) -> Use
             "and the URL in --storage or ORCHESTRATOR_STORAGE"
         )
     codes = {getattr(e, "sqlite_errorcode", 0) & 0xFF for e in chain}
+    if SQLITE_FULL in codes:
+        return UserError(
+            f"the disk holding the database ({where}) is full ({detail}): free some space there, "
+            "then run the command again; what was stored is kept"
+        )
     if SQLITE_READONLY in codes:
         return UserError(
             f"the database ({where}) is read-only ({detail}): make the file and its folder "

@@ -79,10 +79,33 @@ def tracking_uri_to_store(flag: str | None) -> str | None:
             f"dashboard shows): set {MLFLOW_ENV} on each node, or MLflow's "
             "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
         )
+    where = "$" + MLFLOW_ENV if from_env else "--mlflow-uri"
+    if not is_tracking_uri(uri):
+        # Else MLflow warns once per trial process and the whole study runs untracked.
+        raise UserError(
+            f"{where} {uri!r} is not a tracking URI MLflow takes: give a server "
+            "(http://HOST:5000), a database (sqlite:///mlflow.db) or databricks"
+        )
     if not mlflow_installed():
-        where = "$" + MLFLOW_ENV if from_env else "--mlflow-uri"
         raise UserError(f"{where} needs MLflow: {INSTALL_HINT}")
     return uri
+
+
+# The stores MLflow's tracking client opens; a database's driver may follow a '+'.
+TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql")
+
+
+def is_tracking_uri(uri: str) -> bool:
+    """Whether MLflow can open `uri` as a tracking store: a scheme it knows, written SCHEME://
+    (a bare path is MLflow's file store, which the MLflow we use no longer writes)."""
+    text = uri.strip()
+    if text == "databricks" or text.startswith(("databricks://", "databricks-uc")):
+        return True
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return False
+    return parts.scheme.split("+")[0].lower() in TRACKING_SCHEMES and "://" in text
 
 
 def tracking_uri_for(stored: str | None, environ: Mapping[str, str] = os.environ) -> str | None:

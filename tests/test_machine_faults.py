@@ -1,0 +1,147 @@
+"""Faults of the machine under an SQLite study: a full disk, a read-only filesystem, two processes
+creating one database at once. Each is one line and nothing is left behind.
+
+The disks are real filesystems of a few hundred KB (tmpfs, mounted by the test: it runs as root,
+as the project's CI does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+
+from orchestrator.record.migrate import current_revision, head_revision, open_storage
+from tests.cli_helpers import run_cli
+
+RUN = ("run", "synthetic", "--trials", "2", "--option", "trial_seconds=0.05", "--epochs", "1",
+       "--gpus", "sim:24576", "-q")  # fmt: skip
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    """A filesystem of `size` mounted at `folder` while the block runs."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.fail("these faults need root to mount a small filesystem (the CI runs as root)")
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        # Lazily: a connection the test still holds must not keep the mount (or fail the test).
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+def _one_error_line(done: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+def test_a_disk_too_full_for_a_study_is_refused_before_anything_is_stored(tmp_path):
+    with small_disk(tmp_path / "disk", "200k") as disk:
+        done = run_cli(*RUN, "--storage", f"sqlite:///{disk}/study.db", cwd=tmp_path)
+        line = _one_error_line(done)
+        assert done.returncode == 2
+        assert f"the disk holding the database (SQLite file {disk}/study.db) is full" in line
+        assert "free some space there" in line
+        assert list(disk.iterdir()) == []  # no database, no lock file
+
+
+def test_a_stored_study_on_a_disk_that_filled_keeps_its_budget(tmp_path):
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        url = f"sqlite:///{disk}/study.db"
+        assert run_cli(*RUN, "--storage", url, cwd=tmp_path).returncode == 0
+        # Fill the disk to a few KB, as another program would.
+        with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
+            while True:
+                filler.write(b"\0" * 4096)
+        done = run_cli(*RUN[:3], "5", *RUN[4:], "--storage", url, cwd=tmp_path)
+        line = _one_error_line(done)
+        assert done.returncode == 2 and "is full" in line
+        (disk / "filler").unlink()
+        storage = optuna.storages.RDBStorage(url)
+        study = optuna.load_study(study_name="synthetic", storage=storage)
+        assert study.user_attrs["orchestrator"]["trials"] == 2  # the new budget was not stored
+        assert all(t.state.is_finished() for t in study.trials) and len(study.trials) == 2
+        storage.engine.dispose()
+        assert sorted(p.name for p in disk.iterdir() if not p.name.startswith("study.db")) == [
+            "study-logs"
+        ]
+
+
+def test_a_read_only_filesystem_is_one_line_for_a_stored_and_a_new_file(tmp_path):
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        stored = f"sqlite:///{disk}/study.db"
+        assert run_cli(*RUN, "--storage", stored, cwd=tmp_path).returncode == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        before = sorted(p.name for p in disk.iterdir())
+        for url in (stored, f"sqlite:///{disk}/new.db"):
+            done = run_cli(*RUN, "--storage", url, cwd=tmp_path)
+            line = _one_error_line(done)
+            assert done.returncode == 2 and "is read-only" in line, line
+            assert "make the file and its folder writable" in line
+        assert sorted(p.name for p in disk.iterdir()) == before
+
+
+RACER = """
+import sys, time
+kind, url, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if kind == "ours":
+    from orchestrator.record.migrate import open_storage as opened
+else:
+    from optuna.storages import RDBStorage as opened
+while time.time() < at:  # every racer starts at one moment, imports done
+    pass
+opened(url)
+"""
+
+
+def test_processes_that_create_one_database_at_once_all_open_it(tmp_path):
+    """Two of ours and a plain Optuna process, started at one instant on a new file, a few
+    times over: ours always open it (the plain one may lose the race inside Optuna: its error)."""
+    for attempt in range(3):
+        url = f"sqlite:///{tmp_path}/race-{attempt}.db"
+        at = str(time.time() + 3.0)
+        racers = [
+            subprocess.Popen(
+                [sys.executable, "-c", RACER, kind, url, at],
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for kind in ("ours", "ours", "plain")
+        ]
+        results = [(racer.wait(timeout=120), racer.stderr.read()) for racer in racers]
+        for code, err in results[:2]:
+            assert code == 0, err
+        storage = open_storage(url)
+        assert current_revision(storage) == head_revision()
+        assert optuna.get_all_study_names(storage) == []
+
+
+def test_a_disk_that_fills_during_a_write_is_named_in_the_last_line(tmp_path):
+    """SQLite's own error when the disk fills mid-run becomes the line that names the disk."""
+    import sqlite3
+
+    from orchestrator.record.storage_failures import storage_failure
+
+    with small_disk(tmp_path / "disk", "200k") as disk:
+        connection = sqlite3.connect(disk / "study.db")
+        connection.execute("CREATE TABLE t (b BLOB)")
+        with pytest.raises(sqlite3.OperationalError) as raised:
+            for _ in range(100):
+                connection.execute("INSERT INTO t VALUES (?)", (b"\0" * 16384,))
+                connection.commit()
+        connection.close()
+    line = str(storage_failure(raised.value))
+    assert line.startswith("the disk holding the database (") and "is full" in line, line
+    assert "free some space there" in line
