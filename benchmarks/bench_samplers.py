@@ -468,11 +468,12 @@ def main_mo(argv: list[str]) -> int:
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    # Seed by seed, every sampler on every task: a run stopped early still compares them all.
     jobs = [
         (s, t, seed, args.trials, args.in_flight)
-        for s in args.samplers
         for seed in seeds
         for t in args.tasks
+        for s in args.samplers
     ]
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{args.out}.jsonl"
@@ -622,10 +623,12 @@ def render_hpo(results: list[dict], tasks: list[str], args) -> str:
             low = min(v for v in row if v is not None)
             cells = ["" if v is None else (f"**{v:.4f}**" if v == low else f"{v:.4f}") for v in row]
             lines.append(f"| {task} | " + " | ".join(cells) + " |")
-        mean_row = [
-            statistics.fmean(means[(t, s)] for t in tasks if (t, s) in means) for s in samplers
-        ]
-        lines.append("| **mean** | " + " | ".join(f"{v:.4f}" for v in mean_row) + " |")
+        mean_cells = []
+        for s in samplers:
+            have = [means[(t, s)] for t in tasks if (t, s) in means]
+            part = "" if len(have) == len(tasks) else f" ({len(have)} tasks)"
+            mean_cells.append(f"{statistics.fmean(have):.4f}{part}")
+        lines.append("| **mean** | " + " | ".join(mean_cells) + " |")
         if "pso" in samplers:
             wins = []
             for s in samplers:
