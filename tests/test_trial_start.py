@@ -65,6 +65,34 @@ def test_a_trial_process_has_the_environment_its_supervisor_has_when_it_starts(m
     assert _start_and_hear(context)["marker"] == "set after the server started"
 
 
+def _leave_on_sigterm(conn) -> None:
+    """In the started process: exit 7 on SIGTERM (as a trial process leaves after re-queuing)."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
+    conn.send("ready")
+    time.sleep(120)
+
+
+def test_a_sigterm_to_the_whole_job_leaves_the_fork_server_to_report_the_exit(monkeypatch):
+    # Slurm signals every process of a job: the fork server too. The exit code of a process
+    # forked from it is read through the server, so the server must outlive the signal.
+    import signal
+    from multiprocessing import forkserver
+
+    monkeypatch.delenv(START_ENV, raising=False)
+    context = trial_process_context()
+    ours, theirs = context.Pipe()
+    process = start_process(context, _leave_on_sigterm, theirs)
+    theirs.close()
+    assert ours.poll(120) and ours.recv() == "ready"
+    os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)
+    os.kill(process.pid, signal.SIGTERM)
+    process.join(30)
+    assert process.exitcode == 7  # 255 when the server died and could not say
+
+
 @pytest.mark.parametrize(
     ("environ", "available", "method"),
     [

@@ -130,6 +130,7 @@ PRELOAD = (
     "orchestrator.run.trial_context",
     "orchestrator.run.trial_worker",
     "orchestrator.run.processes",  # the entry point, `started_here`
+    "orchestrator.run.fork_server_signals",  # the server outlives a SIGTERM sent to the job
 )
 
 
