@@ -17,7 +17,6 @@ from pathlib import Path
 
 from orchestrator.errors import UserError
 
-SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 # Room a run needs before it stores anything: a new database's two schemas take about 300 KB
 # and its write-ahead log grows by a page per write. Below this, a run would store the study's
 # settings and then fail part-way through its first trials.
@@ -57,13 +56,24 @@ def check_sqlite_file(path: Path, *, min_free: int = MIN_FREE_BYTES) -> None:
 
 
 def _is_sqlite(path: Path) -> bool:
-    """An SQLite database, or an empty file (which SQLite makes one of)."""
+    """An SQLite database, or an empty file (which SQLite makes one of).
+
+    Asked of SQLite itself, never by opening the file: closing any descriptor of a file drops
+    every POSIX lock the process holds on it, the locks of this process's own SQLite
+    connections included (a second `optimize` in one process still has the first one's). Other
+    processes then take this process for gone and remove the WAL index under it, and what they
+    write after that is lost to it, then to the file."""
+    import sqlite3
+
     try:
-        with path.open("rb") as handle:
-            head = handle.read(len(SQLITE_HEADER))
-    except OSError:
-        return True  # unreadable: let SQLite say why, in storage_failures' words
-    return head in (b"", SQLITE_HEADER)
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            connection.execute("PRAGMA schema_version")
+        finally:
+            connection.close()
+    except sqlite3.DatabaseError as error:
+        return "not a database" not in str(error)  # else let SQLite say why, later
+    return True
 
 
 def _writable(path: Path) -> bool:
