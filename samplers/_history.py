@@ -74,7 +74,7 @@ def parse(trial: FrozenTrial, sign: float | tuple[float, ...]) -> Record:
     values, score = None, None
     if isinstance(sign, tuple):
         values = _signed_values(trial, sign)
-    elif trial.state == TrialState.COMPLETE and not math.isnan(trial.value):
+    elif trial.state == TrialState.COMPLETE and math.isfinite(trial.value):
         score = sign * trial.value
     return Record(
         number=trial.number,
@@ -93,7 +93,7 @@ def parse(trial: FrozenTrial, sign: float | tuple[float, ...]) -> Record:
 def _signed_values(trial: FrozenTrial, sign: tuple[float, ...]) -> tuple[float, ...] | None:
     if trial.state != TrialState.COMPLETE or trial.values is None:
         return None
-    if len(trial.values) != len(sign) or any(math.isnan(v) for v in trial.values):
+    if len(trial.values) != len(sign) or not all(math.isfinite(v) for v in trial.values):
         return None
     return tuple(s * v for s, v in zip(sign, trial.values, strict=True))
 

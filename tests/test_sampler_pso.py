@@ -229,3 +229,25 @@ def test_history_indexes_match_a_brute_force_reading() -> None:
         assert view.personal_best(particle, "x").number == best.number
     assert view.best_number("lr") == min(records, key=lambda r: (r.score, r.number)).number
     assert set(view.relative_space) == {"x", "lr", "batch_size"}
+
+
+def test_a_trial_of_infinite_or_nan_value_is_no_particle_s_best():
+    # Optuna completes a trial that returns inf (a diverged loss); the swarm must not follow it.
+    import math
+
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from samplers._history import parse
+
+    dist = {"x": FloatDistribution(0.0, 1.0)}
+    for value in (-math.inf, math.inf):  # Optuna fails a NaN: never COMPLETE
+        trial = create_trial(
+            params={"x": 0.5}, distributions=dist, value=value, state=TrialState.COMPLETE
+        )
+        assert parse(trial, 1.0).score is None
+        two = create_trial(
+            params={"x": 0.5}, distributions=dist, values=[1.0, value], state=TrialState.COMPLETE
+        )
+        assert parse(two, (1.0, 1.0)).values is None
+    assert parse(create_trial(params={"x": 0.5}, distributions=dist, value=2.0), -1.0).score == -2.0
