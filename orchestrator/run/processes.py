@@ -122,6 +122,9 @@ PRELOAD = (
     "sqlalchemy",
     "psycopg2",
     "optuna",
+    # Before `adapters` and `samplers`: importing the package loads ours, never a same-named
+    # folder in the working directory (orchestrator/own_packages.py).
+    "orchestrator",
     "adapters",
     "samplers",
     "orchestrator.record.storage",
