@@ -126,6 +126,10 @@ def _write_config(folder: Path, port: int, server_port: int, pool_size: int) -> 
                 f"auth_file = {users}",
                 "pool_mode = transaction",
                 f"default_pool_size = {pool_size}",
+                # The tests' databases share one server of few connections: a database's idle
+                # server connections go after a second, or one test's idle pool would starve
+                # the next test's database of connections.
+                "server_idle_timeout = 1",
                 "max_client_conn = 500",
                 f"logfile = {folder / 'pgbouncer.log'}",
                 f"pidfile = {folder / 'pgbouncer.pid'}",
