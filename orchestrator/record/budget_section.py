@@ -65,15 +65,19 @@ class LockTimes:
 
     wait_ms: float
     held_ms: float
-    held_cpu_ms: (
-        float  # this thread's CPU time while it held the lock (the rest: waiting on others)
-    )
+    held_cpu_ms: float  # this thread's CPU time while it held the lock (the rest: waiting)
+    granted_at: float | None = None  # the server's clock when it granted the lock (epoch s)
 
 
 def last_times() -> LockTimes | None:
     """The lock times of this thread's last section (None before any): what the lock really
     cost, from taking it to the claim's commit, without the part of the ask that follows."""
     return getattr(_local, "last", None)
+
+
+def record_times(times: LockTimes | None) -> None:
+    """Set what `last_times` answers in this thread (a section run elsewhere: `budget_claim`)."""
+    _local.last = times
 
 
 def current(engine: Engine | None = None) -> Section | None:
@@ -129,7 +133,7 @@ def claimed(storage: RDBStorage, trial_id: int) -> None:
 
 # A waiter gives up its place this often and asks again (`take_lock`).
 LOCK_WAIT_SLICE_MS = 50
-_LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's code for "canceling statement due to lock timeout"
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's code for "canceling statement due to lock timeout"
 
 
 def take_lock(conn: Connection, key: int) -> None:
@@ -151,7 +155,7 @@ def take_lock(conn: Connection, key: int) -> None:
             conn.execute(statement, {"key": key})
             return
         except sa.exc.OperationalError as error:
-            if getattr(error.orig, "pgcode", None) != _LOCK_NOT_AVAILABLE:
+            if getattr(error.orig, "pgcode", None) != LOCK_NOT_AVAILABLE:
                 raise
             conn.rollback()
 

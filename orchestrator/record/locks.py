@@ -88,10 +88,6 @@ def _unlock(conn: Connection) -> None:
         conn.invalidate()
 
 
-def budget_lock(url: str, study_name: str) -> contextlib.AbstractContextManager[None]:
-    return storage_lock(url, f"budget:{study_name}")
-
-
 def locked(url: str, name: str, section: Callable[[], T], *, what: str) -> T:
     """`section()` under the lock called `name`, riding out an outage: a section that a lost
     connection interrupted is run again whole, under the lock taken anew.
