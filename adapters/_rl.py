@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters import trial_log
 from adapters._scoring import (
     EVAL_SEED_OFFSET,
     TEST_SEED_OFFSET,
@@ -277,6 +278,7 @@ class Run:
     gradient_steps: int = 0
     seconds: float = 0.0
     finished_returns: list[float] = field(default_factory=list)  # training episodes
+    started: float = field(default_factory=time.perf_counter)  # when `training` began
 
 
 class Weights:
@@ -370,7 +372,7 @@ def training(
         cost_multiplier=config.transaction_cost_multiplier,
         hold_penalty_weight=config.hold_penalty_weight,
     )
-    run = Run()
+    run = Run(started=started)
     try:
         yield env, generator, run
     finally:
@@ -389,12 +391,25 @@ def score_epoch(
     report: Report | None,
 ) -> None:
     """Score the greedy `policy` after `epoch` (trading: up to the config's
-    `max_position_absolute` units), keep the score in `run`, and report it."""
+    `max_position_absolute` units), keep the score in `run`, and report it.
+
+    A reported score is also a line of the trial's log; a run that reports nothing (a fold, the
+    final test run) writes nothing: its caller says what it means."""
     value = task.evaluate(policy, device, max_position=config.max_position_absolute)
     run.history.append(value)
     run.value = value
     if report is not None:
+        seconds = time.perf_counter() - run.started
+        trial_log.write(trial_log.evaluation_line(epoch, task.metric, value, seconds, _done(run)))
         report(epoch, value)  # may raise optuna.TrialPruned: let it end the run
+
+
+def _done(run: Run) -> str:
+    return f"{run.env_steps:,} env steps, {run.gradient_steps:,} gradient steps"
+
+
+def _log_value(metric: str, value: float, started: float, how: str) -> None:
+    trial_log.write(trial_log.value_line(metric, value, time.perf_counter() - started, how))
 
 
 class RLAdapter(BaseAdapter):
@@ -427,13 +442,23 @@ class RLAdapter(BaseAdapter):
         report: Report,
     ) -> float:
         """The validation score; with folds, their mean (reported once per fold, as its step)."""
+        started = time.perf_counter()
         tasks = fold_tasks(options)  # before anything else: bad options fail fast
+        metric = tasks[0].metric
         if len(tasks) == 1:
-            return self._learn(params, tasks[0], epochs, device, options, report).value
+            run = self._learn(params, tasks[0], epochs, device, options, report)
+            _log_value(metric, run.value, started, "the last epoch's score")
+            return run.value
         scores: list[float] = []
         for fold, task in enumerate(tasks):
-            scores.append(self._learn(params, task, epochs, device, options, None).value)
-            report(fold, sum(scores) / len(scores))  # may prune after any fold
+            run = self._learn(params, task, epochs, device, options, None)
+            scores.append(run.value)
+            mean = sum(scores) / len(scores)
+            seconds = time.perf_counter() - started
+            done = f"fold {fold + 1} of {len(tasks)} scored {run.value:.6g}"
+            trial_log.write(trial_log.evaluation_line(fold, f"mean {metric}", mean, seconds, done))
+            report(fold, mean)  # may prune after any fold
+        _log_value(metric, sum(scores) / len(scores), started, f"the mean of {len(tasks)} folds")
         return sum(scores) / len(scores)
 
     def final_scores(
