@@ -51,7 +51,7 @@ BUILTIN: dict[str, str] = {
     "synthetic": "adapters.synthetic:adapter",
     "dqn": "adapters.dqn:adapter",
     "ppo": "adapters.ppo:adapter",
-    "tft": "adapters.supervised:adapter",
+    "tft": "adapters.tft:adapter",
 }
 
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, MemoryModel, Report
-from adapters.supervised import SupervisedForecasterAdapter, _sizes, largest_window
+from adapters.tft import SupervisedForecasterAdapter, _sizes, largest_window
 
 if TYPE_CHECKING:
     import optuna

@@ -31,7 +31,7 @@ class RaisingMemoryModel:
 
 def test_usable_adapter_row_has_its_memory_model_at_default_options():
     tft = adapters.get("tft")
-    row = describe(AdapterEntry("tft", "built-in", "adapters.supervised:adapter", adapter=tft))
+    row = describe(AdapterEntry("tft", "built-in", "adapters.tft:adapter", adapter=tft))
     assert row["error"] is None
     assert row["workload_class"] == "supervised" and row["metric"] == "val_loss"
     assert row["per_sample_mb"] == pytest.approx(tft.memory_model(dict(tft.options)).per_sample_mb)

@@ -245,7 +245,7 @@ def test_calibration_measures_the_largest_model_when_the_adapter_says_which() ->
 
 
 def test_tft_is_calibrated_at_the_maxima_of_its_search_space() -> None:
-    from adapters import supervised
+    from adapters import tft as supervised
     from adapters.base import parse_options
 
     options = parse_options(supervised.adapter, ["max_width=256", "max_window=128", "max_depth=4"])

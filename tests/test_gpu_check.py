@@ -491,7 +491,7 @@ SMALL = ["max_width=32", "max_window=24", "max_depth=2", "steps=400"]
 
 
 def test_the_checks_model_is_tfts_times_the_undersize_factor() -> None:
-    from adapters import supervised
+    from adapters import tft as supervised
 
     adapter = gpu_check_adapter.adapter
     options = parse_options(adapter, [*SMALL, "undersize=0.25"])

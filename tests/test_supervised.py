@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import adapters
-from adapters import supervised
+from adapters import forecaster, return_windows, tft
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, parse_options
 from orchestrator.errors import UserError
 
@@ -54,29 +54,29 @@ def saved_activation_bytes(model: torch.nn.Module, batch: int, window: int) -> i
 )
 def test_activation_count_matches_what_autograd_saves(width, window, depth):
     torch.manual_seed(0)
-    model = supervised.build_forecaster(width, window, depth, horizon=4, dropout=0.1).train()
+    model = forecaster.build_forecaster(width, window, depth, horizon=4, dropout=0.1).train()
     # The difference between two batch sizes is the per-sample part alone.
     measured = (
         saved_activation_bytes(model, 16, window) - saved_activation_bytes(model, 8, window)
     ) / 8
-    declared = supervised.activation_bytes_per_sample(width, window, depth)
+    declared = forecaster.activation_bytes_per_sample(width, window, depth)
     assert measured > 0
     assert measured <= declared <= 1.05 * measured
 
 
 @pytest.mark.parametrize(("width", "window", "depth"), [(64, 64, 2), (128, 32, 3)])
 def test_parameter_count_is_exact(width, window, depth):
-    model = supervised.build_forecaster(width, window, depth, horizon=4)
-    assert supervised.model_parameters(width, window, depth, 4) == sum(
+    model = forecaster.build_forecaster(width, window, depth, horizon=4)
+    assert forecaster.model_parameters(width, window, depth, 4) == sum(
         p.numel() for p in model.parameters()
     )
 
 
 def test_declared_memory_model_bounds_the_largest_model_in_the_search_space():
-    adapter = supervised.adapter
+    adapter = tft.adapter
     options = parse_options(adapter, {})
     width, window, depth = options["max_width"], options["max_window"], options["max_depth"]
-    model = supervised.build_forecaster(width, window, depth, options["horizon"], 0.1).train()
+    model = forecaster.build_forecaster(width, window, depth, options["horizon"], 0.1).train()
     per_sample = (
         saved_activation_bytes(model, 16, window) - saved_activation_bytes(model, 8, window)
     ) / 8
@@ -85,17 +85,17 @@ def test_declared_memory_model_bounds_the_largest_model_in_the_search_space():
     memory = adapter.memory_model(options)
     mb = 1024 * 1024
     assert per_sample / mb <= memory.per_sample_mb <= 1.5 * per_sample / mb
-    assert memory.model_overhead_mb >= state / mb + supervised.CUDA_CONTEXT_MB
-    assert memory.model_overhead_mb <= state / mb + supervised.CUDA_CONTEXT_MB + 1
+    assert memory.model_overhead_mb >= state / mb + forecaster.CUDA_CONTEXT_MB
+    assert memory.model_overhead_mb <= state / mb + forecaster.CUDA_CONTEXT_MB + 1
     # The attributes the planner reads agree with the method at the defaults.
     assert adapter.per_sample_mb == pytest.approx(memory.per_sample_mb)
     assert adapter.model_overhead_mb == pytest.approx(memory.model_overhead_mb)
 
 
 def test_memory_model_grows_with_the_search_space():
-    small = supervised.adapter.memory_model(parse_options(supervised.adapter, {}))
-    large = supervised.adapter.memory_model(
-        parse_options(supervised.adapter, ["max_width=256", "max_window=256", "max_depth=4"])
+    small = tft.adapter.memory_model(parse_options(tft.adapter, {}))
+    large = tft.adapter.memory_model(
+        parse_options(tft.adapter, ["max_width=256", "max_window=256", "max_depth=4"])
     )
     assert large.per_sample_mb > 10 * small.per_sample_mb
     assert large.model_overhead_mb > small.model_overhead_mb
@@ -103,24 +103,24 @@ def test_memory_model_grows_with_the_search_space():
 
 def test_search_space_and_batch_size_range():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    options = parse_options(supervised.adapter, {})
+    options = parse_options(tft.adapter, {})
     for _ in range(30):
-        params = supervised.adapter.suggest(study.ask(), options)
+        params = tft.adapter.suggest(study.ask(), options)
         assert BATCH_SIZE_MIN <= params["batch_size"] <= BATCH_SIZE_MAX
-        assert params["width"] % supervised.HEADS == 0
-        assert supervised.MIN_WIDTH <= params["width"] <= options["max_width"]
-        assert supervised.MIN_WINDOW <= params["window"] <= options["max_window"]
+        assert params["width"] % forecaster.HEADS == 0
+        assert tft.MIN_WIDTH <= params["width"] <= options["max_width"]
+        assert tft.MIN_WINDOW <= params["window"] <= options["max_window"]
         assert 1 <= params["depth"] <= options["max_depth"]
         assert {"learning_rate", "dropout"} <= set(params)
 
 
 def test_reports_validation_loss_every_epoch_and_returns_the_best():
     reported: list[tuple[int, float]] = []
-    value = supervised.adapter.train(
+    value = tft.adapter.train(
         TINY,
         epochs=3,
         device=CPU,
-        options=parse_options(supervised.adapter, {}),
+        options=parse_options(tft.adapter, {}),
         report=lambda epoch, loss: reported.append((epoch, loss)),
     )
     assert [epoch for epoch, _ in reported] == [0, 1, 2]
@@ -129,12 +129,10 @@ def test_reports_validation_loss_every_epoch_and_returns_the_best():
 
 
 def test_same_seed_same_result_and_seed_changes_it():
-    options = parse_options(supervised.adapter, {})
+    options = parse_options(tft.adapter, {})
 
     def run(opts):
-        return supervised.adapter.train(
-            TINY, epochs=1, device=CPU, options=opts, report=lambda e, v: None
-        )
+        return tft.adapter.train(TINY, epochs=1, device=CPU, options=opts, report=lambda e, v: None)
 
     assert run(options) == run(options)
     assert run(options) != run({**options, "seed": 1})
@@ -143,7 +141,7 @@ def test_same_seed_same_result_and_seed_changes_it():
 def training_batch_sizes(monkeypatch, params, options) -> list[int]:
     """The first dimension of the model's input at every training step (evaluation excluded)."""
     seen: list[int] = []
-    build = supervised.build_forecaster
+    build = forecaster.build_forecaster
 
     def recording_build(*args, **kwargs):
         model = build(*args, **kwargs)
@@ -152,27 +150,25 @@ def training_batch_sizes(monkeypatch, params, options) -> list[int]:
         )
         return model
 
-    monkeypatch.setattr(supervised, "build_forecaster", recording_build)
-    supervised.adapter.train(
-        params, epochs=2, device=CPU, options=options, report=lambda e, v: None
-    )
+    monkeypatch.setattr(tft, "build_forecaster", recording_build)
+    tft.adapter.train(params, epochs=2, device=CPU, options=options, report=lambda e, v: None)
     return seen
 
 
 def test_batch_size_2048_reaches_the_training_loop_unclamped(monkeypatch):
     # The default series has about 1,180 training windows: fewer than the batch proposed.
-    options = parse_options(supervised.adapter, {})
-    returns = len(supervised.load_close_prices("", options["steps"], 0)) - 1
-    windows = len(supervised.split_windows(returns, TINY["window"], options["horizon"])[0])
+    options = parse_options(tft.adapter, {})
+    returns = len(return_windows.load_close_prices("", options["steps"], 0)) - 1
+    windows = len(return_windows.split_windows(returns, TINY["window"], options["horizon"])[0])
     assert windows < 2048
     seen = training_batch_sizes(monkeypatch, {**TINY, "batch_size": 2048}, options)
     assert seen == [2048, 2048]  # one full step per epoch, every step as large as proposed
 
 
 def test_every_step_uses_exactly_batch_size_samples(monkeypatch):
-    options = parse_options(supervised.adapter, {})
-    returns = len(supervised.load_close_prices("", options["steps"], 0)) - 1
-    windows = len(supervised.split_windows(returns, TINY["window"], options["horizon"])[0])
+    options = parse_options(tft.adapter, {})
+    returns = len(return_windows.load_close_prices("", options["steps"], 0)) - 1
+    windows = len(return_windows.split_windows(returns, TINY["window"], options["horizon"])[0])
     assert windows % 64  # the old last batch of each epoch was smaller
     seen = training_batch_sizes(monkeypatch, TINY, options)
     assert seen == [64] * (2 * math.ceil(windows / 64))
@@ -187,7 +183,7 @@ def test_objective_is_pruned_after_a_poor_first_epoch():
     study.enqueue_trial(TINY)
     trial = study.ask()
     with pytest.raises(optuna.TrialPruned):
-        supervised.adapter.objective(trial, CPU, 5, parse_options(supervised.adapter, {}))
+        tft.adapter.objective(trial, CPU, 5, parse_options(tft.adapter, {}))
     assert list(study._storage.get_trial(trial._trial_id).intermediate_values) == [0]
 
 
@@ -197,9 +193,9 @@ def test_prices_from_a_csv_file(tmp_path):
     path = tmp_path / "prices.csv"
     rows = "\n".join(f"2024-01-01,{price:.6f}" for price in synthetic_prices(600, seed=3))
     path.write_text("date,close\n" + rows + "\n")
-    options = parse_options(supervised.adapter, {"data": str(path)})
+    options = parse_options(tft.adapter, {"data": str(path)})
     losses: list[float] = []
-    supervised.adapter.train(
+    tft.adapter.train(
         TINY, epochs=1, device=CPU, options=options, report=lambda e, v: losses.append(v)
     )
     assert len(losses) == 1 and math.isfinite(losses[0])
@@ -207,7 +203,7 @@ def test_prices_from_a_csv_file(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("date,open\n2024-01-01,1.0\n")
     with pytest.raises(UserError, match="close"):
-        supervised.adapter.train(
+        tft.adapter.train(
             TINY,
             epochs=1,
             device=CPU,
@@ -217,25 +213,25 @@ def test_prices_from_a_csv_file(tmp_path):
 
 
 def test_validation_windows_lie_after_the_training_targets():
-    train, val = supervised.split_windows(1000, window=32, horizon=4)
+    train, val = return_windows.split_windows(1000, window=32, horizon=4)
     assert max(train) + 32 + 4 <= min(val)
     assert min(val) + 32 + 4 <= 1000 and max(val) + 36 == 1000
     with pytest.raises(UserError, match="too short"):
-        supervised.split_windows(100, window=64, horizon=4)
+        return_windows.split_windows(100, window=64, horizon=4)
 
 
 def test_returns_are_standardised_on_the_training_part_only():
     prices = np.exp(np.cumsum(np.r_[np.full(800, 0.01), np.full(200, 0.5)]))
-    returns = supervised.standardised_returns(prices)
+    returns = return_windows.standardised_returns(prices)
     assert abs(returns[:799].mean()) < 1e-3  # the later, different part does not leak in
     assert returns[-1] > 100
 
 
 def test_bad_size_options_are_user_errors():
     with pytest.raises(UserError, match="max_width"):
-        supervised.adapter.memory_model({"max_width": 50})
+        tft.adapter.memory_model({"max_width": 50})
     with pytest.raises(UserError, match="steps"):
-        supervised.adapter.memory_model({"steps": 10})
+        tft.adapter.memory_model({"steps": 10})
 
 
 def write_prices(path: Path, count: int) -> Path:
@@ -247,22 +243,22 @@ def write_prices(path: Path, count: int) -> Path:
 
 
 def test_check_options_loads_the_prices_and_checks_the_largest_window(tmp_path):
-    check = supervised.adapter.check_options
-    check(parse_options(supervised.adapter, {}))  # the defaults are fine
+    check = tft.adapter.check_options
+    check(parse_options(tft.adapter, {}))  # the defaults are fine
     with pytest.raises(UserError, match=r"absent\.csv does not exist"):
-        check(parse_options(supervised.adapter, {"data": str(tmp_path / "absent.csv")}))
+        check(parse_options(tft.adapter, {"data": str(tmp_path / "absent.csv")}))
     bad = tmp_path / "bad.csv"
     bad.write_text("date,open\n2024-01-01,1.0\n")
     with pytest.raises(UserError, match=r"bad\.csv has no `close` column"):
-        check(parse_options(supervised.adapter, {"data": str(bad)}))
+        check(parse_options(tft.adapter, {"data": str(bad)}))
 
     # load_prices accepts 200 rows, but windows of 40 and more leave nothing held out.
     short = write_prices(tmp_path / "short.csv", 200)
-    check(parse_options(supervised.adapter, {"data": str(short), "max_window": "32"}))
+    check(parse_options(tft.adapter, {"data": str(short), "max_window": "32"}))
     with pytest.raises(UserError, match=r"short\.csv.*200 prices.*max_window=32"):
-        check(parse_options(supervised.adapter, {"data": str(short)}))
+        check(parse_options(tft.adapter, {"data": str(short)}))
     with pytest.raises(UserError, match="steps=120.*too short"):
-        check(parse_options(supervised.adapter, {"steps": "120"}))
+        check(parse_options(tft.adapter, {"steps": "120"}))
 
 
 @pytest.mark.parametrize("data", ["bad.csv", "absent.csv"])
@@ -283,20 +279,20 @@ def test_run_with_bad_data_exits_2_in_one_line_and_stores_nothing(tmp_path, caps
 
 @pytest.mark.filterwarnings("ignore:The distribution is specified by")
 def test_calibration_params_are_the_largest_model_of_the_search_space():
-    options = parse_options(supervised.adapter, ["max_width=128", "max_window=100", "max_depth=3"])
-    params = supervised.adapter.calibration_params(options)
+    options = parse_options(tft.adapter, ["max_width=128", "max_window=100", "max_depth=3"])
+    params = tft.adapter.calibration_params(options)
     # The largest values the sampler can reach: windows step by 8 from 16, so 96, not 100.
     assert (params["width"], params["window"], params["depth"]) == (128, 96, 3)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    drawn = [supervised.adapter.suggest(study.ask(), options) for _ in range(60)]
+    drawn = [tft.adapter.suggest(study.ask(), options) for _ in range(60)]
     assert max(p["window"] for p in drawn) == 96
     assert params["dropout"] > 0  # dropout masks are part of what training keeps
-    assert set(params) == set(supervised.adapter.default_params)
+    assert set(params) == set(tft.adapter.default_params)
 
 
 def test_registered_as_tft_and_meets_the_protocol():
     adapter = adapters.get("tft")
-    assert adapter is supervised.adapter
+    assert adapter is tft.adapter
     assert adapters.base.problems_with(adapter) == []
     assert adapter.workload_class == "supervised" and adapter.direction == "minimize"
     assert isinstance(adapter.default_trials, int) and adapter.default_trials >= 4
@@ -347,14 +343,14 @@ def test_plan_differs_from_dqn_on_a_48_gb_gpu(tmp_path):
 def test_a_small_study_with_the_median_pruner_finds_a_best_validation_loss():
     """In process; `python -m orchestrator run tft` is run in tests/test_user_adapters.py."""
     options = parse_options(
-        supervised.adapter, ["max_width=32", "max_window=24", "max_depth=1", "steps=1200"]
+        tft.adapter, ["max_width=32", "max_window=24", "max_depth=1", "steps=1200"]
     )
     study = optuna.create_study(
         direction="minimize",
         sampler=optuna.samplers.RandomSampler(seed=0),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0),
     )
-    study.optimize(lambda trial: supervised.adapter.objective(trial, CPU, 3, options), n_trials=4)
+    study.optimize(lambda trial: tft.adapter.objective(trial, CPU, 3, options), n_trials=4)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(complete) >= 2
     assert study.best_value == min(min(t.intermediate_values.values()) for t in complete)
@@ -369,7 +365,7 @@ def test_a_small_study_with_the_median_pruner_finds_a_best_validation_loss():
 def test_cuda_peak_stays_under_the_memory_model():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    adapter = supervised.adapter
+    adapter = tft.adapter
     options = parse_options(adapter, {})
     params = {
         **adapter.default_params,
@@ -387,5 +383,5 @@ def test_cuda_peak_stays_under_the_memory_model():
         report=lambda e, v: None,
     )
     peak_mb = torch.cuda.max_memory_reserved() / 1024**2
-    planned = adapter.memory_model(options).planned_mb(1024) - supervised.CUDA_CONTEXT_MB
+    planned = adapter.memory_model(options).planned_mb(1024) - forecaster.CUDA_CONTEXT_MB
     assert peak_mb <= planned

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import optuna
+import pytest
 
 from orchestrator.record.trial_logs import default_log_dir, last_lines, trial_log_path
 from tests.cli_helpers import cli_env, run_cli
@@ -69,3 +71,36 @@ def test_where_logs_go(tmp_path):
     log.write_text("one\n\ntwo\nthree\n")
     assert last_lines(log, 2) == ["two", "three"]
     assert last_lines(tmp_path / "missing.log") == []
+
+
+def _logged_lines(url: str, study: str) -> list[str]:
+    shown = run_cli("logs", "--study", study, "--trial", "0", "--storage", url)
+    assert shown.returncode == 0, shown.stderr
+    return [line for line in shown.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("adapter", "options", "metric"),
+    [
+        ("dqn", ["--option", "steps_per_epoch=256"], "sharpe"),
+        ("tft", ["--option", "steps=400", "--option", "max_width=16", "--option",
+                 "max_window=16", "--option", "max_depth=1"], "val_loss"),
+    ],
+)  # fmt: skip
+def test_a_built_in_adapter_logs_each_epoch_and_its_value(tmp_path, adapter, options, metric):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    done = run_cli(
+        "run", adapter, "--trials", "1", "--epochs", "3", *options, "--gpus", "sim:24576",
+        "--pruner", "none", "--storage", url, env=_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trial = optuna.load_study(study_name=adapter, storage=url).trials[0]
+    lines = _logged_lines(url, adapter)
+    # One line per evaluation, with its step, score and seconds so far; the value last.
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 3, lines
+    for step, line in enumerate(steps):
+        score = trial.intermediate_values[step]
+        assert re.fullmatch(rf"step {step}: {metric} {score:.6g} after .+ \(\d+\.\d s\)", line)
+    assert re.fullmatch(rf"value: {metric} {trial.value:.6g}, .+ \(\d+\.\d s\)", lines[-1])
+    assert len(lines) <= 6, lines  # no per-batch lines
