@@ -68,8 +68,8 @@ def optimize(
     objects (pickled for the trial processes); `callbacks` are called as
     `callback(study, frozen_trial)` in this process for every trial that finishes.
     `host` takes the flags `run` has about this host, by their Python names: concurrency,
-    timeout, trial_timeout, grace, sim_memory_scale, log_dir, quiet (default: quiet unless
-    stderr is a terminal), recycle_after, fresh_process, ...
+    timeout, trial_timeout, grace, sim_memory_scale, log_dir, quiet (default: progress on
+    stderr when stderr is a terminal, quiet otherwise), recycle_after, fresh_process, ...
     """
     from adapters.objective import objective_ref
 
@@ -215,7 +215,6 @@ def _run(
     host: dict[str, Any],
     callbacks: list[Callable[..., None]],
 ) -> Any:
-    import sys
 
     import optuna
 
@@ -230,10 +229,7 @@ def _run(
     from orchestrator.record.storage_url import parse_url, resolve_storage_url
     from orchestrator.run.processes import prestart
 
-    quiet = host.pop("quiet", None)
-    if quiet is None:  # as study.optimize: progress shown where someone watches
-        quiet = not sys.stderr.isatty()
-    settings = HostOptions(gpus=gpus, quiet=quiet, **host)
+    settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
     check_host_options(settings)
     url = resolve_storage_url(storage)
     parse_url(url)
@@ -253,6 +249,21 @@ def _run(
         callbacks=callbacks,
     )
     return optuna.load_study(study_name=name, storage=opened)
+
+
+def quiet_by_default(quiet: bool | None, stream: Any = None) -> bool:
+    """`quiet` as given; left out, quiet unless `stream` (stderr, where progress is drawn) is a
+    terminal: as study.optimize, progress is shown where someone watches, and a script run
+    by cron, CI or `> out.log 2>&1` stays quiet."""
+    import sys
+
+    if quiet is not None:
+        return bool(quiet)
+    stream = sys.stderr if stream is None else stream
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):  # not a file, or a closed one
+        return True
 
 
 def _resume(storage: Any, name: str, spec: Any) -> tuple[Any, Any]:
