@@ -11,13 +11,11 @@ import argparse
 import math
 import os
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
 from orchestrator.record.outage import DEFAULT_RETRY_SECONDS
-
-if TYPE_CHECKING:
-    from orchestrator.run.trial_context import Recycling
+from orchestrator.run.stopping import Stop
+from orchestrator.run.trial_context import Recycling
 
 
 @dataclass(frozen=True)
@@ -30,9 +28,9 @@ class HostOptions:
     concurrency: int | None = None
     timeout: float | None = None
     trial_timeout: float | None = None  # seconds one trial may train; None: no limit
-    grace: float = 30.0
+    grace: float = Stop.grace_s  # the pool's, and `--grace`'s
     recycle_after: int | None = None
-    recycle_memory_mb: float = 2048.0
+    recycle_memory_mb: float = Recycling.memory_growth_mb  # type: ignore[assignment]  (2048, not None)
     fresh_process: bool = False
     log_dir: str | None = None
     storage_retry_seconds: float = DEFAULT_RETRY_SECONDS
@@ -77,7 +75,7 @@ _DEFAULTS = HostOptions()
 
 
 def add_gpus_argument(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.cli import user_checked
+    from orchestrator.commands._args import user_checked
     from orchestrator.gpu import check_gpu_spec
 
     parser.add_argument(
@@ -91,7 +89,7 @@ def add_gpus_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_concurrency_argument(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.cli import whole_number
+    from orchestrator.commands._args import whole_number
 
     parser.add_argument(
         "--concurrency",
@@ -114,7 +112,7 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.cli import number
+    from orchestrator.commands._args import number
 
     parser.add_argument(
         "--timeout",
@@ -148,7 +146,7 @@ def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.cli import number, whole_number
+    from orchestrator.commands._args import number, whole_number
 
     parser.add_argument(
         "--sim-memory-scale",

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from orchestrator.cli import command_parser
+from orchestrator.commands._args import command_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,21 +28,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def describe(entry: Any) -> dict[str, Any]:
     """One adapter as a row: usable ones with their memory model at default options."""
-    from adapters import memory_model_of, parse_options
+    from adapters import memory_model_of, metric_name, parse_options
 
     row: dict[str, Any] = {"name": entry.name, "origin": entry.origin, "target": entry.target}
     if entry.error:
         return {**row, "error": entry.error}
     adapter = entry.adapter
     try:
-        memory = memory_model_of(adapter, parse_options(adapter, {}))
+        options = parse_options(adapter, {})
+        memory = memory_model_of(adapter, options)
     except Exception as error:  # a third party's memory_model may raise anything
         return {**row, "error": f"memory model: {type(error).__name__}: {_first_line(error)}"}
+    try:
+        metric = metric_name(adapter, options)
+    except Exception as error:  # and so may its metric_for
+        return {**row, "error": f"metric: {type(error).__name__}: {_first_line(error)}"}
     return {
         **row,
         "workload_class": adapter.workload_class,
         "direction": adapter.direction,
-        "metric": getattr(adapter, "metric", "objective"),
+        "metric": metric,
         "model_overhead_mb": memory.model_overhead_mb,
         "per_sample_mb": memory.per_sample_mb,
         "description": getattr(adapter, "description", ""),

@@ -7,7 +7,7 @@ import errno
 import socket
 import sys
 
-from orchestrator.cli import add_storage_argument, command_parser, whole_number
+from orchestrator.commands._args import add_storage_argument, command_parser, whole_number
 from orchestrator.errors import UserError
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.commands._args import add_storage_argument, command_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

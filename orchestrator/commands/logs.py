@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.cli import add_storage_argument, command_parser
+from orchestrator.commands._args import add_storage_argument, command_parser
 from orchestrator.errors import UserError
 
 

@@ -7,7 +7,7 @@ import re
 import sys
 from pathlib import Path
 
-from orchestrator.cli import command_parser, study_name, whole_number
+from orchestrator.commands._args import command_parser, study_name, whole_number
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import add_workloads_argument
 

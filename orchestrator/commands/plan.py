@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli import (
+from orchestrator.commands._args import (
     add_adapter_arguments,
     add_storage_argument,
     add_swarm_size_argument,

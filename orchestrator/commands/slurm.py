@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from orchestrator.cli import command_parser, study_name, whole_number
+from orchestrator.commands._args import command_parser, study_name, whole_number
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import add_workloads_argument
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.cli import (
+from orchestrator.commands._args import (
     add_output_arguments,
     add_storage_argument,
     command_parser,
