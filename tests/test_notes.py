@@ -22,7 +22,7 @@ from test_dashboard_browser import (
     wait_for_port,
 )
 
-from orchestrator.record.notes import read_trial_note, save_trial_note, trial_note, write_trial_note
+from orchestrator.record.notes import save_trial_note, trial_note, write_trial_note
 from tests.cli_helpers import run_cli
 
 ATTRS = {
@@ -35,6 +35,12 @@ ATTRS = {
     "vram_peak_mb": 2948.4,
     "oom": False,
 }
+
+
+def read_trial_note(study: optuna.Study, trial_id: int) -> str:
+    """The trial's note as optuna-dashboard reads it ("" when it has none)."""
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    return get_note_from_system_attrs(attrs, trial_id)["body"]
 
 
 def frozen(state=TrialState.COMPLETE, value=1.25, attrs=None, steps=None, number=7):

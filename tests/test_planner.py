@@ -1,4 +1,4 @@
-"""The planner: seed 002's four cases, its invariants over wide inputs, and whole-node plans."""
+"""The planner: four model and GPU cases, its invariants over wide inputs, and whole-node plans."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def gpu(index: int, total_mb: float, name: str | None = None) -> Device:
     )
 
 
-# --- seed 002, Task 2 -------------------------------------------------------------------------
+# --- the four cases: a tiny and a large model on an L4, the CPU, an H100 ----------------------
 
 
 def test_tiny_model_high_concurrency_on_l4() -> None:
@@ -55,7 +55,7 @@ def test_h100_maxes_out_the_swarm() -> None:
     assert strategy.max_concurrent_trials == 20
 
 
-def test_seed_formula_by_hand() -> None:
+def test_the_formula_by_hand() -> None:
     # 24576 x 0.8 = 19660.8 usable; 2000 + 64 x 0.05 = 2003.2 per trial -> 9 fit;
     # 19660.8 / 9 - 2000 = 184.53 MB for the batch -> 3690 samples.
     strategy = HardwareBudget(L4_MB).plan_hyperopt(2000.0, 0.05, 64, 4096, 20)

@@ -1,4 +1,4 @@
-"""Workload classes: seed 000's defaults, and a user's TOML overrides (file or environment)."""
+"""Workload classes: the built-in defaults, and a user's TOML overrides (file or environment)."""
 
 from __future__ import annotations
 

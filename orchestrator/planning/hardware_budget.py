@@ -1,6 +1,6 @@
 """One GPU's VRAM budget: how many trials of a memory model fit at once, and the batch that fits.
 
-The formula is seed 002's `HardwareBudget::plan_hyperopt`: keep 20% of VRAM free for the CUDA
+The rule, `HardwareBudget.plan_hyperopt`: keep 20% of VRAM free for the CUDA context, the
 allocator and fragmentation, size each trial at the minimum batch (the conservative estimate),
 fit as many trials as the rest allows (at least 1, at most the swarm), then give each trial an
 equal share and let the batch grow into what is left of it after the model's overhead.

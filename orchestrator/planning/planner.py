@@ -1,10 +1,10 @@
 """A host's plan: how many trials fit on each GPU at once, and which batch sizes. Pure, no torch.
 
-The VRAM formula for one GPU is seed 002's `HardwareBudget::plan_hyperopt`
-(`orchestrator.planning.hardware_budget`). `plan_node` applies it to every GPU of a host and
-adds the limits that VRAM does not see: the host's CPU cores for CPU-bound work (RL
-environments, shared out by `orchestrator.planning.cpu_cores`), a user's explicit
-`--concurrency`, and the study's budget.
+The VRAM rule for one GPU is `HardwareBudget.plan_hyperopt` in
+`orchestrator.planning.hardware_budget` (20% kept free, each trial sized at the smallest batch, at
+most the swarm). `plan_node` applies it to every GPU of a host and adds the limits that VRAM
+does not see: the host's CPU cores for CPU-bound work (RL environments, shared out by
+`orchestrator.planning.cpu_cores`), a user's explicit `--concurrency`, and the study's budget.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN
 from orchestrator.planning.cpu_cores import share_cores
 from orchestrator.planning.hardware_budget import (
     HardwareBudget,
     HyperoptStrategy,
     batch_upper_bound,
 )
+from orchestrator.record.study import StudySpec
 
 if TYPE_CHECKING:
     from adapters.base import MemoryModel
@@ -33,12 +35,12 @@ LIMITS = ("vram", "swarm", "cpu", "user", "budget", "no gpu")
 class GpuPlan:
     """What one GPU runs: at most `slots` trials at once, each with a batch size in `batch_bounds`.
 
-    `strategy` is the seed's VRAM-only plan for this GPU. `slots` is a cap on trials at once: how
-    many of the smallest fit its usable VRAM, lowered by the swarm, the CPU cores for CPU-bound
-    work, the user's --concurrency and the study's budget; beneath it the supervisor admits each
-    trial by its own footprint. `batch_bounds` is what fits on this GPU alone, so the sampler can
-    try every batch size that fits. `limited_by` names the limit that bound `slots`: vram, swarm,
-    cpu, user, budget, or "no gpu" (the CPU-only plan).
+    `strategy` is the VRAM-only plan for this GPU (`HardwareBudget.plan_hyperopt`). `slots` caps
+    the trials at once: how many of the smallest fit its usable VRAM, lowered by the swarm, the
+    CPU cores for CPU-bound work, the user's --concurrency and the study's budget; beneath it the
+    supervisor admits each trial by its own footprint. `batch_bounds` is what fits on this GPU
+    alone, so the sampler can try every batch size that fits. `limited_by` names the limit that
+    bound `slots`: vram, swarm, cpu, user, budget, or "no gpu" (the CPU-only plan).
     """
 
     device: Device | None
@@ -148,9 +150,9 @@ def plan_node(
     *,
     cpu_bound: bool,
     cpu_cores: int,
-    swarm_size: int = 20,
-    min_batch: int = 64,
-    max_batch: int = 4096,
+    swarm_size: int = StudySpec.swarm_size,
+    min_batch: int = BATCH_SIZE_MIN,
+    max_batch: int = BATCH_SIZE_MAX,
     memory_model_source: str = "declared",
     concurrency: int | None = None,
     gpu_memory_models: Mapping[str, tuple[MemoryModel, str]] | None = None,
@@ -212,8 +214,8 @@ def _check_node_inputs(cpu_cores: int, concurrency: int | None) -> None:
 def vram_plan(
     device: Device, model: MemoryModel, min_batch: int, max_batch: int, swarm_size: int
 ) -> tuple[HyperoptStrategy, str]:
-    """The seed's VRAM-only plan for one GPU, and what bound it: "swarm" when more trials would
-    fit than the swarm has, else "vram"."""
+    """The VRAM-only plan for one GPU (`HardwareBudget.plan_hyperopt`), and what bound it:
+    "swarm" when more trials would fit than the swarm has, else "vram"."""
     budget = HardwareBudget(device.total_mb)
     strategy = budget.plan_hyperopt(
         model.model_overhead_mb, model.per_sample_mb, min_batch, max_batch, swarm_size

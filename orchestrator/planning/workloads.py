@@ -1,4 +1,4 @@
-"""Workload classes: what kind of hardware a model wants, and its defaults (seed 000).
+"""Workload classes: what kind of hardware a model wants, and its defaults.
 
 RL training is CPU-bound (environment simulation) and small on the GPU; supervised models are
 GPU-bound. The planner caps CPU-bound work at the host's cores; the deployment manifests route
@@ -29,7 +29,7 @@ from orchestrator.errors import UserError
 
 WORKLOADS_ENV = "ORCHESTRATOR_WORKLOADS"
 
-# Seed 000 routes with the node pool label of its cloud; any node label works.
+# The default routes by Scaleway's node pool label; any node label works (`node_selector_key`).
 POOL_LABEL = "k8s.scaleway.com/pool-name"
 
 

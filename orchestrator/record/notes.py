@@ -175,11 +175,3 @@ def _note_attrs(storage: Any, study_id: int, trial_id: int) -> dict[str, Any]:
     with backend.engine.connect() as conn:
         rows = conn.execute(query, {"study": study_id, "prefix": prefix + "%"}).all()
     return {key: json.loads(value) for key, value in rows if key.startswith(prefix)}
-
-
-def read_trial_note(study: optuna.Study, trial_id: int) -> str:
-    """The trial's note as optuna-dashboard reads it ("" when it has none)."""
-    from optuna_dashboard._note import get_note_from_system_attrs
-
-    attrs = study._storage.get_study_system_attrs(study._study_id)
-    return get_note_from_system_attrs(attrs, trial_id)["body"]

@@ -5,8 +5,8 @@ expected to hold must fit the allowance (at most the GPU's usable memory: total 
 planner's 20% reserve) beside what our running trials hold (what they really hold once they
 have said, their estimate before), and what it may hold at worst must fit in what is really
 free on the GPU now (other processes included), less `FREE_MARGIN` of it.
-The supervisor (`orchestrator.run.pool`) asks these pure functions and gets back values that say why;
-tests drive them without processes. The five layers of seed 002, on bytes:
+Each GPU's supervisor (`orchestrator.run.supervisor`) asks these pure functions and gets back
+values that say why; tests drive them without processes. Five layers of protection, on bytes:
 
 1. conservative estimate: the memory model (`orchestrator.planning.footprint`), with 20% of VRAM kept free;
 2. ramp-up: start with half the usable memory; all of it once the first wave (the trials admitted

@@ -37,8 +37,6 @@ from orchestrator.run.stopping import Step, Stop, next_step
 from orchestrator.run.supervisor import RunningTrial, Supervisor
 from orchestrator.run.trial_endings import End, FailedStarts, check_starts, ending_of, log_ending
 
-# Re-exported: callers catch it as the pool's (orchestrator/launch.py).
-
 if TYPE_CHECKING:
     import optuna
     from sqlalchemy.engine import Engine
@@ -77,8 +75,8 @@ class Pool:
         probe: Probe,
         backend: TrialBackend,
         timeout_s: float | None = None,
-        grace_s: float = 30.0,
-        metric: str = "objective",
+        grace_s: float = Stop.grace_s,
+        metric: str = "value",  # as adapters.metric_name says when an adapter names none
         on_update: Callable[[PoolSnapshot], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         host: str | None = None,
