@@ -23,6 +23,9 @@ from adapters.base import Report
 from orchestrator.errors import UserError
 
 MAX_REPEATS = 100
+# The trial user attributes a repeated trial keeps: each seed's score (seed order), their spread.
+REPEAT_VALUES_ATTR = "repeat_values"
+REPEAT_STD_ATTR = "repeat_std"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A study and what is stored with it: the adapter, the budget, epochs and options.
+"""A study and what is stored with it: the adapter, the budget, epochs, repeats and options.
 
 `run` writes this spec into the study's user attributes (optuna-dashboard shows it), so that
 `worker --study NAME` on another node joins with nothing else to type. The budget arithmetic is
@@ -52,6 +52,9 @@ class StudySpec:
     sampler_pickle: str | None = None
     pruner_pickle: str | None = None
     grid: dict[str, list[Any]] | None = None  # --sampler grid: each parameter's values
+    # Training runs per trial, with the adapter's seed option seed, seed + 1, ...; the trial's
+    # value is their mean (adapters/repeats.py). Part of what a trial means: resume keeps it.
+    repeats: int = 1
 
     @property
     def all_directions(self) -> list[str]:

@@ -38,6 +38,7 @@ from orchestrator.run.trial_requeue import requeue_if_interrupted
 from orchestrator.run.trial_result import RunResult
 from orchestrator.run.trial_signals import Interrupted, interruptible, stop_requested
 from orchestrator.run.trial_spool import Told, kept_until_told, noted
+from orchestrator.run.trial_training import train
 
 logger = logging.getLogger(__name__)
 
@@ -221,12 +222,12 @@ def run_objective(
             )
             result.flush = report.flush  # run before the result is told (trial_spool)
             with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
-                value = ctx.adapter.train(
+                value = train(
+                    ctx,
+                    spec,
+                    trial,
                     params,
-                    epochs=spec.epochs,
-                    device=ctx.torch_device,
-                    options=spec.options,
-                    report=reporting_memory(ctx, result, channel, noted(result, report)),
+                    reporting_memory(ctx, result, channel, noted(result, report)),
                 )
             hold_simulated(ctx, result)  # a model that never reports still held it all
         several = several_values(value)  # an objective of several values returns a sequence

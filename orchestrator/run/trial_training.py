@@ -1,0 +1,53 @@
+"""A trial's training: the adapter's `train` once, or with `--repeats N` once per seed.
+
+With N > 1 the adapter trains with seeds seed .. seed + N - 1 (adapters/repeats.py); the
+trial's value, what the sampler and the pruner see, is their mean, and each seed's score and
+their spread are kept with the trial as user attributes (`repeat_values`, `repeat_std`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.record.trial_attrs import set_user_attrs
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.record.study import StudySpec
+    from orchestrator.run.trial_context import TrialContext
+
+
+def train(
+    ctx: TrialContext, spec: StudySpec, trial: optuna.Trial, params: dict[str, Any], report: Any
+) -> Any:
+    """The adapter's training run; with `--repeats N`, N runs with seeds seed .. seed + N - 1,
+    their mean the value the study (and its pruner) sees, each run's score and the spread kept
+    with the trial (adapters/repeats.py)."""
+    if spec.repeats <= 1:
+        return ctx.adapter.train(
+            params, epochs=spec.epochs, device=ctx.torch_device, options=spec.options, report=report
+        )
+    from adapters.repeats import train_repeated
+
+    runs = train_repeated(
+        ctx.adapter.train,
+        params,
+        repeats=spec.repeats,
+        epochs=spec.epochs,
+        device=ctx.torch_device,
+        options=spec.options,
+        report=report,
+    )
+    set_user_attrs(trial, repeat_attrs(runs.values))
+    return runs.mean
+
+
+def repeat_attrs(values: list[float]) -> dict[str, Any]:
+    """What a repeated trial keeps: each seed's score, in seed order, and their spread."""
+    import statistics
+
+    from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
+
+    spread = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return {REPEAT_VALUES_ATTR: list(values), REPEAT_STD_ATTR: spread}
