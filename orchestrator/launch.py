@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from orchestrator.host_options import HostOptions
     from orchestrator.record.study import StudySpec
     from orchestrator.result import Outcome
+    from orchestrator.selection import Selection
 
 logger = logging.getLogger(__name__)
 
@@ -227,10 +228,22 @@ def plan_and_run(
     options: HostOptions,
     open_study: Callable[[], optuna.Study],
     spare: list[Any] | None = None,
+    selection: Selection | None = None,
 ) -> int:
     """What `run` and `worker` end with: plan this host, open the study (only once the plan
-    fits, so a model that fits no GPU stores nothing), run it, print the result; the exit status."""
+    fits, so a model that fits no GPU stores nothing), run it, print the result; the exit status.
+
+    `selection` (`run` only, never a worker: one process scores a study's end): once the study
+    has used its budget, its best trial is tested and confirmed as asked (orchestrator/selection)."""
+    import dataclasses
+
     from orchestrator.result import print_outcome
+
+    opened: list[optuna.Study] = []
+
+    def open_and_keep() -> optuna.Study:
+        opened.append(open_study())
+        return opened[-1]
 
     outcome = execute(
         url=url,
@@ -238,9 +251,14 @@ def plan_and_run(
         adapter=adapter,
         spec=spec,
         options=options,
-        open_study=open_study,
+        open_study=open_and_keep,
         spare=spare,
     )
+    if selection is not None and opened and not outcome.interrupted:
+        from orchestrator.selection import finish_study
+
+        final = finish_study(opened[-1], spec, adapter, selection)  # Ctrl-C: `best --confirm`
+        outcome = dataclasses.replace(outcome, final=final)
     print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=options.json)
     return 130 if outcome.interrupted else 0
 

@@ -16,6 +16,7 @@ from orchestrator.record import attr_names as names
 if TYPE_CHECKING:
     import optuna
 
+    from orchestrator.record.final_scores import FinalScores
     from orchestrator.record.study import StudySpec
 
 
@@ -32,6 +33,8 @@ class Outcome:
     complete: int = 0
     pruned: int = 0
     failed: int = 0
+    pareto_front: int = 0  # trials on the Pareto front of a study of several objectives
+    final: FinalScores | None = None  # the selection scored at the study's end (selection.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -46,17 +49,21 @@ class Outcome:
             "failed": self.failed,
             "ooms": self.ooms,
             "interrupted": self.interrupted,
+            "pareto_front": self.pareto_front,
+            "final_scores": None if self.final is None else self.final.as_dict(),
         }
 
 
 def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Outcome:
     """The study as it stands once this host's pool has stopped."""
-    from orchestrator.record.best_trial import best_of_study
+    from orchestrator.record.best_trial import best_of_study, directions_of, pareto_front
     from orchestrator.record.study import count_trials
 
     trials = study.get_trials(deepcopy=False)
     best = best_of_study(study)
     count = count_trials(trials)
+    directions = directions_of(study)
+    front = pareto_front(trials, directions) if len(directions) > 1 else []
     return Outcome(
         study_name=study.study_name,
         budget=spec.trials,
@@ -69,6 +76,7 @@ def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Ou
         complete=count.complete,
         pruned=count.pruned,
         failed=count.failed,
+        pareto_front=len(front),
     )
 
 
@@ -82,12 +90,23 @@ def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:
         f"({outcome.complete} complete, {outcome.pruned} pruned, {outcome.failed} failed), "
         f"{outcome.ooms} out-of-memory"
     ]
+    if outcome.pareto_front:
+        n = outcome.pareto_front
+        return [
+            *lines,
+            f"Pareto front: {n} trial{'' if n == 1 else 's'} (`python -m orchestrator best "
+            f"--study {outcome.study_name} --format text` lists them)",
+        ]
     if outcome.best_trial is None:
         return [*lines, "no trial has completed yet"]
     lines.append(f"best trial #{outcome.best_trial}: {metric} = {outcome.best_value:.6g}")
     for name, value in outcome.best_params.items():
         shown = f"{value:.6g}" if isinstance(value, float) else value
         lines.append(f"  {name} = {shown}")
+    if outcome.final is not None:
+        from orchestrator.show.final_scores_text import side_by_side
+
+        lines.append(side_by_side(outcome.final))
     return lines
 
 

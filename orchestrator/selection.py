@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.final_scores import Confirmed, FinalScores
@@ -32,6 +33,69 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONFIRM_SEEDS = 3
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a study's end scores: `run --confirm K --confirm-seeds S`, and `best --confirm`."""
+
+    top: int = 0
+    seeds: int = DEFAULT_CONFIRM_SEEDS
+
+
+def scores_anything(adapter: Any, selection: Selection) -> bool:
+    """Whether there is more to say than the study's own best value: a test part, baselines, or
+    a confirmation asked for. Plain adapters (a test function, a supervised model) have none."""
+    return bool(
+        selection.top
+        or callable(getattr(adapter, "final_scores", None))
+        or callable(getattr(adapter, "baselines", None))
+    )
+
+
+def scoring_device(adapter: Any) -> torch.device:
+    """Where the end-of-study runs train, in the process that ran the study: RL is CPU-bound
+    (its trials run on CPU cores too); anything else on the first CUDA GPU when there is one."""
+    import torch
+
+    from orchestrator.planning.workloads import workload_class
+
+    kind = getattr(adapter, "workload_class", "supervised")
+    if workload_class(kind).cpu_bound or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", 0)
+
+
+def finish_study(
+    study: optuna.Study, spec: StudySpec, adapter: Any, selection: Selection
+) -> FinalScores | None:
+    """Score the study's selection (when the adapter has anything to score) and store it with the
+    study, and in its optuna-dashboard note; None when nothing was scored."""
+    from orchestrator.record.final_scores import save_final_scores
+    from orchestrator.record.study_note import write_study_note
+    from orchestrator.show.final_scores_text import final_scores_markdown
+
+    if len(spec.all_directions) > 1 or not scores_anything(adapter, selection):
+        return None  # a Pareto front has no one trial to test
+    what = (
+        f"confirming the top {selection.top} trials on {selection.seeds} seeds, then testing "
+        "the first"
+        if selection.top
+        else "testing the best trial on the part no trial saw, and the baselines"
+    )
+    logger.info("study %r: %s", study.study_name, what)
+    scores = score_selection(
+        study,
+        spec,
+        adapter,
+        scoring_device(adapter),
+        top=selection.top,
+        seeds=selection.seeds,
+    )
+    if scores is not None:
+        save_final_scores(study, scores)
+        write_study_note(study, final_scores_markdown(scores))
+    return scores
 
 
 def _ignore(step: int, value: float) -> None:
@@ -57,6 +121,17 @@ def top_trials(trials: list[FrozenTrial], direction: str, count: int) -> list[Fr
     return sorted(done, key=lambda t: (sign * float(t.value), t.number))[: max(count, 1)]
 
 
+def _runs_of(trial: FrozenTrial) -> list[float]:
+    """What the trial scored on seeds seed, seed + 1, ... in the study (one value without
+    --repeats: the study's own seed's)."""
+    from adapters.repeats import REPEAT_VALUES_ATTR
+
+    stored = trial.user_attrs.get(REPEAT_VALUES_ATTR)
+    if isinstance(stored, list) and stored:
+        return [float(v) for v in stored]
+    return [float(trial.value)]
+
+
 def confirm(
     adapter: Any,
     spec: StudySpec,
@@ -66,12 +141,15 @@ def confirm(
     top: int,
     seeds: int,
 ) -> list[Confirmed]:
-    """The `top` trials re-run with `seeds` seeds each, ranked again on their mean."""
+    """The `top` trials re-run with `seeds` seeds each, ranked again on their mean. The seeds a
+    trial already ran on in the study (its own, and its --repeats) are not trained again: their
+    scores are taken as stored."""
     from adapters.repeats import seeded
 
     confirmed = []
     for trial in top_trials(trials, spec.direction, top):
-        values = [
+        values = _runs_of(trial)[:seeds]
+        values += [
             float(
                 adapter.train(
                     trial.params,
@@ -81,7 +159,7 @@ def confirm(
                     report=_ignore,
                 )
             )
-            for offset in range(seeds)
+            for offset in range(len(values), seeds)
         ]
         mean, std = _spread(values)
         confirmed.append(Confirmed(trial.number, float(trial.value), values, mean, std))
@@ -111,7 +189,8 @@ def score_selection(
         if confirmed
         else top_trials(trials, spec.direction, 1)[0]
     )
-    runs = seeds if confirmed else 1
+    # Tested on as many seeds as its value stands on: the confirmation's, else the study's repeats.
+    runs = seeds if confirmed else max(1, int(getattr(spec, "repeats", 1) or 1))
     test_values: list[float] = []
     if callable(getattr(adapter, "final_scores", None)):
         for offset in range(runs):
@@ -129,9 +208,13 @@ def score_selection(
     metric = getattr(adapter, "metric_for", lambda o: getattr(adapter, "metric", "value"))(
         spec.options
     )
+    from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
+
     return FinalScores(
         selected_trial=selected.number,
         validation=float(selected.value),
+        validation_values=[float(v) for v in selected.user_attrs.get(REPEAT_VALUES_ATTR, [])],
+        validation_std=selected.user_attrs.get(REPEAT_STD_ATTR),
         metric=str(metric),
         seeds=runs,
         test=test,

@@ -1,4 +1,4 @@
-"""`best`: the best trial's parameters as JSON or YAML, to standard output or a file."""
+"""`best`: the best trial (JSON) or its parameters (YAML), to standard output or a file."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ def test_best_json_and_yaml_give_the_best_parameters(storage_url, capsys):
 
     code, out, err = run_cli(capsys, "best", "--study", "demo", "--storage", storage_url)
     assert code == 0
-    assert json.loads(out) == built["best_params"]
+    best = json.loads(out)
+    assert best["params"] == built["best_params"] and best["trial"] == built["best"]
+    assert best["final_scores"] is None  # a test function has no test part or baselines
     assert f"trial #{built['best']}" in err
 
     code, out, _ = run_cli(

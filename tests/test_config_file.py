@@ -115,7 +115,7 @@ def test_version_comes_from_the_package_metadata():
 def test_best_and_report_take_the_only_study_without_study(sqlite_url, tmp_path, capsys):
     built = build_study(sqlite_url, "only", completed=3)
     code, out, _ = run_in_process(capsys, "best", "--storage", sqlite_url)
-    assert code == 0 and json.loads(out) == built["best_params"]
+    assert code == 0 and json.loads(out)["params"] == built["best_params"]
     code, out, _ = run_in_process(
         capsys, "report", "--storage", sqlite_url, "--out", str(tmp_path / "r")
     )

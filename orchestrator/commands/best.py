@@ -1,5 +1,9 @@
-"""`best`: the best trial's parameters, as JSON or YAML, ready for a training run; for a study
-of several objectives, its Pareto front (each trial's values and parameters), also as a table."""
+"""`best`: the best trial's parameters, ready for a training run (YAML), with the scores to
+trust beside its value (JSON and text: validation, test, baselines, the spread over seeds); for
+a study of several objectives, its Pareto front (each trial's values and parameters).
+
+`best --confirm K` scores the selection now, as `run --confirm K` does at a study's end, and
+stores it with the study (orchestrator/selection.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli import add_storage_argument, command_parser, study_name
+from orchestrator.commands.trust_flags import add_confirm_arguments, check_confirm
 from orchestrator.errors import UserError
 
 
@@ -31,9 +36,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--format",
         choices=("json", "yaml", "text"),
         default="json",
-        help="output format (default json; text: a table)",
+        help="json (default): the best trial, its parameters and its scores to trust; yaml: the "
+        "parameters alone, for a training run; text: both, for a person",
     )
     parser.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
+    add_confirm_arguments(parser, at_the_end=False)
     parser.set_defaults(handler=best_command)
 
 
@@ -56,19 +63,99 @@ def best_command(args: argparse.Namespace) -> int:
     name = the_study(storage, args.study, describe_location(url), "best")
     detail = study_detail(storage, name, describe_location(url))
     if detail.direction == MULTI_OBJECTIVE:
+        if args.confirm is not None:
+            raise UserError(
+                f"study {name!r} has several objectives: its Pareto front has no one trial to "
+                "confirm and test; leave --confirm out"
+            )
         return _write(args, *_front(storage, name, args.format))
     if detail.best is None:
         raise UserError(
             f"study {name!r} has no completed trial yet: wait for one "
             f"(`python -m orchestrator status --study {name}` shows its progress)"
         )
-    params = detail.best.params
+    if args.confirm is None and args.confirm_seeds is not None:
+        check_confirm(args, None)
+    scores = _confirmed(storage, name, args) if args.confirm is not None else None
+    if scores is None:
+        scores = _stored_scores(storage, name)
+    best, about = _chosen(storage, name, detail.best, scores)
+    params = best.params
     if args.format == "text":
+        from orchestrator.show.final_scores_text import final_score_lines
+
         text = "".join(f"{key}: {value}\n" for key, value in params.items())
-    else:
+        text += "".join(f"{line}\n" for line in (final_score_lines(scores) if scores else []))
+    elif args.format == "yaml":
         text = format_params(params, args.format)
-    about = f"best of {name!r}: trial #{detail.best.number}, value {detail.best.value:.6g}"
+    else:
+        record = {
+            "trial": best.number,
+            "value": best.value,
+            "params": params,
+            "final_scores": None if scores is None else scores.as_dict(),
+        }
+        text = json.dumps(record, indent=2) + "\n"
     return _write(args, text, about)
+
+
+def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:
+    """The trial to hand out, and the line that says which: the study's best, unless a
+    confirmation on more seeds ranked another first (its mean is the better-founded figure)."""
+    about = f"best of {name!r}: trial #{best.number}, value {best.value:.6g}"
+    if scores is None or not scores.confirmed or scores.selected_trial == best.number:
+        return best, about
+    import optuna
+
+    from orchestrator.show.views import BestTrial
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    trial = study._storage.get_trial(
+        study._storage.get_trial_id_from_study_id_trial_number(
+            study._study_id, scores.selected_trial
+        )
+    )
+    first = scores.confirmed[0]
+    chosen = BestTrial(trial.number, float(trial.value), dict(trial.params), dict(trial.user_attrs))
+    return chosen, (
+        f"selected in {name!r}: trial #{trial.number}, ranked first on {len(first.values)} seeds "
+        f"(mean {first.mean:.6g}); the study's best value was trial #{best.number}'s "
+        f"{best.value:.6g}"
+    )
+
+
+def _stored_scores(storage: Any, name: str) -> Any:
+    import optuna
+
+    from orchestrator.record.final_scores import final_scores_of
+
+    return final_scores_of(optuna.load_study(study_name=name, storage=storage).user_attrs)
+
+
+def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
+    """`--confirm K`: the selection scored now, stored with the study."""
+    import optuna
+
+    from orchestrator.record.study import load_spec
+    from orchestrator.selection import DEFAULT_CONFIRM_SEEDS, Selection, finish_study
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    spec = load_spec(study)
+    if spec is None:
+        raise UserError(
+            f"study {name!r} was not made by this tool: --confirm needs the adapter and "
+            "options it was run with"
+        )
+    adapter = spec.resolve_adapter()
+    check_confirm(args, adapter)
+    selection = Selection(args.confirm, args.confirm_seeds or DEFAULT_CONFIRM_SEEDS)
+    scores = finish_study(study, spec, adapter, selection)
+    if scores is None:
+        print(
+            f"study {name!r}: adapter {adapter.name!r} has no test part or baselines to score",
+            file=sys.stderr,
+        )
+    return scores
 
 
 def _front(storage: Any, name: str, fmt: str) -> tuple[str, str]:

@@ -18,6 +18,12 @@ from orchestrator.cli import (
     study_name,
     whole_number,
 )
+from orchestrator.commands.trust_flags import (
+    add_confirm_arguments,
+    add_repeats_argument,
+    check_trust_flags,
+    selection_of,
+)
 from orchestrator.errors import UserError
 from orchestrator.objective_flags import add_objective_arguments, grid_of, objectives_of
 
@@ -77,6 +83,8 @@ def _add_study_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ENV",
         help="RL adapters: trading (default) or a Gymnasium id such as CartPole-v1",
     )
+    add_repeats_argument(parser)
+    add_confirm_arguments(parser, at_the_end=True)
     parser.add_argument(
         "--data",
         metavar="CSV",
@@ -175,6 +183,7 @@ def run_command(args: argparse.Namespace) -> int:
     check_options = getattr(adapter, "check_options", None)
     if callable(check_options):
         check_options(options)
+    check_trust_flags(args, adapter)
     check_storage_for_workers(url)
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
     mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
@@ -192,6 +201,7 @@ def run_command(args: argparse.Namespace) -> int:
         options=host,
         spare=spare,
         open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue, args),
+        selection=selection_of(args),
     )
 
 
@@ -261,6 +271,7 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         swarm_size=args.swarm_size,
         pruner=args.pruner,
         max_retries=args.max_retries,
+        repeats=args.repeats,
     )
 
 
@@ -308,6 +319,7 @@ def _resumed_spec(
         swarm_size=args.swarm_size,
         pruner=args.pruner,
         max_retries=args.max_retries,
+        repeats=args.repeats,
         options={**spec.options, **typed_now},
     )
     _check_swarm(wanted)  # a value no study takes is said as such, not as a drift

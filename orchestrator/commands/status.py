@@ -12,6 +12,8 @@ from orchestrator.cli import add_storage_argument, command_parser, study_name, w
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from orchestrator.record.final_scores import FinalScores
+
 DEFAULT_LIMIT = 20
 
 
@@ -51,11 +53,16 @@ def status_command(args: argparse.Namespace) -> int:
     storage = open_for_reading(url)
     if args.study:
         detail = study_detail(storage, args.study, describe_location(url))
-        updates = _settings_updates(storage, args.study)
+        updates, scores = _stored_extras(storage, args.study)
         if args.json:
-            print(json.dumps({**to_jsonable(detail), "settings_updates": updates}, indent=2))
+            extras = {"settings_updates": updates, "final_scores": scores and scores.as_dict()}
+            print(json.dumps({**to_jsonable(detail), **extras}, indent=2))
         else:
-            _console().print(render_detail(detail, limit=args.limit, settings_updates=updates))
+            _console().print(
+                render_detail(
+                    detail, limit=args.limit, settings_updates=updates, final_scores=scores
+                )
+            )
         return 0
     rows = list_studies(storage)
     if args.json:
@@ -65,13 +72,16 @@ def status_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _settings_updates(storage: object, name: str) -> list[dict]:
-    """What `run --update-settings` recorded with the study (record/settings_drift.py)."""
+def _stored_extras(storage: object, name: str) -> tuple[list[dict], FinalScores | None]:
+    """What `run --update-settings` recorded with the study (record/settings_drift.py), and the
+    scores its end stored (record/final_scores.py)."""
     import optuna
 
+    from orchestrator.record.final_scores import final_scores_of
     from orchestrator.record.settings_drift import stored_updates
 
-    return stored_updates(optuna.load_study(study_name=name, storage=storage))
+    study = optuna.load_study(study_name=name, storage=storage)
+    return stored_updates(study), final_scores_of(study.user_attrs)
 
 
 def _console() -> Console:

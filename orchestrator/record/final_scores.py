@@ -35,6 +35,9 @@ class FinalScores:
     selected_trial: int
     validation: float  # the selected trial's own value in the study
     metric: str
+    # With --repeats: the seeds' scores behind `validation` (their mean) and their spread.
+    validation_values: list[float] = field(default_factory=list)
+    validation_std: float | None = None
     seeds: int = 1  # seeds behind `test` (and each confirmed mean)
     test: float | None = None  # mean over `seeds`; None when the adapter has no test part
     test_std: float | None = None

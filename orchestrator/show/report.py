@@ -65,6 +65,7 @@ def write_report(
 ) -> ReportFiles:
     """Write index.html, one PNG per drawn chart and trials.csv into out_dir (created if missing)."""
     from orchestrator.record.study import SPEC_ATTR
+    from orchestrator.show.final_scores_text import final_scores_section
     from orchestrator.show.gpu_timeline import cpu_only_note
     from orchestrator.show.report_charts import plotly_charts
     from orchestrator.show.report_pngs import write_pngs
@@ -84,6 +85,7 @@ def write_report(
     front = study.best_trials if len(names) > 1 else []
     facts = run_facts(study.user_attrs.get(SPEC_ATTR), trials)
     top = ["<section class='summary'>", *summary_html(detail, facts, names, front)]
+    top.append(final_scores_section(study.user_attrs))  # validation, test, baselines
     top += [*vram_html(detail, cpu_only_note(detail.vram)), "</section>"]
     page.write_text(render_page(detail, charts, pngs, table, csv, top=top), encoding="utf-8")
     notes = [f"{chart.title}: {chart.note}" for chart in charts if chart.figure is None]

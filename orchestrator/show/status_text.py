@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.table import Table
 
+    from orchestrator.record.final_scores import FinalScores
     from orchestrator.show.views import StudyDetail, StudyRow, Worker
 
 
@@ -43,16 +44,22 @@ def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
 
 
 def render_detail(
-    detail: StudyDetail, *, limit: int, settings_updates: Sequence[Mapping[str, Any]] = ()
+    detail: StudyDetail,
+    *,
+    limit: int,
+    settings_updates: Sequence[Mapping[str, Any]] = (),
+    final_scores: FinalScores | None = None,
 ) -> RenderableType:
     """One study in detail, a section after another (`limit`: VRAM rows of the last N trials,
-    0 for all; `status --limit`; `settings_updates`: what `run --update-settings` recorded)."""
+    0 for all; `status --limit`; `settings_updates`: what `run --update-settings` recorded;
+    `final_scores`: what the study's end scored, record/final_scores.py)."""
     from rich.console import Group
 
     return Group(
         *heading(detail),
         *updates_section(settings_updates),
         *best_section(detail),
+        *scores_section(final_scores),
         workers_section(detail),
         concurrency_section(detail),
         oom_section(detail),
@@ -109,7 +116,31 @@ def best_section(detail: StudyDetail) -> list[RenderableType]:
     params = _table("", "parameter", "value")
     for key, value in best.params.items():
         params.add_row(key, _value(value) if isinstance(value, float) else str(value))
-    return [f"Best: trial #{best.number}, value {_value(best.value)}", params]
+    return [f"Best: trial #{best.number}, value {_value(best.value)}{_spread(best)}", params]
+
+
+def _spread(best: Any) -> str:
+    """`, mean of 3 seeds (0.41, 1.2, 0.93), +- 0.33` for a trial run with --repeats."""
+    from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
+
+    values = best.user_attrs.get(REPEAT_VALUES_ATTR)
+    if not isinstance(values, list) or len(values) < 2:
+        return ""
+    each = ", ".join(_value(float(v)) for v in values)
+    std = best.user_attrs.get(REPEAT_STD_ATTR)
+    spread = "" if std is None else f" +- {float(std):.2g}"
+    return f", mean of {len(values)} seeds ({each}){spread}"
+
+
+def scores_section(scores: FinalScores | None) -> list[RenderableType]:
+    """The scores to trust: the selection's validation and test, beside the baselines."""
+    from rich.markup import escape
+
+    from orchestrator.show.final_scores_text import final_score_lines
+
+    if scores is None:
+        return []
+    return ["Scores to trust:", *(escape("  " + line) for line in final_score_lines(scores))]
 
 
 def workers_section(detail: StudyDetail) -> RenderableType:
