@@ -3,27 +3,32 @@
 For 8, 32 and 64 trial processes at once, each configuration on a fresh study of 10,000 trials
 (all but the last `--asks` already finished, written straight into Optuna's tables), every
 process asks for trials until the budget is used, and tells each one at once. The processes are
-lightweight: no torch, no adapter, no supervisor; each runs what a warm trial process runs to
-ask (`orchestrator.run.trial_runner.ask`: the cache read, then count and create under the
-budget lock) on a storage opened as a trial process opens it (one connection), then tells.
+lightweight: no torch, no adapter, no supervisor; each asks as a warm trial process asks
+(`orchestrator.record.budget_claim.ask_within_budget`: the claim in one round trip, then the
+trial read back) on a storage opened as a trial process opens it (one connection), then tells.
+No process reads the study before it asks: the ask does not need it.
 
-Measured per ask: the wait for the lock, the time the lock was held (taking it to the claim's
-commit: `budget_section.last_times`), the whole ask, and, with `--breakdown`, where the held
-time goes (the count, the create with its commit). The ceiling of trial starts per second that
-the lock allows is 1000 / median held ms. The study's budget is checked exact at the end.
+Measured per ask, on the server's clock: the time the lock was held (granted to the claim's last
+statement; its commit follows) and, over all asks, the time from one grant of the lock to the
+next (the held time, the commit and the hand-over: under contention, what one start costs the
+lock); on the client's clock: the wait for the lock and the whole ask. The ceiling of trial
+starts per second is 1000 / median held ms. The study's budget is checked exact at the end, and
+the host's load average is sampled every second while the processes ask.
 
     python benchmarks/bench_control_plane.py --postgres postgresql+psycopg2://postgres@127.0.0.1:5432/postgres
-    python benchmarks/bench_control_plane.py --postgres URL --processes 8 --asks 400 --breakdown
+    python benchmarks/bench_control_plane.py --postgres URL --processes 8 --asks 400
     python benchmarks/bench_control_plane.py --postgres URL --through URL_OF_A_PGBOUNCER ...
 
 `--through` sends the processes' connections to another address (a PgBouncer in front of the
-same server) while the study is made and checked on the server itself. Prints a table and
+same server) while the study is made and checked on the server itself; `--pgbouncer POOL_SIZE`
+starts such a PgBouncer (transaction mode) for the run. Prints a table and
 writes benchmarks/results/control_plane.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,16 +136,14 @@ def check_study(url: str, trials: int) -> dict[str, int]:
 # --- one trial process ---------------------------------------------------------------------
 
 
-def child(url: str, folder: Path, index: int, breakdown: bool) -> None:
+def child(url: str, folder: Path, index: int) -> None:
     """Ask and tell until the budget is used; write every ask's times to folder/INDEX.json."""
-    from types import SimpleNamespace
-
     import optuna
 
-    from orchestrator.record import budget_section, riding_storage, trial_counts
+    from orchestrator.record import budget_section
+    from orchestrator.record.budget_claim import ask_within_budget
     from orchestrator.record.storage import create_storage
     from orchestrator.record.study import load_spec
-    from orchestrator.run.trial_runner import ask
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = create_storage(url, heartbeat=True, wait=True)  # as a trial process opens it
@@ -147,68 +151,39 @@ def child(url: str, folder: Path, index: int, breakdown: bool) -> None:
         study_name=STUDY, storage=storage, sampler=optuna.samplers.RandomSampler()
     )
     spec = load_spec(study)
-    ctx = SimpleNamespace(
-        study=study,
-        storage=storage,
-        engine=storage.engine,
-        study_id=study._study_id,
-        config=SimpleNamespace(storage_url=url, study_name=STUDY),
-    )
-    steps: dict[str, float] = {}
-    if breakdown:
-        _time_steps(trial_counts, riding_storage, steps)
-    study._storage.get_all_trials(study._study_id, deepcopy=False)  # the warm process's cache
     (folder / f"{index}.ready").touch()
     while not (folder / "go").exists():
         time.sleep(0.005)
     asks: list[dict[str, float]] = []
     while True:
-        steps.clear()
         started = time.perf_counter()
-        trial, _ = ask(ctx, spec)
+        # The trial process's ask: the claim in one round trip, then the trial read back.
+        trial = ask_within_budget(study, url, spec.trials)
         asked = time.perf_counter()
         if trial is None:
             break
         study.tell(trial, 0.0)
         told = time.perf_counter()
         times = budget_section.last_times()
-        assert times is not None
+        assert times is not None and times.granted_at is not None
         asks.append(
             {
                 "wait_ms": times.wait_ms,
                 "held_ms": times.held_ms,
-                "held_cpu_ms": times.held_cpu_ms,
+                "granted_at": times.granted_at,
                 "ask_ms": (asked - started) * 1000,
                 "tell_ms": (told - asked) * 1000,
                 "at": told,
-                **steps,
             }
         )
     (folder / f"{index}.json").write_text(json.dumps(asks))
-
-
-def _time_steps(trial_counts: Any, riding_storage: Any, steps: dict[str, float]) -> None:
-    """Time the count and the create inside the lock (the module attributes the ask looks up)."""
-
-    def timed(name: str, function: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                steps[name] = steps.get(name, 0.0) + (time.perf_counter() - start) * 1000
-
-        return call
-
-    trial_counts.stored_count = timed("count_ms", trial_counts.stored_count)
-    riding_storage._create_once = timed("create_ms", riding_storage._create_once)
 
 
 # --- one configuration ---------------------------------------------------------------------
 
 
 def run_configuration(
-    server: str, through: str | None, processes: int, trials: int, asks: int, breakdown: bool
+    server: str, through: str | None, processes: int, trials: int, asks: int
 ) -> dict[str, Any]:
     name = _make_database(server)
     direct = _with_database(server, name)
@@ -222,8 +197,6 @@ def run_configuration(
                 "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             }
             command = [sys.executable, __file__, "--child", url, str(folder)]
-            if breakdown:
-                command.append("--breakdown")
             children = [
                 subprocess.Popen([*command, str(i)], env=env, cwd=ROOT) for i in range(processes)
             ]
@@ -231,18 +204,41 @@ def run_configuration(
                 if any(c.poll() not in (None, 0) for c in children):
                     raise SystemExit("a trial process failed before it was ready")
                 time.sleep(0.1)
+            load = LoadSampler()
             go = time.perf_counter()
             (folder / "go").touch()
             for c in children:
                 if c.wait() != 0:
                     raise SystemExit(f"a trial process exited with {c.returncode}")
+            loads = load.stop()
             records = [
                 a for i in range(processes) for a in json.loads((folder / f"{i}.json").read_text())
             ]
         states = check_study(direct, trials)
     finally:
         _drop_database(server, name)
-    return summarise(processes, trials, records, go, states, breakdown)
+    return summarise(processes, trials, records, go, states, loads)
+
+
+class LoadSampler:
+    """The host's 1-minute load average, read every second while the processes ask."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(1.0):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> list[float]:
+        self._done.set()
+        self._thread.join()
+        return self.samples or [os.getloadavg()[0]]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -256,84 +252,99 @@ def summarise(
     records: list[dict[str, float]],
     go: float,
     states: dict[str, int],
-    breakdown: bool,
+    loads: list[float],
 ) -> dict[str, Any]:
     held = [r["held_ms"] for r in records]
     wait = [r["wait_ms"] for r in records]
     ask_ms = [r["ask_ms"] for r in records]
+    grants = sorted(r["granted_at"] for r in records)
+    # From one grant of the lock to the next, on the server's clock: the held time, the commit
+    # and the hand-over to the next waiter (plus any moment nobody was waiting).
+    between = [(b - a) * 1000 for a, b in zip(grants, grants[1:], strict=False)]
     span = max(r["at"] for r in records) - go
-    row: dict[str, Any] = {
+    return {
         "processes": processes,
         "study_trials": trials,
         "asks": len(records),
         "held_median_ms": round(statistics.median(held), 2),
         "held_p99_ms": round(_pct(held, 0.99), 2),
-        "held_cpu_median_ms": round(statistics.median(r["held_cpu_ms"] for r in records), 2),
+        "grant_to_grant_median_ms": round(statistics.median(between), 2),
+        "grant_to_grant_p99_ms": round(_pct(between, 0.99), 2),
         "wait_median_ms": round(statistics.median(wait), 2),
         "wait_p99_ms": round(_pct(wait, 0.99), 2),
         "ask_median_ms": round(statistics.median(ask_ms), 2),
         "ask_p99_ms": round(_pct(ask_ms, 0.99), 2),
         "ceiling_starts_per_s": round(1000 / statistics.median(held), 1),
         "measured_asks_per_s": round(len(records) / span, 1),
+        "load_average": [round(min(loads), 1), round(max(loads), 1)],
         "states": states,
     }
-    if breakdown:
-        for step in ("count_ms", "create_ms"):
-            row[f"{step[:-3]}_median_ms"] = round(
-                statistics.median(r.get(step, 0.0) for r in records), 2
-            )
-    return row
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     print(
-        "| processes | asks | lock held median / p99 ms | lock wait median / p99 ms "
-        "| held CPU median ms | ask median / p99 ms | ceiling starts/s | measured asks/s |"
+        "| processes | asks | lock held median / p99 ms | grant to grant median / p99 ms "
+        "| lock wait median / p99 ms | ask median / p99 ms | ceiling starts/s "
+        "| measured asks/s | load average |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        low, high = r["load_average"]
         print(
             f"| {r['processes']} | {r['asks']} | {r['held_median_ms']} / {r['held_p99_ms']} "
-            f"| {r['wait_median_ms']} / {r['wait_p99_ms']} | {r['held_cpu_median_ms']} "
+            f"| {r['grant_to_grant_median_ms']} / {r['grant_to_grant_p99_ms']} "
+            f"| {r['wait_median_ms']} / {r['wait_p99_ms']} "
             f"| {r['ask_median_ms']} / {r['ask_p99_ms']} "
-            f"| {r['ceiling_starts_per_s']} | {r['measured_asks_per_s']} |"
+            f"| {r['ceiling_starts_per_s']} | {r['measured_asks_per_s']} | {low}-{high} |"
         )
-    if any("count_median_ms" in r for r in rows):
-        print("\n| processes | held median ms | count median ms | create + claim median ms |")
-        print("|---|---|---|---|")
-        for r in rows:
-            print(
-                f"| {r['processes']} | {r['held_median_ms']} | {r.get('count_median_ms')} "
-                f"| {r.get('create_median_ms')} |"
-            )
+
+
+@contextlib.contextmanager
+def _bouncer(server: str, pool_size: int) -> Iterator[str]:
+    """A PgBouncer of this run's own in front of `server`: the URL the processes use."""
+    import sqlalchemy as sa
+
+    sys.path.insert(0, str(ROOT))
+    from tests.pgbouncer import PgBouncer
+
+    address = sa.engine.make_url(server)
+    with PgBouncer.start(address.port or 5432, pool_size=pool_size) as bouncer:
+        yield str(address.set(port=bouncer.port).render_as_string(hide_password=False))
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        url, folder = sys.argv[2], Path(sys.argv[3])
-        breakdown = "--breakdown" in sys.argv
-        child(url, folder, int(sys.argv[-1]), breakdown)
+        child(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--postgres", required=True, help="a PostgreSQL server URL")
     parser.add_argument("--through", help="the processes connect here instead (a PgBouncer)")
+    parser.add_argument(
+        "--pgbouncer",
+        type=int,
+        metavar="POOL_SIZE",
+        help="start a PgBouncer (transaction mode, POOL_SIZE server connections) in front of "
+        "--postgres for the processes (tests/pgbouncer.py; needs Debian's pgbouncer)",
+    )
     parser.add_argument("--processes", type=int, nargs="+", default=[8, 32, 64])
     parser.add_argument("--trials", type=int, default=10_000, help="the study's budget")
     parser.add_argument("--asks", type=int, default=1_000, help="trials left to ask for")
-    parser.add_argument("--breakdown", action="store_true", help="time the steps inside the lock")
     args = parser.parse_args()
-    rows = []
-    for n in args.processes:
-        row = run_configuration(
-            args.postgres, args.through, n, args.trials, args.asks, args.breakdown
-        )
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    with contextlib.ExitStack() as stack:
+        through = args.through
+        if args.pgbouncer:
+            through = stack.enter_context(_bouncer(args.postgres, args.pgbouncer))
+        rows = []
+        for n in args.processes:
+            row = run_configuration(args.postgres, through, n, args.trials, args.asks)
+            row["through"] = f"pgbouncer, pool of {args.pgbouncer}" if args.pgbouncer else through
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     print()
     print_table(rows)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    key = "through" if args.through else "direct"
+    key = "through" if through else "direct"
     previous[key] = {
         "command": " ".join(sys.argv),
         "rows": rows,

@@ -115,6 +115,7 @@ class Claim:
     locked_at: float  # server clock, epoch seconds: the lock granted
     done_at: float  # server clock: the claim's last statement done (its commit follows)
     sent_at: float  # server clock: the string arrived
+    sent_from: float  # this process's perf_counter when it sent the string
 
 
 def ask_within_budget(
@@ -132,11 +133,11 @@ def ask_within_budget(
     claim = claim_trial(storage, study._study_id, study.study_name, budget, stop)
     if claim is None or claim.trial_id is None:
         return None
-    held = (claim.done_at - claim.locked_at) * 1000
     budget_section.record_times(
         budget_section.LockTimes(
-            wait_ms=max(0.0, (time.perf_counter() - asked_at) * 1000 - held),
-            held_ms=held,
+            # The earlier sends whose wait slice ran out, then the last one's wait on the server.
+            wait_ms=(claim.sent_from - asked_at) * 1000 + (claim.locked_at - claim.sent_at) * 1000,
+            held_ms=(claim.done_at - claim.locked_at) * 1000,
             held_cpu_ms=0.0,  # no Python runs under the lock
             granted_at=claim.locked_at,
         )
@@ -196,6 +197,7 @@ def _run_once(connection: Connection, params: dict[str, Any]) -> Claim | None:
     driver = connection.connection.dbapi_connection
     assert driver is not None
     driver.autocommit = True
+    sent_from = time.perf_counter()
     try:
         row = connection.exec_driver_sql(_CLAIM_SQL, params).one()
     except sa.exc.OperationalError as error:
@@ -206,7 +208,9 @@ def _run_once(connection: Connection, params: dict[str, Any]) -> Claim | None:
         if not driver.closed:
             driver.autocommit = False
     trial_id, number, was_waiting, waiting, locked_at, done_at, sent_at = row
-    return Claim(trial_id, number, bool(was_waiting), int(waiting), locked_at, done_at, sent_at)
+    return Claim(
+        trial_id, number, bool(was_waiting), int(waiting), locked_at, done_at, sent_at, sent_from
+    )
 
 
 def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:

@@ -1,7 +1,12 @@
-"""The budget section on a trial process's one connection: lock, count and claim in one transaction.
+"""A section under a lock on a trial process's one connection, as one transaction; its times.
+
+A trial process's own ask on PostgreSQL does not come here: it is one round trip
+(`budget_claim`), and only records its times here (`record_times`, `last_times`). This is for
+any other section a trial process runs under a lock (`locks.locked`), and for an ask written as
+Optuna code (count, then `study.ask()`), which takes about a dozen round trips under the lock.
 
 A trial process holds one PostgreSQL connection (`storage.engine_kwargs(one_connection=True)`),
-so the budget lock cannot live on a second one. The section instead runs as one transaction on
+so the lock cannot live on a second one. The section instead runs as one transaction on
 that connection:
 
     BEGIN; SELECT pg_advisory_xact_lock(key)   -- the lock, scoped to this transaction
