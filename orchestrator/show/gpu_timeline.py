@@ -13,6 +13,7 @@ physical total is not stored with a study.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -59,8 +60,8 @@ class Lane:
     gpu_name: str
     bars: list[Bar]
 
-    @property
-    def rows(self) -> int:
+    @functools.cached_property
+    def rows(self) -> int:  # cached: asked once per bar when the charts name its row
         return 1 + max((b.row for b in self.bars), default=0)
 
 

@@ -3,20 +3,53 @@ trials to say anything."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from optuna.importance import PedAnovaImportanceEvaluator
+    import optuna
+    from optuna.importance import BaseImportanceEvaluator
+    from optuna.trial import FrozenTrial
 
 # Importances need enough completed trials to say anything; below this the chart is a note.
 MIN_TRIALS_FOR_IMPORTANCE = 8
 
 
-def importance_evaluator() -> PedAnovaImportanceEvaluator:
-    # PED-ANOVA needs no scikit-learn (fANOVA, Optuna's default, does).
-    from optuna.importance import PedAnovaImportanceEvaluator
+# What PED-ANOVA said of each study still alive: the report asks the same question of the same
+# trials up to six times (the chart, its PNG, the parameters ranked for three more charts).
+_ANSWERS: weakref.WeakKeyDictionary[Any, dict[tuple, dict[str, float]]] = (
+    weakref.WeakKeyDictionary()
+)
 
-    return PedAnovaImportanceEvaluator(target_quantile=0.25)
+
+def importance_evaluator() -> BaseImportanceEvaluator:
+    # PED-ANOVA needs no scikit-learn (fANOVA, Optuna's default, does).
+    from optuna.importance import BaseImportanceEvaluator, PedAnovaImportanceEvaluator
+
+    class RememberingEvaluator(BaseImportanceEvaluator):
+        """PED-ANOVA, its answer kept per study and per count of trials (a study that grows
+        is asked again)."""
+
+        def __init__(self) -> None:
+            self.inner = PedAnovaImportanceEvaluator(target_quantile=0.25)
+
+        def evaluate(
+            self,
+            study: optuna.Study,
+            params: list[str] | None = None,
+            *,
+            target: Callable[[FrozenTrial], float] | None = None,
+        ) -> dict[str, float]:
+            if target is not None:  # one objective of several: not kept
+                return self.inner.evaluate(study, params=params, target=target)
+            key = (None if params is None else tuple(params), len(study.get_trials(deepcopy=False)))
+            answers = _ANSWERS.setdefault(study, {})
+            if key not in answers:
+                answers[key] = self.inner.evaluate(study, params=params)
+            return dict(answers[key])
+
+    return RememberingEvaluator()
 
 
 def importance_note(done: int) -> str:

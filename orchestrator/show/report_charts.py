@@ -44,6 +44,7 @@ class Chart:
     title: str
     figure: Any | None  # a plotly Figure, or None when there is nothing to draw
     note: str = ""  # why it is missing, or what to read in it
+    data: Any = None  # the values it is drawn from, for its PNG to draw the same (when shared)
 
 
 def plotly_charts(
@@ -93,14 +94,15 @@ def objective_charts(study: optuna.Study, metric: str) -> list[Chart]:
     params = plots.ranked_params(study)
     if not params:
         charts.append(Chart("slice", "Slice", None, "the completed trials have no parameters"))
-    else:
-        figure = plots.slice_figure(study, params, metric)
-        charts.append(Chart("slice", "Slice", figure, plots.slice_note(params)))
+    drawn, sampled = plots.plotted(study)
+    if params:
+        figure = plots.slice_figure(drawn, params, metric)
+        charts.append(Chart("slice", "Slice", figure, plots.slice_note(params, sampled)))
     if len(params) < 2:
         charts.append(Chart("contour", "Contour", None, "a contour needs two parameters"))
     else:
-        figure = plots.contour_figure(study, params, metric)
-        charts.append(Chart("contour", "Contour", figure, plots.contour_note(params)))
+        figure = plots.contour_figure(drawn, params, metric)
+        charts.append(Chart("contour", "Contour", figure, plots.contour_note(params, sampled)))
     return charts
 
 
@@ -144,11 +146,13 @@ def gpu_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
             Chart("timeline", title, None, "no trial has run on a device yet"),
             Chart("memory", "GPU memory held over time", None, "no trial has run on a device yet"),
         ]
-    charts = [Chart("timeline", title, timeline.timeline_figure(lanes), timeline.TIMELINE_NOTE)]
+    figure = timeline.timeline_figure(lanes)
+    charts = [Chart("timeline", title, figure, timeline.TIMELINE_NOTE, data=(lanes, until))]
     drawn, note = timeline.memory_note(lanes)
     gpu_lanes = [lane for lane in lanes if lane.gpu_name != "cpu"]
     figure = timeline.memory_figure(gpu_lanes, detail.concurrency_events, until) if drawn else None
-    charts.append(Chart("memory", "GPU memory held over time", figure, note))
+    memory = (gpu_lanes, detail.concurrency_events, until)
+    charts.append(Chart("memory", "GPU memory held over time", figure, note, data=memory))
     return charts
 
 

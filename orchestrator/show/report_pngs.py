@@ -48,6 +48,7 @@ def write_pngs(
     from orchestrator.show import report_timeline as timeline
 
     drawn = {chart.key for chart in charts if chart.figure is not None}
+    shared = {chart.key: chart.data for chart in charts if chart.data is not None}
     makers = {
         "history": lambda: mvis.plot_optimization_history(study, target_name=metric),
         "curves": lambda: _curves_axes(study, metric),
@@ -55,10 +56,14 @@ def write_pngs(
             study, evaluator=importance_evaluator(), target_name=metric
         ),
         "parallel": lambda: _parallel_axes(study, metric),
-        "slice": lambda: plots.slice_png(study, plots.ranked_params(study), metric),
+        "slice": lambda: plots.slice_png(
+            plots.plotted(study)[0], plots.ranked_params(study), metric
+        ),
         "pareto": lambda: plots.pareto_png(study, names or [metric]),
-        "timeline": lambda: timeline.timeline_axes(_lanes(study, detail)[0]),
-        "memory": lambda: timeline.memory_axes(*_gpu_lanes(study, detail)),
+        "timeline": lambda: timeline.timeline_axes(
+            shared["timeline"][0] if "timeline" in shared else _lanes(study, detail)[0]
+        ),
+        "memory": lambda: timeline.memory_axes(*shared.get("memory") or _gpu_lanes(study, detail)),
         "vram": lambda: _vram_axes(detail),
         "slots": lambda: _slots_axes(detail),
     }

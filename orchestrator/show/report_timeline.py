@@ -7,6 +7,7 @@ matplotlib for the PNGs, the same values in both.
 from __future__ import annotations
 
 import datetime as dt
+from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.show.gpu_timeline import (
@@ -128,18 +129,19 @@ def timeline_axes(lanes: list[Lane]) -> Any:
     names = [row_name(lane, r) for lane in lanes for r in range(lane.rows)]
     figure, ax = plt.subplots(figsize=(9, max(3.0, 1.2 + 0.3 * len(names))))
     position = {name: len(names) - 1 - i for i, name in enumerate(names)}
-    seen: set[str] = set()
+    # One collection per row and state (broken_barh), not a patch per trial: a barh per bar
+    # took 10 s at 3,000 trials.
+    spans: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
     for lane in lanes:
         for bar in lane.bars:
-            state = _state(bar.state)
-            colour, legend = STATE_COLOURS[state]
             left = mdates.date2num(bar.start)
             width = max(mdates.date2num(bar.end) - left, 1e-9)
-            ax.barh(
-                position[row_name(lane, bar.row)], width, left=left, height=0.8, color=colour,
-                edgecolor="white", label=None if state in seen else legend,
-            )  # fmt: skip
-            seen.add(state)
+            spans[(_state(bar.state), position[row_name(lane, bar.row)])].append((left, width))
+    for state, (colour, legend) in STATE_COLOURS.items():
+        rows = sorted(row for kind, row in spans if kind == state)
+        for i, row in enumerate(rows):
+            ax.broken_barh(spans[(state, row)], (row - 0.4, 0.8), facecolors=colour,
+                           edgecolor="white", label=legend if i == 0 else None)  # fmt: skip
     ax.set_yticks(list(position.values()), list(position))
     ax.xaxis_date()
     ax.set_xlabel("time (UTC)")
