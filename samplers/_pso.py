@@ -7,6 +7,7 @@ storage when it samples, so a worker that starts cold continues the same swarm.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import secrets
@@ -26,8 +27,8 @@ from orchestrator.record.attr_names import BATCH_SIZE
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, Record, SwarmView
 from samplers._leaders import Archive, archive, leader, personal_best
 from samplers._lhs import lhs_point, name_key
-from samplers._space import clip_to_bounds, from_unit, to_unit
-from samplers._swarm import SwarmCoefficients, back_off, reflect, step
+from samplers._space import clip_to_bounds, from_unit, grid_size, to_unit
+from samplers._swarm import SwarmCoefficients, back_off, dimension_clamp, reflect, step
 
 if TYPE_CHECKING:
     from optuna.study import Study
@@ -38,6 +39,9 @@ MEMORY_PARAMS = (BATCH_SIZE,)
 TOPOLOGIES = ("global", "ring")
 _DEDUPE_ATTEMPTS = 32
 SEVERAL_MAX_VELOCITY = 0.5
+# Grid points one step may cross on a small ordered grid (see samplers._swarm.dimension_clamp);
+# chosen on docs/sampler.md's HPO tables with seeds other than the table's.
+GRID_REACH = 2.5
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,10 @@ class PSOSampler(BaseSampler):
             constriction values 0.7298, 1.49618, 1.49618 suit long runs).
         max_velocity: the velocity clamp as a fraction of each parameter's range, in (0, 1];
             ``None``: 0.15 for one objective, 0.5 for several.
+        grid_reach: on an ordered grid (ints, stepped floats) of ``k`` values the clamp is
+            widened to ``grid_reach / k`` where that is longer, so one step can cross that many
+            grid points (2.5 by default; 0 keeps ``max_velocity`` everywhere). Continuous and
+            log ranges and categorical choices keep ``max_velocity``.
         search_radius: how far the particle that holds the best searches around it, as a
             fraction of each range (it has no pull of its own, so it would otherwise stop).
         topology: ``"global"`` or ``"ring"``.
@@ -137,6 +145,7 @@ class PSOSampler(BaseSampler):
         social: float = SwarmCoefficients.social,
         max_velocity: float | None = None,
         search_radius: float = 0.05,
+        grid_reach: float = GRID_REACH,
         topology: str = "global",
         bounds: Mapping[str, tuple[float, float]] | None = None,
         seed: int | None = None,
@@ -163,6 +172,11 @@ class PSOSampler(BaseSampler):
         if not (0 <= search_radius <= 1):
             raise ValueError(f"The `{search_radius=}` must be in [0, 1]: a fraction of each range.")
         self._search_radius = search_radius
+        if isinstance(grid_reach, bool) or not (
+            isinstance(grid_reach, int | float) and math.isfinite(grid_reach) and grid_reach >= 0
+        ):
+            raise ValueError(f"The `{grid_reach=}` must be a finite number >= 0 (grid points).")
+        self._grid_reach = float(grid_reach)
         self._topology = topology
         self._bounds = _check_bounds(bounds)
         self._seed = seed
@@ -278,6 +292,10 @@ class PSOSampler(BaseSampler):
         personal_best, neighbourhood_best, holds_best = guides
         rng = np.random.default_rng([entropy, number, name_key(name)])
         r1, r2, r3 = rng.random(3)
+        coefficients = self._several_coefficients if view.several else self._coefficients
+        clamp = dimension_clamp(coefficients.max_velocity, grid_size(dist), self._grid_reach)
+        if clamp != coefficients.max_velocity:
+            coefficients = dataclasses.replace(coefficients, max_velocity=clamp)
         new_x, new_v = step(
             np.array([x]),
             np.array([v]),
@@ -285,7 +303,7 @@ class PSOSampler(BaseSampler):
             np.array([neighbourhood_best]),
             np.array([r1]),
             np.array([r2]),
-            self._several_coefficients if view.several else self._coefficients,
+            coefficients,
             jitter=np.array([self._search_radius * (2 * r3 - 1) if holds_best else 0.0]),
         )
         return _Move(x, float(new_x[0]), float(new_v[0]))

@@ -66,6 +66,17 @@ def _snap(dist: BaseDistribution, value: float, low: float, high: float) -> int 
     return float(min(max(value, low), high))
 
 
+def grid_size(dist: BaseDistribution) -> int | None:
+    """How many values an ordered grid has: ints and stepped floats on a linear scale.
+
+    None for a continuous range, a log scale (its cells are not of equal width) and categorical
+    choices (their declared order is no neighbourhood: a longer step means nothing there).
+    """
+    if getattr(dist, "log", True) or getattr(dist, "step", None) is None:
+        return None
+    return int(round((dist.high - dist.low) / dist.step)) + 1
+
+
 def from_unit(dist: BaseDistribution, u: float) -> Any:
     """The value at coordinate `u` in [0, 1] (values outside are clipped)."""
     from optuna.distributions import CategoricalDistribution

@@ -95,6 +95,8 @@ def test_several_objectives_are_searched_not_refused() -> None:
         {"bounds": {"batch_size": (512, 64)}},
         {"bounds": {"batch_size": 64}},
         {"max_velocity": 2},
+        {"grid_reach": -1},
+        {"grid_reach": float("inf")},
     ],
 )
 def test_constructor_validates(kwargs) -> None:
@@ -107,6 +109,30 @@ def position(trial: optuna.trial.FrozenTrial, name: str) -> float:
     if "pso" in trial.system_attrs and name in trial.system_attrs["pso"]["x"]:
         return trial.system_attrs["pso"]["x"][name][0]
     return trial.system_attrs["pso:" + name][1]
+
+
+def recorded_velocities(study: optuna.Study, name: str) -> np.ndarray:
+    return np.array(
+        [abs(t.system_attrs["pso"]["x"][name][1]) for t in study.trials if "pso" in t.system_attrs]
+    )
+
+
+@pytest.mark.parametrize(("reach", "grid_clamp"), [(2.5, 0.25), (0.0, 0.15)])
+def test_a_small_ordered_grid_gets_a_clamp_that_crosses_its_reach(reach, grid_clamp) -> None:
+    # Ten grid points: one step may cross 2.5 of them (0.25 of the range), while the
+    # continuous parameter keeps the 0.15 clamp. (x is continuous, so no trial is a duplicate
+    # and no velocity is nudged.)
+    def on_grid(trial: optuna.Trial) -> float:
+        x = trial.suggest_float("x", -1, 1)
+        k = trial.suggest_int("k", 0, 9)
+        return x**2 + (k - 7) ** 2
+
+    study = optuna.create_study(sampler=PSOSampler(swarm_size=6, seed=5, grid_reach=reach))
+    study.optimize(on_grid, n_trials=60)
+    grid, line = recorded_velocities(study, "k"), recorded_velocities(study, "x")
+    assert grid.max() <= grid_clamp + 1e-12 and line.max() <= 0.15 + 1e-12
+    if reach:
+        assert grid.max() > 0.15  # the wider clamp is used, not only allowed
 
 
 def test_bounds_map_proposals_but_positions_stay_unclamped() -> None:

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from samplers._lhs import latin_hypercube, lhs_column
-from samplers._space import clip_to_bounds, from_unit, grid_bounds, to_unit
-from samplers._swarm import SwarmCoefficients, back_off, reflect, step
+from samplers._space import clip_to_bounds, from_unit, grid_bounds, grid_size, to_unit
+from samplers._swarm import SwarmCoefficients, back_off, dimension_clamp, reflect, step
 
 unit = st.floats(0.0, 1.0)
 speed = st.floats(-1.0, 1.0)
@@ -61,6 +61,26 @@ def test_step_moves_towards_the_bests_from_rest(x, personal, neighbourhood) -> N
         np.array([0.5]),
     )
     assert (new_x[0] - x) * (personal - x) >= 0
+
+
+def test_grid_size_counts_the_values_of_an_ordered_grid() -> None:
+    assert grid_size(IntDistribution(0, 9)) == 10
+    assert grid_size(IntDistribution(2, 10, step=2)) == 5
+    assert grid_size(FloatDistribution(0.1, 0.7, step=0.1)) == 7
+    assert grid_size(CategoricalDistribution(["a", "b", "c"])) is None  # no order
+    assert grid_size(FloatDistribution(0.0, 1.0)) is None
+    assert grid_size(IntDistribution(64, 4096, log=True)) is None  # cells of unequal width
+
+
+@settings(max_examples=200, deadline=None)
+@given(clamp=st.floats(0.01, 1.0), values=st.one_of(st.none(), st.integers(1, 10_000)))
+def test_dimension_clamp_lets_a_step_cross_the_reach_and_never_shrinks(clamp, values) -> None:
+    wide = dimension_clamp(clamp, values, reach=2.5)
+    assert clamp <= wide <= 1.0
+    if values is None:
+        assert wide == clamp
+    else:
+        assert wide >= min(1.0, 2.5 / values)  # a step can cross 2.5 cells (or the whole grid)
 
 
 def test_reflect_bounces_and_reverses() -> None:
