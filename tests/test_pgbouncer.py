@@ -5,8 +5,8 @@ server's `max_connections` is low on purpose, and every process of the study (th
 `worker` commands and their trial processes) talks to PgBouncer, never to the server. Each trial
 process imports torch (~250 MB and a second of CPU each), so the crowd here is 10 trial
 processes on a server that takes 5 connections: the ratio of the 40-on-20 case, on a 2-core
-machine shared with other work. benchmarks/bench_control_plane.py --through runs 40
-lightweight ones on 20.
+machine shared with other work. tests/test_connection_limit.py runs 40 lightweight ones on a
+server of 20.
 """
 
 from __future__ import annotations
