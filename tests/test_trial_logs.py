@@ -104,3 +104,22 @@ def test_a_built_in_adapter_logs_each_epoch_and_its_value(tmp_path, adapter, opt
         assert re.fullmatch(rf"step {step}: {metric} {score:.6g} after .+ \(\d+\.\d s\)", line)
     assert re.fullmatch(rf"value: {metric} {trial.value:.6g}, .+ \(\d+\.\d s\)", lines[-1])
     assert len(lines) <= 6, lines  # no per-batch lines
+
+
+def test_with_folds_each_fold_is_a_line_with_the_mean_so_far(capsys):
+    import torch
+
+    from adapters import dqn
+    from adapters.base import parse_options
+
+    options = parse_options(dqn.adapter, ["folds=2", "steps_per_epoch=64"])
+    reported = []
+    value = dqn.adapter.train(
+        dict(dqn.adapter.default_params, batch_size=64), epochs=1, device=torch.device("cpu"),
+        options=options, report=lambda step, score: reported.append((step, score)),
+    )  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3, lines  # a fold's own epochs report nothing: one line per fold
+    for (step, mean), line in zip(reported, lines[:2], strict=True):
+        assert line.startswith(f"step {step}: mean sharpe {mean:.6g} after fold {step + 1} of 2")
+    assert lines[-1].startswith(f"value: sharpe {value:.6g}, the mean of 2 folds (")
