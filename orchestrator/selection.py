@@ -67,16 +67,25 @@ def scoring_device(adapter: Any) -> torch.device:
 
 
 def finish_study(
-    study: optuna.Study, spec: StudySpec, adapter: Any, selection: Selection
+    study: optuna.Study,
+    spec: StudySpec,
+    adapter: Any,
+    selection: Selection,
+    *,
+    reuse: bool = True,
 ) -> FinalScores | None:
     """Score the study's selection (when the adapter has anything to score) and store it with the
-    study, and in its optuna-dashboard note; None when nothing was scored."""
+    study, and in its optuna-dashboard note; None when nothing was scored. `reuse`: scores stored
+    for the same selection are kept instead (`run` on a study whose budget was used already)."""
     from orchestrator.record.final_scores import save_final_scores
     from orchestrator.record.study_note import write_study_note
     from orchestrator.show.final_scores_text import final_scores_markdown
 
     if len(spec.all_directions) > 1 or not scores_anything(adapter, selection):
         return None  # a Pareto front has no one trial to test
+    stored = _still_current(study, spec, selection) if reuse else None
+    if stored is not None:
+        return stored  # a run that found the budget used: its end was scored already
     what = (
         f"confirming the top {selection.top} trials on {selection.seeds} seeds, then testing "
         "the first"
@@ -106,17 +115,22 @@ def _spread(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
 
 
-def top_trials(trials: list[FrozenTrial], direction: str, count: int) -> list[FrozenTrial]:
-    """The `count` best completed trials with a finite value, best first."""
+def _completed(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The completed trials with a finite value: those a selection chooses from."""
     import math
 
     from optuna.trial import TrialState
 
-    done = [
+    return [
         t
         for t in trials
         if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
     ]
+
+
+def top_trials(trials: list[FrozenTrial], direction: str, count: int) -> list[FrozenTrial]:
+    """The `count` best completed trials with a finite value, best first."""
+    done = _completed(trials)
     sign = -1.0 if direction == "maximize" else 1.0
     return sorted(done, key=lambda t: (sign * float(t.value), t.number))[: max(count, 1)]
 
@@ -166,6 +180,21 @@ def confirm(
         logger.info("trial #%d confirmed on %d seeds: %.4g +- %.3g", trial.number, seeds, mean, std)
     sign = -1.0 if spec.direction == "maximize" else 1.0
     return sorted(confirmed, key=lambda c: (sign * c.mean, c.trial))
+
+
+def _still_current(study: optuna.Study, spec: StudySpec, selection: Selection) -> Any:
+    """The stored scores, when no trial has completed since they were scored and they answer
+    what is asked now (no confirmation, or the same one)."""
+    from orchestrator.record.final_scores import final_scores_of
+
+    stored = final_scores_of(study.user_attrs)
+    if stored is None:
+        return None
+    same_trials = stored.complete_trials == len(_completed(study.get_trials(deepcopy=False)))
+    same_ask = not selection.top or (
+        selection.top == len(stored.confirmed) and selection.seeds == stored.seeds
+    )
+    return stored if same_trials and same_ask else None
 
 
 def score_selection(
@@ -222,4 +251,5 @@ def score_selection(
         test_values=test_values,
         confirmed=confirmed,
         baselines=baselines,
+        complete_trials=len(_completed(trials)),
     )

@@ -140,6 +140,16 @@ def test_a_resume_keeps_the_repeats_and_refuses_other_ones(ran):
     assert "Traceback" not in refused.stderr
 
 
+def test_a_run_that_finds_the_budget_used_keeps_the_stored_scores(ran):
+    before = ran["study"].user_attrs["final_scores"]
+    done = run_cli("run", "dqn", "--storage", ran["url"], "--quiet", timeout=900)
+    assert done.returncode == 0, done.stderr
+    fresh = optuna.load_study(study_name="dqn", storage=normalize_url(ran["url"]))
+    assert fresh.user_attrs["final_scores"] == before  # not scored again, confirmation kept
+    assert fresh.user_attrs["orchestrator"]["repeats"] == 2
+    assert done.stdout.strip().splitlines()[-1].startswith("sharpe: validation")
+
+
 def test_best_confirm_scores_the_selection_again_and_stores_it(ran):
     study = ran["study"]
     study.set_user_attr("final_scores", None)

@@ -149,7 +149,7 @@ def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
     adapter = spec.resolve_adapter()
     check_confirm(args, adapter)
     selection = Selection(args.confirm, args.confirm_seeds or DEFAULT_CONFIRM_SEEDS)
-    scores = finish_study(study, spec, adapter, selection)
+    scores = finish_study(study, spec, adapter, selection, reuse=False)
     if scores is None:
         print(
             f"study {name!r}: adapter {adapter.name!r} has no test part or baselines to score",

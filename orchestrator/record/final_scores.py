@@ -44,6 +44,7 @@ class FinalScores:
     test_values: list[float] = field(default_factory=list)
     confirmed: list[Confirmed] = field(default_factory=list)  # re-ranked, best first
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
+    complete_trials: int = 0  # the study's completed trials when it was scored
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
