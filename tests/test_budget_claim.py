@@ -217,3 +217,39 @@ def test_on_sqlite_the_ask_is_the_locked_section(sqlite_url, heartbeat):
     assert study.trials[0].params == {"x": 0.5}
     times = budget_section.last_times()
     assert times is not None and times.granted_at is None
+
+
+def test_the_count_sees_a_trial_made_by_the_lock_holder_it_waited_for(postgres_url):
+    # The holder's trial and the lock's release land in one commit, while the claim waits in
+    # its slice: under REPEATABLE READ one snapshot, taken before the grant, would miss it.
+    name = sa.engine.make_url(postgres_url).database
+    admin = sa.create_engine(postgres_url, poolclass=sa.pool.NullPool)
+    with admin.begin() as conn:
+        conn.execute(
+            sa.text(
+                f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+            )
+        )
+    study = optuna.create_study(study_name="late", storage=open_storage(postgres_url))
+    mine = _trial_process_study(postgres_url, "late")
+    asked: list[optuna.Trial | None] = []
+    waiter = threading.Thread(target=lambda: asked.append(ask_within_budget(mine, postgres_url, 1)))
+    with admin.connect() as conn:
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_key("budget:late")})
+        waiter.start()
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        deadline = time.monotonic() + 30
+        while not _query(postgres_url, waiting)[0][0] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        conn.execute(
+            sa.text(
+                "INSERT INTO trials (number, study_id, state, datetime_start) "
+                "VALUES (0, :s, 'RUNNING', now())"
+            ),
+            {"s": study._study_id},
+        )
+        conn.commit()  # the trial and the lock's release, at once
+    waiter.join(30)
+    admin.dispose()
+    assert asked == [None], "the budget of 1 was used by the holder's trial"
+    assert _query(postgres_url, "SELECT count(*) FROM trials") == [(1,)]

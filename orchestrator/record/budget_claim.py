@@ -53,7 +53,10 @@ CLAIM_MARK = "orchestrator:claim"
 # PostgreSQL's documented one: a server crash in the next few hundred ms (before any later
 # commit flushes the log) can lose the claim, never corrupt anything. A lost claim is a trial
 # that does not exist: the budget does not count it, and its process's next write fails.
+# READ COMMITTED whatever the server's default: each statement must see what committed before
+# it began (the count, after the locks), not one snapshot taken before the lock was granted.
 _CLAIM_SQL = f"""
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 SET LOCAL synchronous_commit = off;
 SET LOCAL lock_timeout = '{budget_section.LOCK_WAIT_SLICE_MS}ms';
 SELECT pg_advisory_xact_lock(%(key)s);
