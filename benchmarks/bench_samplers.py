@@ -140,7 +140,9 @@ HPO_FAMILIES = {
     "hpolib": ("HPOLib", "val_loss"),
     "nasbench201": ("NASBench201", "val_acc"),
 }
-HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp")
+# pso_fixed_clamp: the swarm with one clamp for every parameter (grid_reach=0), as it was before
+# the clamp of small ordered grids, to measure that change.
+HPO_SAMPLERS = ("pso", "pso_fixed_clamp", "random", "tpe", "tpe_mv", "cmaes", "gp")
 
 
 class Table:
@@ -206,6 +208,10 @@ def make_hpo(name: str, seed: int):
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
+    if name == "pso_fixed_clamp":
+        from samplers import PSOSampler
+
+        return PSOSampler(seed=seed, grid_reach=0)
     return make(name, seed)
 
 
