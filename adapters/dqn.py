@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class DQNConfig(_rl.Config):
-    # Seed 002's search space.
+    # The hyperparameters suggest draws, with their defaults.
     learning_rate: float = 1e-3  # Adam step size
     batch_size: int = 128  # transitions per gradient step (never changed on the way in)
     gamma: float = 0.97  # discount per step
@@ -347,8 +347,8 @@ def learn(
 
 class DQNAdapter(_rl.RLAdapter):
     name = "dqn"
-    model_overhead_mb = 300.0  # seed 002: network, target copy, optimizer state, replay
-    per_sample_mb = 0.0002  # seed 002: one transition of the batch
+    model_overhead_mb = 300.0  # declared: network, target copy, optimizer state, replay
+    per_sample_mb = 0.0002  # declared: one transition of the batch
     description = "double dueling DQN with prioritised n-step replay (trading or any Gymnasium env)"
     options = {**_rl.COMMON_OPTIONS, "steps_per_epoch": 12_000}
     default_params = {

@@ -247,8 +247,8 @@ def learn(
 
 class PPOAdapter(_rl.RLAdapter):
     name = "ppo"
-    model_overhead_mb = 200.0  # seed 002: actor, critic, optimizer state, rollout
-    per_sample_mb = 0.015  # seed 002: one transition of a minibatch with its activations
+    model_overhead_mb = 200.0  # declared: actor, critic, optimizer state, rollout
+    per_sample_mb = 0.015  # declared: one transition of a minibatch with its activations
     description = "PPO with GAE and clipped objective (trading or any Gymnasium env)"
     options = {**_rl.COMMON_OPTIONS, "steps_per_epoch": 25_000}
     default_params = {

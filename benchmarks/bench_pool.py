@@ -7,7 +7,7 @@ same order. A trial takes its memory 5 s after it starts (model and first batch)
 not fit runs out of memory then, and the time until then is lost.
 
 - sequential: one trial at a time (the pool with --concurrency 1);
-- fixed: as many at once as the node has CPU cores (the seed's starting point), no protection:
+- fixed: as many at once as the node has CPU cores (one trial per core, a common starting point), no protection:
   a trial that runs out of memory is lost;
 - equal slots: the pool as it was before admission by bytes (`benchmarks/_equal_slots.py`): N
   slots sized at the smallest batch, ramp-up, halving, watchdog, OOM'd trials re-run twice;

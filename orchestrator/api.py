@@ -181,9 +181,10 @@ def plan(
     *,
     gpus: str = "auto",
     memory_model: tuple[float, float] = (0.0, 0.0),
-    batch_sizes: tuple[int, int] = (64, 4096),
+    batch_sizes: tuple[int, int] = (64, 4096),  # adapters.base's BATCH_SIZE_MIN/MAX: importing
+    # adapters here would run before the own-packages check of orchestrator/__init__
     cpu_bound: bool = False,
-    swarm_size: int = 20,
+    swarm_size: int = StudySpec.swarm_size,
     concurrency: int | None = None,
     n_trials: int | None = None,
 ) -> NodePlan:

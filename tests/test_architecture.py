@@ -58,7 +58,6 @@ NOT_YET_FIXED: dict[str, str] = {
             "commands.run",
             "commands.best",
             "commands.status",
-            "commands.report",
             "launch",
         )
     },

@@ -1,4 +1,4 @@
-"""Seed 002's Task 1 bug was a hidden clamp between the optimiser and the training loop.
+"""A hidden clamp between the optimiser and the training loop would change a batch size unseen.
 Here a batch size the plan allows goes from the sampler through the trial process to the
 adapter's memory model and the records unchanged."""
 

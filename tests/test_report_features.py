@@ -83,7 +83,7 @@ def test_every_trial_is_in_trials_csv_and_the_page_table(sqlite_url, tmp_path, c
     assert [int(r["trial"]) for r in rows] == [t.number for t in study.trials]
     best = next(r for r in rows if int(r["trial"]) == built["best"])
     assert float(best["loss"]) == pytest.approx(built["values"][built["best"]])
-    assert best["gpu"] and float(best["vram_peak_mb"]) > 0 and best["slots"]
+    assert best["gpu"] and float(best["vram_peak_mb"]) > 0 and best["concurrency"]
     assert list(rows[0])[:5] == ["trial", "state", "loss", "epochs", "seconds"]
     assert {"x", "y", "learning_rate", "batch_size", "activation"} <= set(rows[0])
     page = (out / "index.html").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.cli import add_storage_argument, command_parser, study_name
+from orchestrator.commands._args import add_storage_argument, command_parser, study_name
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -17,12 +17,12 @@ if TYPE_CHECKING:
 
 CSV_NAME = "trials.csv"
 LOG_COLUMN = "log_file"  # the trial's own output: a link on the page
-# Recorded by every trial that ran on a device (DESIGN.md), in the order a person reads them.
+# Recorded by every trial that ran on a device (`orchestrator.record.trial_attrs`), in the order a person reads them.
 RECORD_COLUMNS = (  # (the trial's attribute, the column's header)
     (names.GPU, "gpu"),
     (names.VRAM_PLANNED_MB, "vram_planned_mb"),
     (names.VRAM_PEAK_MB, "vram_peak_mb"),
-    (names.CONCURRENCY, "slots"),
+    (names.CONCURRENCY, "concurrency"),
     (names.OOM, "oom"),
 )
 
