@@ -204,3 +204,18 @@ def test_a_study_of_several_objectives_ends_with_its_front(sqlite_url):
     assert "no trial has completed yet" not in done.stdout
     assert last.startswith(f"Pareto front: {size} trial") and "orchestrator best" in last
     assert "final_scores" not in study.user_attrs  # a front has no one trial to test
+
+
+def test_a_gymnasium_study_ends_with_the_random_policy_beside_it(sqlite_url):
+    done = run_cli(
+        "run", "ppo", "--env", "CartPole-v1", "--storage", sqlite_url, "--gpus", "sim:24576",
+        "--trials", "1", "--epochs", "1", "--option", "steps_per_epoch=512", "--quiet",
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    scores = optuna.load_study(study_name="ppo", storage=sqlite_url).user_attrs["final_scores"]
+    assert set(scores["baselines"]) == {"random"} and scores["test"] is not None
+    random = scores["baselines"]["random"]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("return: validation") and " test " in last
+    assert last.endswith(f"random {random['validation']:.4g} / {random['test']:.4g}")
