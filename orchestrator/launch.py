@@ -306,7 +306,7 @@ def _progress(options: HostOptions) -> Any:
 
 def configure(options: HostOptions) -> None:
     """Logging as the flags ask, and stdout kept for the result (`orchestrator.result`)."""
-    from orchestrator.cli import configure_logging
+    from orchestrator.commands._args import configure_logging
     from orchestrator.result import keep_stdout_for_the_result
 
     keep_stdout_for_the_result()

@@ -165,7 +165,8 @@ def test_best_confirm_scores_the_selection_again_and_stores_it(ran):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--repeats", "0"], "--repeats 0 must be from 1 to 100"),
+        (["--repeats", "0"], "--repeats 0 must be at least 1"),
+        (["--repeats", "101"], "--repeats 101 is more than 100"),
         (["--repeats", "x"], "--repeats 'x' is not a whole number"),
         (["--confirm-seeds", "2"], "--confirm-seeds 2 needs --confirm K"),
     ],

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.cli import add_storage_argument, command_parser, study_name
+from orchestrator.commands._args import add_storage_argument, command_parser, study_name
 from orchestrator.commands.trust_flags import add_confirm_arguments, check_confirm
 from orchestrator.errors import UserError
 

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli import (
+from orchestrator.commands._args import (
     SEED_MAX,
     add_adapter_arguments,
     add_output_arguments,

@@ -7,7 +7,12 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from orchestrator.cli import add_storage_argument, command_parser, study_name, whole_number
+from orchestrator.commands._args import (
+    add_storage_argument,
+    command_parser,
+    study_name,
+    whole_number,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -9,27 +9,10 @@ again with other seeds, so both need an adapter with a `seed` option.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
+from orchestrator.commands._args import whole_number
 from orchestrator.errors import UserError
-
-
-def _count(flag: str, low: int, high: int) -> Callable[[str], int]:
-    """A whole number from `low` to `high`, refused in one line as the other flags are."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{flag} {text!r} is not a whole number: give e.g. {flag} 3"
-            ) from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{flag} {value} must be from {low} to {high}")
-        return value
-
-    return parse
 
 
 def add_repeats_argument(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +20,7 @@ def add_repeats_argument(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument(
         "--repeats",
-        type=_count("--repeats", 1, MAX_REPEATS),
+        type=whole_number("--repeats", low=1, high=MAX_REPEATS, example=3),
         metavar="N",
         help="train each trial N times with seeds seed..seed+N-1 and score it on their mean "
         "(default 1; resuming keeps it; needs an adapter with a seed option)",
@@ -55,14 +38,14 @@ def add_confirm_arguments(parser: argparse.ArgumentParser, *, at_the_end: bool) 
     )
     parser.add_argument(
         "--confirm",
-        type=_count("--confirm", 0, 100),
+        type=whole_number("--confirm", low=0, high=100, example=3),
         metavar="K",
         help=f"{when}re-run the top K trials with more seeds, rank them again on the mean and "
         f"test the first ({default})",
     )
     parser.add_argument(
         "--confirm-seeds",
-        type=_count("--confirm-seeds", 1, 100),
+        type=whole_number("--confirm-seeds", low=1, high=100, example=3),
         metavar="S",
         help=f"seeds for each --confirm re-run and the test (default {DEFAULT_CONFIRM_SEEDS})",
     )
