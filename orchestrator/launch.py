@@ -129,7 +129,8 @@ def run_pool(
     finally:
         if progress:
             progress.close(final)  # restores the terminal even when the pool raised
-    _refine_memory_models(storage, adapter.name, study.study_name, host.devices)
+    learnt = [(s.gpu_name, s.footprint) for s in pool.supervisors]
+    _refine_memory_models(storage, adapter.name, study.study_name, host.devices, learnt)
     return outcome_of(study, spec, interrupted=result.interrupted)
 
 
@@ -171,17 +172,29 @@ def _updates(progress: Any, finished: FinishedTrials | None) -> Callable[[Any], 
     return update
 
 
-def _refine_memory_models(storage: Any, adapter: str, study_name: str, devices: list[Any]) -> None:
-    """What trials on real GPUs used refines the memory model that later plans start from; a
-    simulated device only holds what the model said (times a scale), which measures nothing."""
+def _refine_memory_models(
+    storage: Any,
+    adapter: str,
+    study_name: str,
+    devices: list[Any],
+    learnt: Sequence[tuple[str, Any]] = (),
+) -> None:
+    """What trials on real GPUs used refines the memory model that later plans start from, merged
+    with what this run's footprints learnt (`learnt`: GPU name, Footprint), so an OOM's floor is
+    kept; a simulated device only holds what the model said (times a scale), which measures
+    nothing."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.planning.memory import refine_from_trials
+    from orchestrator.planning.memory import save_learnt_model
 
     for gpu_name in sorted({d.name for d in devices if d.kind == "cuda"}):
         try:
-            refine_from_trials(
-                storage.engine, adapter=adapter, gpu_name=gpu_name, study_names=[study_name]
+            save_learnt_model(
+                storage.engine,
+                adapter=adapter,
+                gpu_name=gpu_name,
+                footprints=[footprint for name, footprint in learnt if name == gpu_name],
+                study_names=[study_name],
             )
         except SQLAlchemyError as error:
             logger.warning("could not store the memory model measured on %s: %s", gpu_name, error)

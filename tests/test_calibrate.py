@@ -25,7 +25,7 @@ from orchestrator.planning.memory import (
     fit_from_trials,
     fit_memory_model,
     measured_models,
-    refine_from_trials,
+    save_learnt_model,
 )
 from orchestrator.record.records import MeasuredMemoryModel, now
 
@@ -159,7 +159,7 @@ def test_finished_trials_refine_the_stored_model(sqlite_url) -> None:
             batch_size=batch, vram_peak_mb=peak, concurrency=4, oom=False, state="COMPLETE",
         )  # fmt: skip
     assert (
-        refine_from_trials(engine, adapter="dqn", gpu_name="NVIDIA L4", study_names=["dqn-a"])
+        save_learnt_model(engine, adapter="dqn", gpu_name="NVIDIA L4", study_names=["dqn-a"])
         is None
     )
     assert load_memory_model(engine, adapter="dqn", gpu_name="NVIDIA L4").source == "calibration"
@@ -169,7 +169,7 @@ def test_finished_trials_refine_the_stored_model(sqlite_url) -> None:
             engine, study_name="dqn-b", trial_number=number, host="h", gpu_index=0, gpu_name="NVIDIA L4",
             batch_size=batch, vram_peak_mb=peak, concurrency=4, oom=False, state="COMPLETE",
         )  # fmt: skip
-    model = refine_from_trials(
+    model = save_learnt_model(
         engine, adapter="dqn", gpu_name="NVIDIA L4", study_names=["dqn-a", "dqn-b"]
     )
     assert model is not None and model.model_overhead_mb > 490 and 0.05 < model.per_sample_mb < 0.15

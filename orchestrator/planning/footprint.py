@@ -58,16 +58,20 @@ class Footprint:
         batch = 0 if batch_size is None else int(batch_size)
         return max(model.planned_mb(batch), self.base.planned_mb(batch) * self.oom_scale)
 
+    def oom_floor(self) -> MemoryModel | None:
+        """The line every estimate stays above since an OOM (None: no OOM yet)."""
+        if self.oom_scale == 0.0:
+            return None
+        return MemoryModel(
+            self.base.model_overhead_mb * self.oom_scale, self.base.per_sample_mb * self.oom_scale
+        )
+
     def effective_model(self) -> MemoryModel:
         """One line at or above every worst case: what is stored for later runs and other nodes,
         which start from it before they have peaks of their own."""
         model = self.model(WORST_QUANTILE)
-        if self.oom_scale == 0.0:
-            return model
-        return MemoryModel(
-            max(model.model_overhead_mb, self.base.model_overhead_mb * self.oom_scale),
-            max(model.per_sample_mb, self.base.per_sample_mb * self.oom_scale),
-        )
+        floor = self.oom_floor()
+        return model if floor is None else envelope([model, floor])
 
     @property
     def learnt(self) -> bool:
@@ -101,6 +105,14 @@ def observe_oom(footprint: Footprint, batch_size: int | None, room_mb: float) ->
         return footprint
     needed = max(room_mb, footprint.worst_mb(batch)) * OOM_MARGIN
     return replace(footprint, oom_scale=max(footprint.oom_scale, needed / declared))
+
+
+def envelope(models: list[MemoryModel]) -> MemoryModel:
+    """The lowest line of this form at or above every one of `models` at every batch size."""
+    return MemoryModel(
+        max(model.model_overhead_mb for model in models),
+        max(model.per_sample_mb for model in models),
+    )
 
 
 def ratio_quantile(ratios: list[float], quantile: float) -> float:

@@ -3,8 +3,9 @@
 A measured model is a straight line, peak VRAM = overhead + per_sample x batch_size, fitted to
 (batch size, peak MB) points from `plan --calibrate` or from finished trials' `orch_trial_vram`
 rows, and stored per (adapter, GPU name) in `orch_memory_models`. Where one exists for a GPU's
-name, plans use it and say so. The fitting and the choice are pure; reading and writing the
-storage are the small functions at the bottom.
+name, plans use it and say so. One function writes it, `save_learnt_model`, by one rule
+(`learnt_model`): during a run and at its end alike, an OOM's floor survives the fit. The fitting
+and the choices are pure; reading and writing the storage are the small functions at the bottom.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import MemoryModel
+from orchestrator.planning.footprint import envelope
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from orchestrator.planning.footprint import Footprint
     from orchestrator.record.records import MeasuredMemoryModel
 
 DECLARED = "declared"
+CALIBRATION = "calibration"  # the sources stored in orch_memory_models
+SOURCE_TRIALS = "trials"
 # Trials whose peak says something about the memory model: they ran to the end or were pruned
 # after their first epoch (the peak comes early), and did not run out of memory.
 MEASURED_STATES = frozenset({"COMPLETE", "PRUNED"})
@@ -93,6 +98,28 @@ def fit_from_trials(
     return fit_memory_model(points), len(points)
 
 
+def learnt_model(
+    measured: tuple[MemoryModel, int] | None, footprints: Iterable[Footprint]
+) -> tuple[MemoryModel, int] | None:
+    """What to store for an adapter on one kind of GPU, and its sample count (None: nothing new).
+
+    The rule: what was measured (the trials' fit, or a calibration) where there is one, else what
+    the run's footprints learnt (their `effective_model`); in both cases raised to every OOM floor
+    the footprints learnt. The floor must survive the fit: the fit leaves OOM'd trials out (they
+    measured no peak), so on its own it can say a batch size fits the very room it ran out of
+    memory in, and the next plan, on this node or another, would admit it there again to OOM again.
+    """
+    learnt = [footprint for footprint in footprints if footprint.learnt]
+    if measured is None:
+        if not learnt:
+            return None
+        models = [footprint.effective_model() for footprint in learnt]
+        return envelope(models), max(len(footprint.peaks) for footprint in learnt)
+    model, samples = measured
+    floors = [floor for floor in (footprint.oom_floor() for footprint in learnt) if floor]
+    return envelope([model, *floors]), samples
+
+
 # --- the storage ---------------------------------------------------------------------------
 
 
@@ -148,11 +175,39 @@ def measured_models(
         engine.dispose()
 
 
-def save_measured(
-    engine: Engine, *, adapter: str, gpu_name: str, model: MemoryModel, source: str, samples: int
-) -> None:
-    from orchestrator.record.records import save_memory_model
+def save_learnt_model(
+    engine: Engine,
+    *,
+    adapter: str,
+    gpu_name: str,
+    footprints: Sequence[Footprint] = (),
+    study_names: Sequence[str] = (),
+    calibration: tuple[MemoryModel, int] | None = None,
+    min_samples: int = MIN_TRIAL_SAMPLES,
+) -> MemoryModel | None:
+    """The one writer of `orch_memory_models`: store what `learnt_model` says, and return it.
 
+    `footprints`: what a run learnt on GPUs called `gpu_name` (the pool, after each trial that
+    taught it something, and the end of a run). `study_names`: studies whose finished trials'
+    peaks are fitted (the end of a run; while they say too little, fewer than `min_samples`
+    measured trials or all at one batch size, the footprints alone decide). `calibration`: a
+    model `plan --calibrate` measured, stored as such. Stores nothing where nothing is learnt.
+    """
+    from orchestrator.record.records import list_trial_vram, save_memory_model
+
+    source = SOURCE_TRIALS
+    measured = None
+    if calibration is not None:
+        source, measured = CALIBRATION, calibration
+    elif study_names:
+        rows: list[dict[str, Any]] = []
+        for study_name in study_names:
+            rows.extend(list_trial_vram(engine, study_name))
+        measured = fit_from_trials(rows, gpu_name, min_samples=min_samples)
+    merged = learnt_model(measured, footprints)
+    if merged is None:
+        return None
+    model, samples = merged
     save_memory_model(
         engine,
         adapter=adapter,
@@ -162,32 +217,13 @@ def save_measured(
         source=source,
         samples=samples,
     )
-
-
-def refine_from_trials(
-    engine: Engine,
-    *,
-    adapter: str,
-    gpu_name: str,
-    study_names: Sequence[str],
-    min_samples: int = MIN_TRIAL_SAMPLES,
-) -> MemoryModel | None:
-    """Fit the adapter's model on `gpu_name` to its studies' finished trials and store it.
-
-    Returns the stored model, or None (storing nothing) while the trials say too little: fewer
-    than `min_samples` measured trials, or all at one batch size. Measurements from real trials,
-    run beside each other as a study runs them, replace an earlier calibration.
-    """
-    from orchestrator.record.records import list_trial_vram
-
-    rows: list[dict[str, Any]] = []
-    for study_name in study_names:
-        rows.extend(list_trial_vram(engine, study_name))
-    fitted = fit_from_trials(rows, gpu_name, min_samples=min_samples)
-    if fitted is None:
-        return None
-    model, samples = fitted
-    save_measured(
-        engine, adapter=adapter, gpu_name=gpu_name, model=model, source="trials", samples=samples
-    )
     return model
+
+
+def save_measured(
+    engine: Engine, *, adapter: str, gpu_name: str, model: MemoryModel, source: str, samples: int
+) -> None:
+    """Store a calibration (`plan --calibrate`), through the one writer."""
+    if source != CALIBRATION:
+        raise ValueError(f"only a calibration is stored as measured, not {source!r}")
+    save_learnt_model(engine, adapter=adapter, gpu_name=gpu_name, calibration=(model, samples))

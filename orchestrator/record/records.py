@@ -313,7 +313,8 @@ def save_memory_model(
 ) -> None:
     """Store (or replace) the measured memory model of an adapter on one kind of GPU.
 
-    One statement, so that workers finishing at once on several nodes cannot collide."""
+    One statement, so that workers finishing at once on several nodes cannot collide. Its one
+    caller is `orchestrator.planning.memory.save_learnt_model`, which decides what is stored."""
     values = {
         "model_overhead_mb": model_overhead_mb,
         "per_sample_mb": per_sample_mb,

@@ -100,16 +100,12 @@ class StoredStudy:
 
     def save_footprint(self, gpu_name: str, footprint: Footprint) -> None:
         """What this kind of GPU taught us about the adapter's memory, for the next admissions
-        of every node (they read it when they plan) and for later runs."""
-        from orchestrator.planning.memory import save_measured
+        of every node (they read it when they plan) and for later runs; stored by the one writer
+        of memory models, so an OOM's floor in it outlives the end-of-run refinement."""
+        from orchestrator.planning.memory import save_learnt_model
 
         if self.adapter_name is None:
             return
-        save_measured(
-            self.engine,
-            adapter=self.adapter_name,
-            gpu_name=gpu_name,
-            model=footprint.effective_model(),
-            source="trials",
-            samples=len(footprint.peaks),
+        save_learnt_model(
+            self.engine, adapter=self.adapter_name, gpu_name=gpu_name, footprints=[footprint]
         )
