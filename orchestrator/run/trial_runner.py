@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,40 +127,15 @@ class LockTiming:
 def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTiming | None]:
     """A new or queued trial (None when the study's budget is used up), and the lock's timing.
 
-    The budget lock covers only counting and creating: the trials that changed since the last
-    ask are read before it (Optuna's cache then has little left to fetch inside), and the
-    count is two aggregate queries, so no ask waits on another's read."""
-    from orchestrator.record.locks import under_budget_lock
+    On PostgreSQL the budget lock, the count and the claim (with the trial's heartbeat row) are
+    one round trip (`record/budget_claim`); the trial is read back after the lock went. Nothing
+    is read before the ask: it does not need the study's trials."""
+    from orchestrator.record import budget_section
+    from orchestrator.record.budget_claim import ask_within_budget
 
-    ctx.study._storage.get_all_trials(ctx.study_id, deepcopy=False)
-    marks: dict[str, float] = {}
-
-    def count_and_create() -> optuna.Trial | None:
-        marks["locked"] = time.perf_counter()  # a section redone after an outage: its last start
-        return _count_and_create(ctx, spec)
-
-    asked_at = time.perf_counter()
-    trial = under_budget_lock(
-        ctx.config.storage_url, ctx.config.study_name, count_and_create, what="ask for a trial"
-    )
-    done_at = time.perf_counter()
-    locked_at = marks["locked"]
-    timing = LockTiming((locked_at - asked_at) * 1000, (done_at - locked_at) * 1000)
-    return trial, timing
-
-
-def _count_and_create(ctx: TrialContext, spec: StudySpec) -> optuna.Trial | None:
-    from orchestrator.record.trial_counts import stored_count
-
-    if stop_requested():
-        return None
-    if not stored_count(ctx.engine, ctx.study_id).may_ask(spec.trials):
-        return None
-    trial = ctx.study.ask()
-    # A RUNNING trial with no heartbeat row is never found stale: record one before the lock
-    # goes, so that from here on a lost process always leaves a trial someone can fail.
-    ctx.storage.record_heartbeat(trial._trial_id)
-    return trial
+    trial = ask_within_budget(ctx.study, ctx.config.storage_url, spec.trials, stop=stop_requested)
+    times = budget_section.last_times()
+    return trial, None if times is None else LockTiming(times.wait_ms, times.held_ms)
 
 
 def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
