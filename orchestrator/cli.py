@@ -7,21 +7,21 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-# Parser builds the parser below; the other names are
-# kept until run, best, status and launch import from commands._args (report.py too)
-from orchestrator.commands._args import (  # noqa: F401
-    SEED_MAX,
-    Parser,
-    add_adapter_arguments,
-    add_output_arguments,
-    add_storage_argument,
-    add_swarm_size_argument,
-    command_parser,
-    configure_logging,
-    input_file,
-    study_name,
-    whole_number,
+from orchestrator.commands import (
+    adapters,
+    best,
+    dashboard,
+    db,
+    logs,
+    manifests,
+    plan,
+    report,
+    run,
+    slurm,
+    status,
+    worker,
 )
+from orchestrator.commands._args import Parser
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -54,24 +54,6 @@ def build_parser() -> Parser:
 def commands() -> tuple[ModuleType, ...]:
     """Every command, in the order `--help` lists them. Each module has `register(subparsers)`
     and imports nothing heavy at the top, so `--help` stays instant."""
-    # Imported here while run, best, status and report still import the names above from this
-    # module: at the top, a command imported first would find them not yet bound. Once they
-    # import from commands._args, this import moves to the top of the module.
-    from orchestrator.commands import (
-        adapters,
-        best,
-        dashboard,
-        db,
-        logs,
-        manifests,
-        plan,
-        report,
-        run,
-        slurm,
-        status,
-        worker,
-    )
-
     return (
         run,
         worker,
