@@ -338,12 +338,14 @@ def test_timeout_starts_nothing_new_and_lets_running_trials_finish(sqlite_url):
         "1",
         "--gpus",
         "sim:24576",
+        # The first trial must start before the timeout: a trial process's start takes 10 s
+        # and more on a loaded machine, so the timeout leaves room for it.
         "--timeout",
-        "8",
+        "20",
         "--grace",
         "0",
         "--option",
-        "trial_seconds=16",
+        "trial_seconds=30",
         "--epochs",
         "2",
         "--pruner",
