@@ -71,6 +71,9 @@ class PgBouncer:
             bouncer._wait_until_up()
             yield bouncer
         finally:
+            # PgBouncer's own pid from its pidfile: as root the process started is runuser, which
+            # does not pass SIGINT on, and a PgBouncer left behind outlives the test for good.
+            _stop_pid(_read_pid(folder / "pgbouncer.pid"))
             process.send_signal(signal.SIGINT)  # PgBouncer's immediate shutdown
             try:
                 process.wait(timeout=10)
@@ -138,3 +141,26 @@ def _write_config(folder: Path, port: int, server_port: int, pool_size: int) -> 
         )
     )
     return config
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stop_pid(pid: int | None, timeout: float = 10) -> None:
+    """SIGINT (PgBouncer's immediate shutdown) to `pid`, SIGKILL if it is still there after
+    `timeout` seconds."""
+    if pid is None:
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        os.kill(pid, signal.SIGINT)
+        while time.monotonic() < deadline:
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return

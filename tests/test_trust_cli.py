@@ -34,6 +34,8 @@ def url(request, tmp_path_factory):
 
     server = os.environ.get("ORCHESTRATOR_TEST_POSTGRES")
     if not server:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true but ORCHESTRATOR_TEST_POSTGRES is unset")
         pytest.skip("ORCHESTRATOR_TEST_POSTGRES is unset")
     name = f"orch_test_{uuid.uuid4().hex[:12]}"
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
