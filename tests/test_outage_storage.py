@@ -190,8 +190,9 @@ def test_a_training_trial_keeps_training_and_its_reports_arrive_later(cluster, s
     report.flush()
     study.tell(trial, 1.0)
     assert cluster_stopped.is_set()
-    # 30 epochs of 0.2 s: the 3 s outage did not pause them.
-    assert trained_s < epochs * 0.2 + 1.5
+    # 30 epochs of 0.2 s: the 3 s outage did not pause them (a pause would add at least its 3 s;
+    # the rest of the margin is 30 sleeps and reports on a loaded machine).
+    assert trained_s < epochs * 0.2 + 2.5
     told = optuna.load_study(study_name="train", storage=url).trials[0]
     assert told.intermediate_values == {epoch: float(epoch) for epoch in range(epochs)}
 
