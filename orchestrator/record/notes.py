@@ -139,10 +139,18 @@ def save_trial_note(study: optuna.Study, trial_id: int, body: str) -> None:
     """Store a note as optuna-dashboard does (`optuna_dashboard.save_note` takes a live Trial,
     which a finished trial no longer is): read this trial's note keys, then write the version and
     the chunks; chunks of a longer earlier note are blanked, as the dashboard does."""
+    storage, study_id = study._storage, study._study_id
+    save_note(storage, study_id, trial_id, _note_attrs(storage, study_id, trial_id), body)
+
+
+def save_note(
+    storage: Any, study_id: int, trial_id: int | None, existing: dict[str, Any], body: str
+) -> None:
+    """Write `body` as the note of a trial (or, with `trial_id` None, of the study) in
+    optuna-dashboard's layout, given the note keys `existing` already among the study's system
+    attributes: the next version, the chunks, and blanks over a longer earlier note's chunks."""
     from optuna_dashboard._note import note_str_key_prefix, note_ver_key, split_body
 
-    storage, study_id = study._storage, study._study_id
-    existing = _note_attrs(storage, study_id, trial_id)
     version = int(existing.get(note_ver_key(trial_id), 0)) + 1
     storage.set_study_system_attr(study_id, note_ver_key(trial_id), version)
     chunks = split_body(body, trial_id)

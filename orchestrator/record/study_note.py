@@ -18,19 +18,10 @@ logger = logging.getLogger(__name__)
 
 
 def save_study_note(study: optuna.Study, body: str) -> None:
-    from optuna_dashboard._note import note_str_key_prefix, note_ver_key, split_body
+    from orchestrator.record.notes import save_note
 
     storage, study_id = study._storage, study._study_id
-    existing = storage.get_study_system_attrs(study_id)
-    version = int(existing.get(note_ver_key(None), 0)) + 1
-    storage.set_study_system_attr(study_id, note_ver_key(None), version)
-    chunks = split_body(body, None)
-    for key, text in chunks.items():
-        storage.set_study_system_attr(study_id, key, text)
-    prefix = note_str_key_prefix(None)
-    old = sum(1 for key in existing if key.startswith(prefix))
-    for i in range(len(chunks), old):
-        storage.set_study_system_attr(study_id, f"{prefix}{i}", "")
+    save_note(storage, study_id, None, storage.get_study_system_attrs(study_id), body)
 
 
 def write_study_note(study: optuna.Study, body: str) -> bool:
