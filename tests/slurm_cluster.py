@@ -35,6 +35,11 @@ NODES = ("n1", "n2")
 GPU_COUNT = 2
 CPUS = 4
 MEMORY_MB = 200_000  # configured, not real (config_overrides): the workload class asks per GPU
+# A job step's credential lifetime, which is also how long a requeued job waits before it may
+# start again: until then the node's slurmd still knows the job as killed and refuses to launch
+# it ("Job N already killed, do not launch batch job"), and the job ends with status 1 instead of
+# coming back. Slurm's default is 120 s; the tests need no more than a loaded machine's launch.
+CRED_EXPIRE = 15
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
 APT = "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge"
 
@@ -68,7 +73,7 @@ ClusterName=orchtest
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ports["ctld"]}
 AuthType=auth/munge
-AuthInfo=socket={folder}/munge/munge.socket
+AuthInfo=socket={folder}/munge/munge.socket,cred_expire={CRED_EXPIRE}
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root

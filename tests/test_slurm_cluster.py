@@ -17,7 +17,7 @@ import pytest
 from orchestrator.deploy.slurm import SIM_GPU_ENV
 from orchestrator.record.storage_url import STORAGE_ENV
 from tests.cli_helpers import cli_env, run_cli
-from tests.slurm_cluster import NODES, SlurmCluster
+from tests.slurm_cluster import CRED_EXPIRE, NODES, SlurmCluster
 
 GPU_MB = "1024"  # one synthetic trial at a time per simulated GPU: 4 trial processes in all
 
@@ -200,14 +200,14 @@ def test_a_node_that_goes_down_comes_back_and_the_budget_stays_exact(
     finally:
         cluster.set_node(node, "resume")
 
-    def back() -> bool:
-        # Slurm holds a requeued job back two minutes (its begin time, set again when the old
-        # run's processes have left); an operator, like this test, may let it start now.
-        cluster.run("scontrol", "update", f"jobid={task}", "starttime=now", check=False)
-        return ", restart 1" in task_log(tmp_path, "down", job, 0)
-
-    # Up to five minutes: on a loaded machine the old run's processes take long to leave.
-    wait_until("the task to come back", back, timeout=300, every=2)
+    # Slurm holds a requeued job back for the credential's lifetime (CRED_EXPIRE here, 120 s by
+    # default): starting it sooner on the same node is refused by its slurmd, and the task ends.
+    wait_until(
+        "the task to come back",
+        lambda: ", restart 1" in task_log(tmp_path, "down", job, 0),
+        timeout=CRED_EXPIRE + 150,
+        every=1,
+    )
     finish(cluster, job, tmp_path, "down")
     logs = [task_log(tmp_path, "down", job, task) for task in range(2)]
     assert f"slurm job {task} on " in logs[0] and ", restart 1" in logs[0], logs[0]
