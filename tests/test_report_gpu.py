@@ -249,6 +249,28 @@ def test_a_running_trial_ends_at_the_reports_moment_and_lanes_are_per_gpu():
     assert lanes[0].bars[0].end == at(100) and lanes[1].bars[0].end == at(5)
 
 
+def test_a_trial_holds_its_gpu_from_its_admission_not_its_ask():
+    """A trial is stamped by Optuna when asked, then waits for room on its GPU: its bar and its
+    memory start when the GPU admitted it (a trial recorded before admission times: its ask)."""
+    dist = {"x": FloatDistribution(0, 1)}
+    local = T0.replace(tzinfo=dt.UTC).astimezone().replace(tzinfo=None)  # Optuna's local time
+
+    def trial(admitted: str | None) -> optuna.trial.FrozenTrial:
+        attrs = {"gpu": "L4", "gpu_index": 0, "host": "vm", "vram_peak_mb": 100.0}
+        if admitted is not None:
+            attrs["admitted_at"] = admitted
+        made = create_trial(state=TrialState.COMPLETE, value=1.0, params={"x": 0.5},
+                            distributions=dist, user_attrs=attrs)  # fmt: skip
+        made.datetime_start, made.datetime_complete = local, local + dt.timedelta(seconds=10)
+        return made
+
+    waited = trial((T0 + dt.timedelta(seconds=4)).replace(tzinfo=dt.UTC).isoformat())
+    (lane,) = trial_lanes([waited, trial(None), trial("not a time")], until=at(100))
+    assert [bar.start for bar in lane.bars] == [at(0), at(0), at(4)]
+    held = memory_held(lane.bars)
+    assert held.values[held.times.index(at(4))] == 300.0
+
+
 def test_run_facts_of_a_study_made_by_plain_optuna_say_not_recorded():
     facts = run_facts(None, [])
     assert (facts.sampler, facts.pruner, facts.seed) == ("not recorded",) * 3

@@ -19,6 +19,9 @@ BATCH_SIZE = "batch_size"
 BATCH_BOUNDS = "batch_bounds"
 CONCURRENCY = "concurrency"  # trials admitted on its GPU when it was, itself included
 VRAM_PLANNED_MB = "vram_planned_mb"
+# When its GPU's supervisor let it start (UTC, ISO 8601): a trial is asked for, and so stamped
+# by Optuna, before it waits for room on its GPU, so its memory is held only from here.
+ADMITTED_AT = "admitted_at"
 VRAM_PEAK_MB = "vram_peak_mb"
 # How it ended.
 OOM = "oom"  # True when it ran out of GPU memory

@@ -236,13 +236,21 @@ def _placement_attrs(
 
 
 def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
-    """Admitted by its estimate: record it. A simulated GPU now holds the trial's model overhead;
-    the rest of what it really needs comes with its first report (see `_simulated_growth`)."""
+    """Admitted by its estimate: record it, and when. A simulated GPU now holds the trial's model
+    overhead; the rest of what it really needs comes with its first report (`hold_simulated`)."""
+    import datetime
+
     from orchestrator.gpu.sim import process_holder
 
     result.planned_mb = go.planned_mb
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
     set_user_attrs(
-        trial, {names.VRAM_PLANNED_MB: round(go.planned_mb, 1), names.CONCURRENCY: go.concurrency}
+        trial,
+        {
+            names.VRAM_PLANNED_MB: round(go.planned_mb, 1),
+            names.CONCURRENCY: go.concurrency,
+            names.ADMITTED_AT: now,
+        },
     )
     result.concurrency = go.concurrency
     if ctx.ledger is not None:

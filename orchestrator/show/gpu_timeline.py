@@ -1,7 +1,8 @@
 """How the GPUs were used, as values: each trial a bar on the GPU it ran on, from its start to its
 end, and the memory its trials held on each GPU over time against what the GPU let them use.
 
-Where a trial ran comes from its attributes (host, gpu_index, gpu); when, from Optuna's datetimes.
+Where a trial ran comes from its attributes (host, gpu_index, gpu); when, from the time its GPU
+admitted it (a trial waits for room after Optuna stamps its start) to Optuna's end.
 The memory held at a moment is the sum of the VRAM peaks of the trials running then (an OOM'd
 trial counts at what it was planned to use, as in the VRAM chart): a trial's peak is the one
 figure recorded for it, so each is drawn as held from its start to its end. What the GPU let
@@ -86,7 +87,7 @@ def trial_lanes(trials: Iterable[FrozenTrial], until: dt.datetime) -> list[Lane]
         attrs = trial.user_attrs
         if names.GPU not in attrs or trial.datetime_start is None:
             continue  # waiting, or never got a device
-        start = to_utc(trial.datetime_start)
+        start = _admitted_at(attrs) or to_utc(trial.datetime_start)
         end = to_utc(trial.datetime_complete) if trial.datetime_complete else until
         index = attrs.get(names.GPU_INDEX)
         key = (str(attrs.get(names.HOST) or "?"), None if index is None else int(index),
@@ -99,6 +100,14 @@ def trial_lanes(trials: Iterable[FrozenTrial], until: dt.datetime) -> list[Lane]
     for (host, index, name), bars in sorted(groups.items(), key=lambda kv: _lane_order(kv[0])):
         lanes.append(Lane(lane_label(host, index, name), host, index, name, pack_rows(bars)))
     return lanes
+
+
+def _admitted_at(attrs: dict) -> dt.datetime | None:
+    """When the trial's GPU let it start (naive UTC); None for a trial recorded before that."""
+    try:
+        return to_utc(dt.datetime.fromisoformat(str(attrs[names.ADMITTED_AT])))
+    except (KeyError, ValueError):
+        return None
 
 
 def _lane_order(key: tuple[str, int | None, str]) -> tuple[str, int, str]:
