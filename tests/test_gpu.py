@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import types
 from collections import namedtuple
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,7 @@ from orchestrator.gpu.nvml import MIB, NvmlProbe, visible_nvml_indices
 from orchestrator.gpu.torch_cuda import TorchProbe
 
 Memory = namedtuple("Memory", "total free used")
+REPO = Path(__file__).resolve().parents[1]
 UUIDS = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-cccc-3333"]
 
 
@@ -117,6 +121,35 @@ def test_no_probe_works_means_no_gpu(monkeypatch) -> None:
     assert devices == [] and isinstance(probe, gpu.NoProbe)
     with pytest.raises(UserError, match="no GPU 7 on this machine"):
         gpu.select_devices("7")
+
+
+def test_without_a_gpu_driver_torch_is_not_asked(monkeypatch) -> None:
+    """No CUDA driver library and no ROCm device: torch could see no GPU, so the probe does not
+    import it (1-2 s of CPU in every `run` and `worker` of a CPU-only machine)."""
+    import ctypes
+
+    def no_library(name: str, *args, **kwargs):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(ctypes, "CDLL", no_library)
+    monkeypatch.setattr(gpu.os.path, "exists", lambda path: False)
+    assert gpu._gpu_driver_present() is False and gpu._torch_probe() is None
+    monkeypatch.setattr(gpu.os.path, "exists", lambda path: path == "/dev/kfd")
+    assert gpu._gpu_driver_present() is True and isinstance(gpu._torch_probe(), TorchProbe)
+
+
+def test_a_cpu_only_run_never_imports_torch_to_look_for_gpus(tmp_path) -> None:
+    if gpu._gpu_driver_present():
+        pytest.skip("this machine has a GPU driver: torch is asked, as it should be")
+    code = (
+        "import sys; from orchestrator.gpu import select_devices; "
+        "probe, found = select_devices('auto'); print(found, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", "False"], done.stdout
 
 
 def test_selecting_gpus_by_index(monkeypatch) -> None:

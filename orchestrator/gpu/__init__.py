@@ -9,6 +9,7 @@ free of that part), and its trial processes cannot allocate past it
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 
 from orchestrator.errors import UserError
@@ -185,8 +186,27 @@ def _nvml_probe() -> Probe | None:
 
 
 def _torch_probe() -> Probe | None:
+    if not _gpu_driver_present():
+        return None  # torch could see no GPU either: spare this process torch's import (1-2 s)
     try:
         from orchestrator.gpu.torch_cuda import TorchProbe
     except ImportError:
         return None
     return TorchProbe()
+
+
+def _gpu_driver_present() -> bool:
+    """Whether a GPU driver that torch could use is on this machine: NVIDIA's CUDA driver library
+    loads, or AMD's compute device (ROCm) exists. Off Linux, assume it may be."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return True
+    if os.path.exists("/dev/kfd"):
+        return True
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True

@@ -1,7 +1,9 @@
 """GPUs through torch's CUDA: the fallback where NVML is missing or fails.
 
 Asking torch creates a CUDA context in this process (a few hundred MB on each GPU it touches), so
-NVML comes first. Trial processes are started with `spawn`, so a context here is never forked.
+NVML comes first, and torch is asked only where a GPU driver is present
+(`orchestrator.gpu._gpu_driver_present`). Trial processes come from a fork server started as a
+process of its own (or by `spawn`), so a context here is never forked.
 """
 
 from __future__ import annotations
