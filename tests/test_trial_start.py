@@ -110,3 +110,38 @@ def test_the_start_method(environ, available, method):
 def test_an_unknown_start_method_is_refused_in_one_line():
     with pytest.raises(UserError, match=f"{START_ENV}='fork' must be spawn or forkserver"):
         start_method({START_ENV: "fork"}, ("fork", "spawn", "forkserver"))
+
+
+def _processes_marked(marker: str) -> list[int]:
+    """Processes whose environment carries `marker` (a command and what it started)."""
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "environ").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_run_that_fails_on_its_storage_leaves_no_fork_server_importing(tmp_path):
+    """The fork server starts before the storage is opened, to overlap it; a storage that
+    refuses the run ends the run in a second, and its server with it, not after importing torch."""
+    import subprocess
+    import time
+    import uuid
+
+    marker = f"ORCHESTRATOR_TEST_MARKER=fork-{uuid.uuid4().hex}"
+    env = {**os.environ, marker.split("=")[0]: marker.split("=", 1)[1]}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "run", "synthetic", "--gpus", "none",
+         "--storage", "postgresql://alice@127.0.0.1:1/studies"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    time.sleep(0.2)  # the kill is delivered; a server still importing would live for seconds
+    assert _processes_marked(marker) == []

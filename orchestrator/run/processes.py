@@ -23,6 +23,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -205,10 +206,31 @@ def prestart(count: int = 1) -> list[_Process]:
     context = trial_process_context()
     if context.get_start_method() == "forkserver":
         forkserver.ensure_running()
+        if not _stop_at_exit:
+            _stop_at_exit.append(util.Finalize(None, _stop_fork_server, exitpriority=1))
         return []
     spare = [_spawn_blank() for _ in range(count)]
     util.Finalize(None, _dismiss_all, args=(spare,), exitpriority=10)
     return spare
+
+
+_stop_at_exit: list[Any] = []
+
+
+def _stop_fork_server() -> None:
+    """At this process's exit (after `_dismiss_all` and every pool's close), end its fork server
+    at once. Left alone it exits only once it has imported all of `PRELOAD`: a command that
+    failed before its first trial (a storage that refused it) would leave it importing torch for
+    seconds of CPU. It ignores SIGTERM (fork_server_signals), so it is killed; trial processes
+    forked from it are its children, not ours, and were told to go before this runs.
+    multiprocessing keeps the server's pid in a private attribute and offers no public way to
+    stop it."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _dismiss_all(spare: list[_Process]) -> None:
