@@ -137,11 +137,14 @@ def test_a_run_that_fails_on_its_storage_leaves_no_fork_server_importing(tmp_pat
 
     marker = f"ORCHESTRATOR_TEST_MARKER=fork-{uuid.uuid4().hex}"
     env = {**os.environ, marker.split("=")[0]: marker.split("=", 1)[1]}
-    done = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", "synthetic", "--gpus", "none",
-         "--storage", "postgresql://alice@127.0.0.1:1/studies"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2, done.stderr
+    # Its output to a file: a pipe would make this wait for every process holding it, the
+    # server included (each test that captured a refused run's output waited seconds so).
+    with open(tmp_path / "said.txt", "w") as said:
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", "run", "synthetic", "--gpus", "none",
+             "--storage", "postgresql://alice@127.0.0.1:1/studies"],
+            cwd=tmp_path, env=env, stdout=said, stderr=said, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 2, (tmp_path / "said.txt").read_text()
     time.sleep(0.2)  # the kill is delivered; a server still importing would live for seconds
     assert _processes_marked(marker) == []
