@@ -2,7 +2,8 @@
 `status` and the dashboard note reading back validation, test, baselines and spread.
 
 Real processes (the CLI, its trial processes) on simulated GPUs, real DQN training on the
-synthetic market, with budgets small enough to stay quick; SQLite and PostgreSQL.
+synthetic market, with budgets small enough to stay quick; the module's study on PostgreSQL,
+the others on SQLite.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ TINY = (
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def url(request, tmp_path_factory):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('trust') / 'study.db'}"
-        return
+@pytest.fixture(scope="module")
+def url():
+    """One PostgreSQL database for the module's study. The scores are study and trial attributes,
+    stored by Optuna alike on every storage; the SQLite path runs in the tests below that make
+    studies of their own (a Gymnasium study's scores, a Pareto front's end)."""
     import sqlalchemy as sa
 
     server = os.environ.get("ORCHESTRATOR_TEST_POSTGRES")
