@@ -103,76 +103,13 @@ def forecaster_memory_model(
 # --- The model ---------------------------------------------------------------------------
 
 
-def _modules() -> type[torch.nn.Module]:
-    """The forecaster's class, defined here so that torch is imported only when a model is built."""
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
-
-    class GatedResidualNetwork(nn.Module):
-        """TFT's GRN: ELU MLP, dropout, GLU gate, residual, LayerNorm."""
-
-        def __init__(self, width: int, dropout: float) -> None:
-            super().__init__()
-            self.fc1 = nn.Linear(width, width)
-            self.fc2 = nn.Linear(width, width)
-            self.dropout = nn.Dropout(dropout)
-            self.gate = nn.Linear(width, 2 * width)
-            self.norm = nn.LayerNorm(width)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            hidden = self.dropout(self.fc2(F.elu(self.fc1(x))))
-            return self.norm(x + F.glu(self.gate(hidden)))
-
-    class FusionBlock(nn.Module):
-        """Causal self-attention with a gated skip connection, then a GRN."""
-
-        def __init__(self, width: int, dropout: float) -> None:
-            super().__init__()
-            self.qkv = nn.Linear(width, 3 * width)
-            self.out = nn.Linear(width, width)
-            self.gate = nn.Linear(width, 2 * width)
-            self.norm = nn.LayerNorm(width)
-            self.grn = GatedResidualNetwork(width, dropout)
-            self.dropout = dropout
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            batch, window, width = x.shape
-            q, k, v = self.qkv(x).view(batch, window, 3, HEADS, width // HEADS).unbind(2)
-            attended = F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-                dropout_p=self.dropout if self.training else 0.0,
-                is_causal=True,
-            )
-            attended = self.out(attended.transpose(1, 2).reshape(batch, window, width))
-            return self.grn(self.norm(x + F.glu(self.gate(attended))))
-
-    class Forecaster(nn.Module):
-        """Window of returns -> the next `horizon` returns."""
-
-        def __init__(
-            self, width: int, window: int, depth: int, horizon: int, dropout: float
-        ) -> None:
-            super().__init__()
-            self.value = nn.Linear(1, width)
-            self.position = nn.Parameter(torch.randn(window, width) * 0.02)
-            self.encoder = GatedResidualNetwork(width, dropout)
-            self.blocks = nn.ModuleList(FusionBlock(width, dropout) for _ in range(depth))
-            self.head = nn.Linear(width, horizon)
-
-        def forward(self, returns: torch.Tensor) -> torch.Tensor:
-            x = self.encoder(self.value(returns.unsqueeze(-1)) + self.position)
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x[:, -1])  # the last step has seen the whole window
-
-    return Forecaster
-
-
 def build_forecaster(
     width: int, window: int, depth: int, horizon: int, dropout: float = 0.0
 ) -> torch.nn.Module:
-    """The forecaster for these sizes (public so tests and users can measure it)."""
-    return _modules()(width, window, depth, horizon, dropout)
+    """The forecaster for these sizes (public so tests and users can measure it).
+
+    The layers live in `_forecaster_layers`, imported here: torch is imported only when a model
+    is built."""
+    from adapters._forecaster_layers import Forecaster
+
+    return Forecaster(width, window, depth, horizon, dropout, HEADS)

@@ -7,13 +7,11 @@ storage when it samples, so a worker that starts cold continues the same swarm.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,42 +21,22 @@ from optuna.samplers._base import _process_constraints_after_trial
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from orchestrator.record.attr_names import BATCH_SIZE
-from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, Record, SwarmView
-from samplers._leaders import Archive, archive, leader, personal_best
-from samplers._lhs import lhs_point, name_key
-from samplers._space import clip_to_bounds, from_unit, grid_size, to_unit
-from samplers._swarm import SwarmCoefficients, back_off, dimension_clamp, reflect, step
+from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
+from samplers._lhs import name_key
+from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
+from samplers._moves import Swarm
+from samplers._space import clip_to_bounds
+from samplers._swarm import SwarmCoefficients
 
 if TYPE_CHECKING:
     from optuna.study import Study
     from optuna.trial import FrozenTrial
 
-# Parameters whose value decides a trial's memory: an out-of-memory failure pushes them down.
-MEMORY_PARAMS = (BATCH_SIZE,)
 TOPOLOGIES = ("global", "ring")
-_DEDUPE_ATTEMPTS = 32
 SEVERAL_MAX_VELOCITY = 0.5
 # Grid points one step may cross on a small ordered grid (see samplers._swarm.dimension_clamp);
 # chosen on docs/sampler.md's HPO tables with seeds other than the table's.
 GRID_REACH = 2.5
-
-
-@dataclass(frozen=True)
-class _Move:
-    """One parameter's step: from `base` (None for a fresh point) to `x` with velocity `v`."""
-
-    base: float | None
-    x: float
-    v: float
-
-    def nudged(self, delta: float, max_velocity: float) -> _Move:
-        """The move with `delta` added to its velocity (clamped to `max_velocity`)."""
-        if self.base is None:
-            return _Move(None, float(np.clip(self.x + delta, 0.0, 1.0)), self.v)
-        v = float(np.clip(self.v + delta, -max_velocity, max_velocity))
-        x, bounced = reflect(np.array([self.base + v]), np.array([v]))
-        return _Move(self.base, float(x[0]), float(bounced[0]))
 
 
 class PSOSampler(BaseSampler):
@@ -162,30 +140,33 @@ class PSOSampler(BaseSampler):
             )
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"The `{seed=}` must be a whole number >= 0 or None.")
-        self._swarm_size = swarm_size
         clamp = SwarmCoefficients.max_velocity if max_velocity is None else max_velocity
-        self._coefficients = SwarmCoefficients(inertia, cognitive, social, clamp)
         # Several objectives: SMPSO's clamp at half of each range unless one is given. A swarm
         # that must cover a front, not close in on one point, needs the longer steps (measured
         # in docs/sampler.md).
         several = SEVERAL_MAX_VELOCITY if max_velocity is None else max_velocity
-        self._several_coefficients = SwarmCoefficients(inertia, cognitive, social, several)
         if not (0 <= search_radius <= 1):
             raise ValueError(f"The `{search_radius=}` must be in [0, 1]: a fraction of each range.")
-        self._search_radius = search_radius
         if isinstance(grid_reach, bool) or not (
             isinstance(grid_reach, int | float) and math.isfinite(grid_reach) and grid_reach >= 0
         ):
             raise ValueError(f"The `{grid_reach=}` must be a finite number >= 0 (grid points).")
-        self._grid_reach = float(grid_reach)
-        self._topology = topology
-        self._bounds = _check_bounds(bounds)
+        checked_bounds = _check_bounds(bounds)
+        if isinstance(archive_size, bool) or not isinstance(archive_size, int) or archive_size < 1:
+            raise ValueError(f"The `{archive_size=}` must be a whole number of at least 1.")
+        self._swarm = Swarm(
+            size=swarm_size,
+            coefficients=SwarmCoefficients(inertia, cognitive, social, clamp),
+            several_coefficients=SwarmCoefficients(inertia, cognitive, social, several),
+            search_radius=search_radius,
+            grid_reach=float(grid_reach),
+            topology=topology,
+            bounds=checked_bounds,
+            archive_size=archive_size,
+        )
         self._seed = seed
         self._salt = 0  # set by reseed_rng
         self._independent_sampler = independent_sampler
-        if isinstance(archive_size, bool) or not isinstance(archive_size, int) or archive_size < 1:
-            raise ValueError(f"The `{archive_size=}` must be a whole number of at least 1.")
-        self._archive_size = archive_size
         self._constraints_func = constraints_func
         self._local = threading.local()
         self._history = History()
@@ -218,13 +199,15 @@ class PSOSampler(BaseSampler):
         if not names:
             return {}
         moves = {
-            name: self._move(view, entropy, trial.number, name, search_space[name])
+            name: self._swarm.move(view, entropy, trial.number, name, search_space[name])
             for name in names
         }
-        params = {name: self._value(name, search_space[name], moves[name].x) for name in names}
-        params, moves = self._dedupe(view, entropy, trial.number, search_space, params, moves)
+        params = {
+            name: self._swarm.value(name, search_space[name], moves[name].x) for name in names
+        }
+        params, moves = self._swarm.dedupe(view, entropy, trial.number, search_space, params, moves)
         record: dict[str, Any] = {
-            "p": trial.number % self._swarm_size,
+            "p": trial.number % self._swarm.size,
             "x": {name: [moves[name].x, moves[name].v] for name in names},
         }
         study._storage.set_trial_system_attr(trial._trial_id, RECORD_KEY, record)
@@ -242,13 +225,15 @@ class PSOSampler(BaseSampler):
             return self._sample_open_parameter(
                 study, trial, entropy, param_name, param_distribution
             )
-        move = self._move(self._view(study), entropy, trial.number, param_name, param_distribution)
+        move = self._swarm.move(
+            self._view(study), entropy, trial.number, param_name, param_distribution
+        )
         study._storage.set_trial_system_attr(
             trial._trial_id,
             PARAM_KEY_PREFIX + param_name,
-            [trial.number % self._swarm_size, move.x, move.v],
+            [trial.number % self._swarm.size, move.x, move.v],
         )
-        return self._value(param_name, param_distribution, move.x)
+        return self._swarm.value(param_name, param_distribution, move.x)
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         # Remember whether the trial was enqueued while its system attributes are at hand
@@ -271,162 +256,18 @@ class PSOSampler(BaseSampler):
         if self._independent_sampler is not None:
             self._independent_sampler.after_trial(study, trial, state, values)
 
-    # -- the swarm --------------------------------------------------------------------------
-
-    def _move(
-        self, view: SwarmView, entropy: int, number: int, name: str, dist: BaseDistribution
-    ) -> _Move:
-        """Where trial `number`'s particle goes for parameter `name`, and from where."""
-        particle, generation = number % self._swarm_size, number // self._swarm_size
-        previous = self._previous(view, particle, number, name)
-        guides = None if previous is None else self._guides(view, entropy, number, name, previous)
-        if previous is None or guides is None:
-            return _Move(
-                None, lhs_point(entropy, generation, particle, name, self._swarm_size), 0.0
-            )
-        if name in previous.moves:
-            x, v = previous.moves[name]
-        else:  # the value came from elsewhere (an enqueued value): start there at rest
-            x, v = previous.evaluated(name), 0.0
-        if previous.oom and self._is_memory_param(name) and name in previous.params:
-            x, v = self._back_off(previous, name, x, v)
-        personal_best, neighbourhood_best, holds_best = guides
-        rng = np.random.default_rng([entropy, number, name_key(name)])
-        r1, r2, r3 = rng.random(3)
-        coefficients = self._several_coefficients if view.several else self._coefficients
-        if not view.several:
-            # Several objectives: the clamp of half the range already crosses five of ten
-            # points, and grid_reach was not measured to help there (docs/sampler.md).
-            clamp = dimension_clamp(coefficients.max_velocity, grid_size(dist), self._grid_reach)
-            coefficients = dataclasses.replace(coefficients, max_velocity=clamp)
-        new_x, new_v = step(
-            np.array([x]),
-            np.array([v]),
-            np.array([x if personal_best is None else personal_best]),
-            np.array([neighbourhood_best]),
-            np.array([r1]),
-            np.array([r2]),
-            coefficients,
-            jitter=np.array([self._search_radius * (2 * r3 - 1) if holds_best else 0.0]),
-        )
-        return _Move(x, float(new_x[0]), float(new_v[0]))
-
-    def _previous(self, view: SwarmView, particle: int, number: int, name: str) -> Record | None:
-        for record in reversed(view.particle_records(particle)):
-            if record.number < number and (name in record.moves or name in record.params):
-                return record
-        return None
-
-    def _guides(
-        self, view: SwarmView, entropy: int, number: int, name: str, previous: Record
-    ) -> tuple[float | None, float, bool] | None:
-        """(personal best, neighbourhood best or leader, whether `previous` is that best).
-
-        None while there is no best yet. The particle that holds the best is pulled nowhere;
-        it searches around it instead (guaranteed-convergence PSO), or it would stand still.
-        """
-        particle = number % self._swarm_size
-        if view.several:
-            members = self._archive(view)
-            lead = leader(members, name, np.random.default_rng([entropy, number, 0x1EAD]))
-            if lead is None:
-                return None
-            own = personal_best(view.particle_records(particle), name)
-            own_x = None if own is None else own.evaluated(name)
-            return own_x, lead.evaluated(name), lead.number == previous.number
-        best = self._neighbourhood_best(view, particle, name)
-        if best is None:
-            return None
-        own = view.personal_best(particle, name)
-        own_x = None if own is None else own.evaluated(name)
-        return own_x, best, view.best_number(name) == previous.number
-
-    def _archive(self, view: SwarmView) -> Archive:
-        # One archive per view (a view is one snapshot of the study's trials).
-        cached = getattr(self._local, "archive", None)
-        if cached is None or cached[0] is not view:
-            cached = (view, archive(view.complete(), self._archive_size))
-            self._local.archive = cached
-        return cached[1]
-
-    def _neighbourhood_best(self, view: SwarmView, particle: int, name: str) -> float | None:
-        if self._topology == "ring":
-            size = self._swarm_size
-            members = {(particle - 1) % size, particle, (particle + 1) % size}
-        for record in view.ranked:
-            if name not in record.params:
-                continue
-            # Trials that move no particle (enqueued ones) belong to every neighbourhood.
-            if (
-                self._topology == "ring"
-                and record.particle is not None
-                and record.particle not in members
-            ):
-                continue
-            return record.evaluated(name)
-        return None
-
-    def _back_off(self, previous: Record, name: str, x: float, v: float) -> tuple[float, float]:
-        dist = previous.distributions[name]
-        value = previous.params[name]
-        half = max(dist.low, value / 2)
-        return back_off(
-            x, v, to_unit(dist, value), to_unit(dist, from_unit(dist, to_unit(dist, half)))
-        )
-
-    def _is_memory_param(self, name: str) -> bool:
-        return name in MEMORY_PARAMS or name in self._bounds
-
-    def _dedupe(
-        self,
-        view: SwarmView,
-        entropy: int,
-        number: int,
-        space: Mapping[str, BaseDistribution],
-        params: dict[str, Any],
-        moves: dict[str, _Move],
-    ) -> tuple[dict[str, Any], dict[str, _Move]]:
-        """Nudge a proposal that repeats a trial already in the storage, in growing circles.
-
-        A step is nudged through its velocity, so position = previous position + velocity
-        still holds for every recorded step.
-        """
-        names = sorted(params)
-        seen = view.seen(tuple(names))
-        rng = np.random.default_rng([entropy, number, 0xD0D0])
-        radius = 1.0 / self._swarm_size
-        for _ in range(_DEDUPE_ATTEMPTS):
-            if tuple(params[name] for name in names) not in seen:
-                break
-            moves = {
-                # Once the clamp's reach is exhausted (a small discrete space), jump further.
-                name: moves[name].nudged(
-                    rng.uniform(-radius, radius), max(radius, self._coefficients.max_velocity)
-                )
-                for name in names
-            }
-            params = {name: self._value(name, space[name], moves[name].x) for name in names}
-            radius = min(1.0, radius * 2)
-        return params, moves
-
     # -- helpers ----------------------------------------------------------------------------
-
-    def _value(self, name: str, dist: BaseDistribution, x: float) -> Any:
-        value = from_unit(dist, x)
-        if name in self._bounds and not isinstance(dist, CategoricalDistribution):
-            value = clip_to_bounds(dist, value, self._bounds[name])
-        return value
 
     def _sample_open_parameter(
         self, study: Study, trial: FrozenTrial, entropy: int, name: str, dist: BaseDistribution
     ) -> Any:
         if self._independent_sampler is not None:
             value = self._independent_sampler.sample_independent(study, trial, name, dist)
-            if name in self._bounds and not isinstance(dist, CategoricalDistribution):
-                value = clip_to_bounds(dist, value, self._bounds[name])
+            if name in self._swarm.bounds and not isinstance(dist, CategoricalDistribution):
+                value = clip_to_bounds(dist, value, self._swarm.bounds[name])
             return value
         rng = np.random.default_rng([entropy, trial.number, name_key(name), 0x0E0E])
-        return self._value(name, dist, float(rng.random()))
+        return self._swarm.value(name, dist, float(rng.random()))
 
     def _is_enqueued(self, trial: FrozenTrial) -> bool:
         cache = self._enqueued_cache()
