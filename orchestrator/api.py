@@ -219,6 +219,7 @@ def _run(
 
     import optuna
 
+    from adapters.study_adapter import resolve_adapter
     from orchestrator.host_options import (
         HostOptions,
         check_host_options,
@@ -235,7 +236,7 @@ def _run(
     url = resolve_storage_url(storage)
     parse_url(url)
     check_storage_for_workers(url)
-    adapter = spec.resolve_adapter()  # the objective imports here, or says why not
+    adapter = resolve_adapter(spec)  # the objective imports here, or says why not
     spare = prestart(1)
     opened = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     existing, spec = _resume(opened, name, spec)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters import metric_name
+from adapters.study_adapter import resolve_adapter
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def run_pool(
     from orchestrator.run.pool import Pool
     from orchestrator.run.trial_endings import TrialsCannotStart
 
-    adapter = spec.resolve_adapter()
+    adapter = resolve_adapter(spec)
     metric = metric_name(adapter, spec.options)
     for gpu in host.plan.gpus:
         log_plan(gpu)

@@ -136,6 +136,7 @@ def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
     """`--confirm K`: the selection scored now, stored with the study."""
     import optuna
 
+    from adapters.study_adapter import resolve_adapter
     from orchestrator.record.study import load_spec
     from orchestrator.selection import DEFAULT_CONFIRM_SEEDS, Selection, finish_study
 
@@ -146,7 +147,7 @@ def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
             f"study {name!r} was not made by this tool: --confirm needs the adapter and "
             "options it was run with"
         )
-    adapter = spec.resolve_adapter()
+    adapter = resolve_adapter(spec)
     check_confirm(args, adapter)
     selection = Selection(args.confirm, args.confirm_seeds or DEFAULT_CONFIRM_SEEDS)
     scores = finish_study(study, spec, adapter, selection, reuse=False)

@@ -117,6 +117,7 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
         import adapters
 
         return args.adapter, adapters.get(args.adapter).workload_class
+    from adapters.study_adapter import resolve_adapter
     from orchestrator.record.storage_url import (
         STORAGE_ENV,
         describe_location,
@@ -140,7 +141,7 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
             f"study {args.study!r} has no orchestrator settings: give the adapter, "
             f"`slurm ADAPTER --study {args.study}`"
         )
-    return spec.adapter, spec.resolve_adapter().workload_class
+    return spec.adapter, resolve_adapter(spec).workload_class
 
 
 def _check_storage_for_nodes() -> None:

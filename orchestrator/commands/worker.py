@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
+    from adapters.study_adapter import resolve_adapter
     from orchestrator.errors import UserError
     from orchestrator.host_options import (
         HostOptions,
@@ -73,7 +74,7 @@ def worker_command(args: argparse.Namespace) -> int:
     return plan_and_run(
         url=url,
         storage=storage,
-        adapter=spec.resolve_adapter(),
+        adapter=resolve_adapter(spec),
         spec=spec,
         options=host,
         spare=spare,

@@ -53,20 +53,3 @@ def full_grid(given: Mapping[str, list[Any]], defaults: Mapping[str, Any]) -> di
 def grid_size(grid: Mapping[str, list[Any]]) -> int:
     """How many points the grid has: the study's budget when none is given."""
     return math.prod(len(values) for values in grid.values())
-
-
-def walked_once(sampler: Any, bounds: tuple[int, int]) -> Any:
-    """`sampler` (a GridSampler, bounded), except that its request to stop the study once the
-    grid is walked is dropped: `study.stop()` only works inside `study.optimize`, and raises in
-    a trial process; here the study's budget, one walk of the grid, ends it instead."""
-    from samplers import BoundedSampler
-
-    class WalkedOnce(BoundedSampler):
-        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
-            try:
-                super().after_trial(study, trial, state, values)
-            except RuntimeError as error:
-                if "Study.stop" not in str(error):
-                    raise
-
-    return WalkedOnce(sampler, {"batch_size": bounds})

@@ -6,7 +6,8 @@ object is pickled with the study's settings and unpickled once in each trial pro
 keeps every argument the user gave it (a `constraints_func` too, if it is a module-level
 function). A seeded sampler would propose the same points in every process, so each process
 reseeds its copy's random generator once (Optuna's `reseed_rng`), as Optuna's own
-`n_jobs` advice is to give each worker its own generator.
+`n_jobs` advice is to give each worker its own generator; `orchestrator.run.stored_samplers`
+makes that copy.
 """
 
 from __future__ import annotations
@@ -31,15 +32,6 @@ def pickled(obj: Any, what: str) -> str:
 def unpickled(text: str) -> Any:
     # Only what `optimize` stored with the study is read here: the study is trusted as code is.
     return pickle.loads(base64.b64decode(text.encode("ascii")))
-
-
-def user_sampler(text: str, bounds: tuple[int, int]) -> Any:
-    """The study's sampler object for a GPU's batch bounds, its generator reseeded for this process."""
-    from samplers import bounded
-
-    sampler = unpickled(text)
-    sampler.reseed_rng()
-    return bounded(sampler, {"batch_size": bounds})
 
 
 def sampler_label(sampler: Any) -> str:

@@ -61,18 +61,6 @@ class StudySpec:
         """One direction per objective."""
         return list(self.directions) if self.directions else [self.direction]
 
-    def resolve_adapter(self) -> Any:
-        """The adapter this study tunes, loaded in this process."""
-        import adapters
-
-        settings = {}
-        if self.objective:
-            name = self.adapter.rpartition(":")[2]
-            settings = {"name": name, "direction": self.direction, "metric": self.metric or "value"}
-        return adapters.resolve(
-            self.adapter, is_path=self.adapter_path, objective=self.objective, **settings
-        )
-
     def to_attr(self) -> dict[str, Any]:
         """What is stored in the study's user attributes (the pickles go to system attributes)."""
         return {k: v for k, v in asdict(self).items() if k not in PICKLED}

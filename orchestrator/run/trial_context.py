@@ -108,6 +108,7 @@ class TrialContext:
         """Read the study's settings again: a resumed `run` may have raised the budget or changed
         the options since this process started. Anything built from the old ones is rebuilt."""
         import adapters
+        from adapters.study_adapter import resolve_adapter
         from orchestrator.record.study import load_spec, pruner_for
 
         spec = load_spec(self.study)
@@ -116,7 +117,7 @@ class TrialContext:
         if spec != self.spec:
             from orchestrator.record.tracking import tracker_for
 
-            self.adapter = spec.resolve_adapter()
+            self.adapter = resolve_adapter(spec)
             self.metric = adapters.metric_name(self.adapter, spec.options)
             self.tracker = tracker_for(spec, self.config.study_name, metric=self.metric)
             self.pruner = pruner_for(spec)
@@ -137,7 +138,7 @@ class TrialContext:
         spec = self.spec
         assert spec is not None
         if spec.sampler_pickle is not None:  # an Optuna sampler object given to `optimize`
-            from orchestrator.record.optuna_objects import user_sampler
+            from orchestrator.run.stored_samplers import user_sampler
 
             if bounds not in self._samplers:
                 self._samplers[bounds] = user_sampler(spec.sampler_pickle, bounds)
@@ -154,7 +155,7 @@ class TrialContext:
                 )
             return self._samplers[bounds]
         if spec.sampler == "grid":  # one walk of the stored grid, shared through the storage
-            from orchestrator.record.grid import walked_once
+            from orchestrator.run.stored_samplers import walked_once
 
             if bounds not in self._samplers:
                 grid = make_sampler("grid", seed=spec.seed, grid=spec.grid)

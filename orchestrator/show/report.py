@@ -49,13 +49,14 @@ class ReportFiles:
 def study_metric(study: optuna.Study) -> str:
     """What the study's value is, in the adapter's words; "value" when the adapter is unknown here."""
     from adapters import metric_name
+    from adapters.study_adapter import resolve_adapter
     from orchestrator.record.study import load_spec
 
     spec = load_spec(study)
     if spec is None:
         return "value"
     try:
-        return metric_name(spec.resolve_adapter(), spec.options)
+        return metric_name(resolve_adapter(spec), spec.options)
     except Exception:  # an adapter not installed on this machine, or one that fails to import
         return "value"
 
