@@ -49,27 +49,6 @@ MAX_FUNCTION_LINES = 60
 # an entry that no longer matches a break, so the list cannot outlive what it excuses.
 NOT_YET_FIXED: dict[str, str] = {
     # An edge that closes a cycle is excused as `module -> target`.
-    "orchestrator.record.study (record) -> adapters (plugin)": (
-        "record/study.py: StudySpec.resolve_adapter loads an adapter from the record layer; "
-        "loading by name moves above record (planning or top)"
-    ),
-    "orchestrator.record.grid (record) -> samplers (plugin)": (
-        "record/grid.py: walked_once builds a BoundedSampler; making a sampler is run-time work "
-        "and moves above record"
-    ),
-    "orchestrator.record.optuna_objects (record) -> samplers (plugin)": (
-        "record/optuna_objects.py: user_sampler wraps the stored sampler in samplers.bounded; "
-        "the wrapping moves above record"
-    ),
-    "adapters/forecaster.py: _modules over 60 lines": (
-        "adapters/forecaster.py: the model's layers built in one function"
-    ),
-    "adapters/_rl.py: over 400 lines": (
-        "adapters/_rl.py (471 lines): the shared RL loop and its options, to split by job"
-    ),
-    "samplers/_pso.py: over 400 lines": (
-        "samplers/_pso.py (464 lines): the sampler and its swarm bookkeeping, to split"
-    ),
 }
 
 

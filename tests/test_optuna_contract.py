@@ -170,13 +170,13 @@ def test_objectives_are_planned_and_told_by_one_rule():
         plan_objectives(["seconds", "sharpe"], None, metric="sharpe", direction="maximize")
     dirs = ["maximize", "minimize"]
     kept = told(objectives=["sharpe", "seconds"], directions=dirs, state="COMPLETE",
-                value=1.5, oom=False, peak_mb=900.0, seconds=12.0)  # fmt: skip
+                value=1.5, oom=False, vram_peak_mb=900.0, seconds=12.0)  # fmt: skip
     assert (kept.state, kept.values, kept.violation) == ("COMPLETE", [1.5, 12.0], 0.0)
     oom = told(objectives=["sharpe", "seconds"], directions=dirs, state="FAIL",
-               value=None, oom=True, peak_mb=2000.0, seconds=3.0)  # fmt: skip
+               value=None, oom=True, vram_peak_mb=2000.0, seconds=3.0)  # fmt: skip
     assert (oom.state, oom.values, oom.violation) == ("COMPLETE", [-math.inf, 3.0], 1.0)
     plain_oom = told(objectives=None, directions=["minimize"], state="FAIL",
-                     value=None, oom=True, peak_mb=None, seconds=1.0)  # fmt: skip
+                     value=None, oom=True, vram_peak_mb=None, seconds=1.0)  # fmt: skip
     assert (plain_oom.state, plain_oom.values) == ("FAIL", None)  # re-run, as before
 
 

@@ -78,7 +78,7 @@ def test_status_and_best_read_back_what_the_run_wrote(ran):
     assert status.returncode == 0, status.stderr
     detail = json.loads(status.stdout)
     assert detail["counted"] == 6 and detail["budget"] == 6
-    assert len(detail["vram"]) == 6 and all(row["peak_mb"] > 0 for row in detail["vram"])
+    assert len(detail["vram"]) == 6 and all(row["vram_peak_mb"] > 0 for row in detail["vram"])
     assert {row["gpu"] for row in detail["vram"]} <= {w["gpu_name"] for w in detail["workers"]}
     assert detail["concurrency_events"], "the pool records at least its start"
     best = ran["cli"]("best", "--study", "synthetic")

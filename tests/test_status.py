@@ -185,7 +185,7 @@ def test_status_of_one_study_in_detail(storage_url, capsys):
     for i in range(10):
         expected = vram_attrs(i, trial_params(i))
         assert by_trial[i]["planned_mb"] == pytest.approx(expected["vram_planned_mb"])
-        assert by_trial[i]["peak_mb"] == pytest.approx(expected["vram_peak_mb"])
+        assert by_trial[i]["vram_peak_mb"] == pytest.approx(expected["vram_peak_mb"])
         assert by_trial[i]["gpu"] == expected["gpu"]
     gpus = {g["gpu"]: g for g in detail["vram_by_gpu"]}
     assert gpus["NVIDIA L4"]["trials"] == 6 and gpus["NVIDIA L4"]["ooms"] == 1
@@ -314,7 +314,7 @@ def test_vram_rows_fill_gaps_from_recorded_rows():
     rows = vram_rows([never_ran, without, with_attrs], recorded)
     assert [r.trial for r in rows] == [0, 1]
     assert rows[0].gpu == "NVIDIA L4" and rows[0].planned_mb == pytest.approx(502.56)
-    assert (rows[1].gpu, rows[1].gpu_index, rows[1].peak_mb) == ("H200", 3, 950.0)
+    assert (rows[1].gpu, rows[1].gpu_index, rows[1].vram_peak_mb) == ("H200", 3, 950.0)
     assert rows[1].peak_over_planned == pytest.approx(950 / 900)
 
 

@@ -86,14 +86,14 @@ class Footprint:
         )
 
 
-def observe_peak(footprint: Footprint, batch_size: int | None, peak_mb: float) -> Footprint:
-    """A trial finished (not OOM) and measured `peak_mb`."""
-    if not math.isfinite(peak_mb) or peak_mb <= 0:
+def observe_peak(footprint: Footprint, batch_size: int | None, vram_peak_mb: float) -> Footprint:
+    """A trial finished (not OOM) and measured `vram_peak_mb`."""
+    if not math.isfinite(vram_peak_mb) or vram_peak_mb <= 0:
         return footprint
     batch = 0 if batch_size is None else int(batch_size)
     if footprint.base.planned_mb(batch) <= 0:
         return footprint
-    peaks = (*footprint.peaks, (batch, float(peak_mb)))[-MAX_POINTS:]
+    peaks = (*footprint.peaks, (batch, float(vram_peak_mb)))[-MAX_POINTS:]
     return replace(footprint, peaks=peaks)
 
 

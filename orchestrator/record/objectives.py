@@ -120,22 +120,22 @@ def told(
     state: str,
     value: Any,
     oom: bool,
-    peak_mb: float | None,
+    vram_peak_mb: float | None,
     seconds: float,
 ) -> Told:
     """What the study is told of a trial that ended in `state` with `value` (one number or a
-    sequence), having held `peak_mb` for `seconds`; see the module's rules."""
+    sequence), having held `vram_peak_mb` for `seconds`; see the module's rules."""
     several = len(directions) > 1
     if oom and measures(objectives):
         own = [math.inf if d == "minimize" else -math.inf for d in directions]
-        values = _with_measured(own, objectives, directions, peak_mb, seconds)
+        values = _with_measured(own, objectives, directions, vram_peak_mb, seconds)
         return Told("COMPLETE", values, violation=1.0)
     if state != "COMPLETE":
         return Told(state, None)
     returned = [float(v) for v in value] if isinstance(value, Sequence) else [float(value)]
     if not measures(objectives):
         return Told(state, returned if several else returned[0])
-    values = _with_measured(returned, objectives, directions, peak_mb, seconds)
+    values = _with_measured(returned, objectives, directions, vram_peak_mb, seconds)
     return Told(state, values, violation=0.0)
 
 
@@ -143,10 +143,10 @@ def _with_measured(
     own: list[float],
     objectives: Sequence[str] | None,
     directions: Sequence[str],
-    peak_mb: float | None,
+    vram_peak_mb: float | None,
     seconds: float,
 ) -> list[float]:
-    measured = {VRAM_PEAK_MB: float(peak_mb or 0.0), SECONDS: float(seconds)}
+    measured = {VRAM_PEAK_MB: float(vram_peak_mb or 0.0), SECONDS: float(seconds)}
     names = list(objectives or ())
     returned = own[: len(directions) - sum(1 for n in names if n in MEASURED)]
     return returned + [measured[name] for name in names if name in MEASURED]

@@ -69,6 +69,6 @@ def load_of(supervisor: Supervisor, free_mb: float | None) -> GpuLoad:
     admitted, by the GPU's typical trial before it is sized."""
     free = math.inf if free_mb is None else free_mb
     for trial in supervisor.running.values():
-        if trial.using_mb is None:
+        if trial.vram_peak_mb is None:
             free -= trial.planned_mb if trial.admitted else supervisor.typical_mb()
     return GpuLoad(supervisor.index, supervisor.wants_another(), len(supervisor.running), free)

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from orchestrator.planning.planner import GpuPlan
     from orchestrator.record.study import BudgetCount, StudySpec
     from orchestrator.run.admission import Change
-    from orchestrator.run.processes import Event, TrialBackend
     from orchestrator.run.stored_study import StoredStudy
+    from orchestrator.run.trial_backend import Event, TrialBackend
     from orchestrator.run.trial_context import Recycling
     from orchestrator.run.trial_messages import TrialOutcome
 

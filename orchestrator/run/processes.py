@@ -1,11 +1,7 @@
-"""Where trials run: the small interface the pool drives, and its real backend of warm processes.
+"""Where trials run: the warm trial processes, the real backend the pool drives.
 
-The pool (`orchestrator.run.pool`) decides; a backend runs. `TrialBackend` is all the pool needs:
-start a trial on a GPU, hear what happened (`events`: asked, sized, using, finished), admit a sized
-trial, stop a trial, wait for something to happen, keep at most so many idle processes.
 `WarmProcesses` runs each trial in a long-lived process of that GPU (`orchestrator.run.trial_worker`),
-starting a fresh one when none is idle. `orchestrator.run.simulated_backend` runs the same loop on a
-virtual clock for the benchmark.
+starting a fresh one when none is idle; the pool sees it through `orchestrator.run.trial_backend`.
 
 How a trial process starts (`trial_process_context`): forked from multiprocessing's fork server,
 which imports torch, Optuna and the trial code once (`PRELOAD`), so that 19 processes cost one
@@ -27,8 +23,9 @@ import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.run.trial_backend import Asked, Event, Finished, Sized, VramPeak
 from orchestrator.run.trial_messages import Go, TrialJob, TrialOutcome
 
 if TYPE_CHECKING:
@@ -39,68 +36,6 @@ if TYPE_CHECKING:
     from orchestrator.run.trial_context import Recycling, WorkerConfig
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Asked:
-    """A started trial has its number (it holds a trial of the study from now on)."""
-
-    handle: int
-    number: int
-
-
-@dataclass(frozen=True)
-class Sized:
-    """A trial drew its parameters: its batch size (None for a model without one) is known, so
-    its footprint is, and it waits to be admitted."""
-
-    handle: int
-    batch_size: int | None
-
-
-@dataclass(frozen=True)
-class Using:
-    """A training trial's peak memory so far, as it measured it."""
-
-    handle: int
-    mb: float
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A started trial ended; `outcome` says how (a lost process gives a FAIL with no report)."""
-
-    handle: int
-    outcome: TrialOutcome
-
-
-Event = Asked | Sized | Using | Finished
-
-
-class TrialBackend(Protocol):
-    def start(self, gpu: int, job: TrialJob) -> int:
-        """Run `job` on GPU `gpu` (the pool's index); returns the trial's handle."""
-
-    def admit(self, handle: int, go: Go) -> None:
-        """Let a sized trial train."""
-
-    def share(self, handle: int) -> None:
-        """Another trial joined this one's GPU while it runs."""
-
-    def events(self) -> list[Event]:
-        """What happened since the last call, without waiting."""
-
-    def interrupt(self, handle: int) -> None:
-        """Stop the trial: it fails and is re-queued (or, not asked yet, asks for nothing)."""
-
-    def wait(self, timeout: float) -> None:
-        """Return when something may have happened, or after `timeout` seconds."""
-
-    def keep_idle(self, gpu: int, count: int) -> None:
-        """Let at most `count` idle processes of GPU `gpu` wait for work; end the rest."""
-
-    def close(self) -> list[Event]:
-        """End every process (running trials are stopped first); what they said at the end."""
 
 
 @dataclass
@@ -350,8 +285,8 @@ class WarmProcesses:
                         self._pending.append(Asked(worker.trial, int(message[1])))
                     elif message[0] == "sized":
                         self._pending.append(Sized(worker.trial, message[1]))
-                    elif message[0] == "using":
-                        self._pending.append(Using(worker.trial, float(message[1])))
+                    elif message[0] == "vram_peak_mb":
+                        self._pending.append(VramPeak(worker.trial, float(message[1])))
                 elif isinstance(message, TrialOutcome):
                     if message.recycle or message.setup_failed or message.unreachable:
                         worker.ending = True

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.record.study import BudgetCount
-from orchestrator.run.processes import Asked, Event, Finished, Sized, Using
+from orchestrator.run.trial_backend import Asked, Event, Finished, Sized, VramPeak
 from orchestrator.run.trial_messages import Go, TrialJob, TrialOutcome
 
 if TYPE_CHECKING:
@@ -254,7 +254,7 @@ class SimulatedTrials:
         else:
             trial.held_mb = true_mb
             self.used_mb[trial.gpu] += true_mb
-            self._pending.append(Using(trial.handle, true_mb))
+            self._pending.append(VramPeak(trial.handle, true_mb))
             if self._goal_s(trial) - trial.work_s < EPSILON_S:
                 self._finish(self._running.pop(trial.handle))
 

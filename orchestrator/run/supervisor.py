@@ -26,7 +26,7 @@ from orchestrator.run.admission import (
 if TYPE_CHECKING:
     from orchestrator.gpu.base import Device
     from orchestrator.planning.planner import GpuPlan
-    from orchestrator.run.processes import Event
+    from orchestrator.run.trial_backend import Event
     from orchestrator.run.trial_messages import TrialOutcome
 
 MEASURED_STATES = ("COMPLETE", "PRUNED")  # a pruned trial's peak came early: it counts
@@ -46,12 +46,12 @@ class RunningTrial:
     allowance_at_admission: float = 0.0
     room_at_admission: float = 0.0  # what it could hold without running out, as far as we knew
     passed_over: int = 0  # later trials admitted before it
-    using_mb: float | None = None  # what it really holds, once it said
+    vram_peak_mb: float | None = None  # what it really holds (its peak so far), once it said
 
     @property
     def held_mb(self) -> float:
         """What it counts for in the GPU's budget: what it holds once known, else its estimate."""
-        return self.planned_mb if self.using_mb is None else self.using_mb
+        return self.planned_mb if self.vram_peak_mb is None else self.vram_peak_mb
 
 
 @dataclass
@@ -90,15 +90,15 @@ class Supervisor:
     def heard(self, event: Event) -> tuple[RunningTrial, TrialOutcome] | None:
         """Note what one of this GPU's trials said; when it finished, it is no longer running
         and comes back with its outcome."""
-        from orchestrator.run.processes import Asked, Sized, Using
+        from orchestrator.run.trial_backend import Asked, Sized, VramPeak
 
         trial = self.running[event.handle]
         if isinstance(event, Asked):
             trial.number = event.number
         elif isinstance(event, Sized):
             trial.sized, trial.batch_size = True, event.batch_size
-        elif isinstance(event, Using):
-            trial.using_mb = event.mb
+        elif isinstance(event, VramPeak):
+            trial.vram_peak_mb = event.vram_peak_mb
         else:
             del self.running[event.handle]
             return trial, event.outcome

@@ -30,9 +30,9 @@ def reporting_memory(
 
     def reporting(epoch: int, value: float) -> None:
         hold_simulated(ctx, result)
-        peak = peak_mb(ctx)
+        peak = measure_vram_peak_mb(ctx)
         if peak is not None:
-            channel.send(("using", peak))
+            channel.send(("vram_peak_mb", peak))
         report(epoch, value)
 
     return reporting
@@ -62,7 +62,7 @@ def reset_memory(ctx: TrialContext) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def peak_mb(ctx: TrialContext) -> float | None:
+def measure_vram_peak_mb(ctx: TrialContext) -> float | None:
     if ctx.ledger is not None:
         from orchestrator.gpu.sim import process_holder
 

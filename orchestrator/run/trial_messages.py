@@ -1,7 +1,7 @@
 """What the supervisor and a trial process say to each other over the pipe between them.
 
 The supervisor sends a `TrialJob` (then, once the trial has said its size, a `Go`); the trial
-process sends ("asked", number), ("sized", batch size), ("using", MB) each epoch, and last its
+process sends ("asked", number), ("sized", batch size), ("vram_peak_mb", MB) each epoch, and last its
 `TrialOutcome`. All of them are plain picklable values.
 """
 

@@ -30,5 +30,5 @@ class RunResult:
     flush: Callable[[], None] | None = None  # sends the reports an outage held back
     batch_size: int | None = None
     planned_mb: float | None = None
-    peak_mb: float | None = None
+    vram_peak_mb: float | None = None
     concurrency: int | None = None

@@ -27,7 +27,7 @@ from orchestrator.run.trial_clock import time_limit
 from orchestrator.run.trial_errors import fail_with, settle
 from orchestrator.run.trial_memory import (
     hold_simulated,
-    peak_mb,
+    measure_vram_peak_mb,
     release_memory,
     reporting_memory,
     reset_memory,
@@ -78,7 +78,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         alone=alone,
         batch_size=result.batch_size,
         value=None if isinstance(result.value, list) else result.value,  # several: in the study
-        vram_peak_mb=result.peak_mb,
+        vram_peak_mb=result.vram_peak_mb,
         error=result.error,
         requeued=requeued,
         interrupted=result.interrupted,
@@ -214,7 +214,7 @@ def run_objective(
     except BaseException as caught:  # every end of the objective is an outcome (see fail_with)
         if not fail_with(result, caught, trial.number):
             raise
-    result.peak_mb = peak_mb(ctx)
+    result.vram_peak_mb = measure_vram_peak_mb(ctx)
     release_memory(ctx)
     return result
 
@@ -261,8 +261,8 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
 def told_attrs(result: RunResult) -> dict[str, Any]:
     """The user attributes a trial's end sets."""
     attrs: dict[str, Any] = {names.OOM: result.oom}
-    if result.peak_mb is not None:
-        attrs[names.VRAM_PEAK_MB] = round(result.peak_mb, 1)
+    if result.vram_peak_mb is not None:
+        attrs[names.VRAM_PEAK_MB] = round(result.vram_peak_mb, 1)
     if result.error:
         attrs[names.ERROR] = result.error[:500]
     if result.fail_reason:
@@ -302,7 +302,7 @@ def told_values(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> tu
         state=result.state.name,
         value=result.value,
         oom=result.oom,
-        peak_mb=result.peak_mb,
+        vram_peak_mb=result.vram_peak_mb,
         seconds=seconds,
     )
     if told.violation is not None:
@@ -339,7 +339,7 @@ def record(
         gpu_name=ctx.gpu_name,
         batch_size=result.batch_size,
         vram_planned_mb=result.planned_mb,
-        vram_peak_mb=result.peak_mb,
+        vram_peak_mb=result.vram_peak_mb,
         concurrency=result.concurrency,
         oom=result.oom,
         state=result.state.name,

@@ -110,7 +110,7 @@ def point_mb(row: VramRow) -> float | None:
     An OOM'd trial's recorded peak is only how far it got before the allocation that failed;
     what it asked for is the planned MB, which is what the legend and the docs promise.
     """
-    return row.planned_mb if row.oom else row.peak_mb
+    return row.planned_mb if row.oom else row.vram_peak_mb
 
 
 def line_span(rows: list[VramRow]) -> list[float]:

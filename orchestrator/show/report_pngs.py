@@ -173,7 +173,7 @@ def _vram_axes(detail: StudyDetail) -> Any:
         if fine:
             ax.scatter(
                 [r.batch_size for r in fine],
-                [r.peak_mb for r in fine],
+                [r.vram_peak_mb for r in fine],
                 color=colour,
                 label=f"{gpu} peak",
             )

@@ -256,7 +256,7 @@ def vram_per_trial(detail: StudyDetail, limit: int) -> RenderableType:
             r.gpu,
             str(r.batch_size or "-"),
             mb_text(r.planned_mb),
-            mb_text(r.peak_mb),
+            mb_text(r.vram_peak_mb),
             _ratio(r.peak_over_planned),
             str(r.concurrency or "-"),
             "yes" if r.oom else "",

@@ -66,15 +66,15 @@ class VramRow:
     host: str | None
     batch_size: int | None
     planned_mb: float | None
-    peak_mb: float | None
+    vram_peak_mb: float | None
     concurrency: int | None
     oom: bool
 
     @property
     def peak_over_planned(self) -> float | None:
-        if not self.planned_mb or self.peak_mb is None:
+        if not self.planned_mb or self.vram_peak_mb is None:
             return None
-        return self.peak_mb / self.planned_mb
+        return self.vram_peak_mb / self.planned_mb
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ def vram_rows(
                 host=attrs.get(names.HOST, row.get("host")),
                 batch_size=_int(batch),
                 planned_mb=_float(attrs.get(names.VRAM_PLANNED_MB, row.get("vram_planned_mb"))),
-                peak_mb=_float(attrs.get(names.VRAM_PEAK_MB, row.get("vram_peak_mb"))),
+                vram_peak_mb=_float(attrs.get(names.VRAM_PEAK_MB, row.get("vram_peak_mb"))),
                 concurrency=_int(attrs.get(names.CONCURRENCY, row.get("concurrency"))),
                 oom=bool(attrs.get(names.OOM, row.get("oom", False))),
             )
@@ -232,7 +232,7 @@ def vram_by_gpu(rows: Iterable[VramRow]) -> list[GpuVram]:
     for gpu in sorted(groups):
         group = groups[gpu]
         planned = [r.planned_mb for r in group if r.planned_mb is not None]
-        peak = [r.peak_mb for r in group if r.peak_mb is not None]
+        peak = [r.vram_peak_mb for r in group if r.vram_peak_mb is not None]
         ratios = [r.peak_over_planned for r in group if r.peak_over_planned is not None]
         out.append(
             GpuVram(
