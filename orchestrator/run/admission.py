@@ -18,6 +18,8 @@ values that say why; tests drive them without processes. Five layers of protecti
 5. degradation: never below one trial: a trial always runs when it would be alone on the GPU, and
    a trial that runs out of memory alone lowers the GPU's batch-size limit.
 
+What an OOM changes (layers 3 and 5) is decided in one place, `orchestrator.run.oom_policy`.
+
 Waiting trials go first come, first served. A later trial that fits may go ahead of one that
 does not fit yet, but only `PASS_OVER_LIMIT` times: then nothing else is admitted until the
 first one fits, which it does at the latest when the GPU is empty. No trial waits for ever.

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.planning.footprint import Footprint, observe_oom, observe_peak
+from orchestrator.planning.footprint import Footprint, observe_peak
 from orchestrator.run.admission import (
     Budget,
     Change,
@@ -22,6 +22,7 @@ from orchestrator.run.admission import (
     next_to_admit,
     room_mb,
 )
+from orchestrator.run.oom_policy import OomAdmitted, after_oom
 
 if TYPE_CHECKING:
     from orchestrator.gpu.base import Device
@@ -191,23 +192,28 @@ class Supervisor:
         """Learn from a finished trial and let the budget react; the change, if any."""
         if not trial.admitted:
             return None  # stopped while it waited: it says nothing about memory
-        if self.learn and self.device is not None:
-            if outcome.oom:
-                self.footprint = observe_oom(
-                    self.footprint, trial.batch_size, trial.room_at_admission
-                )
-            elif outcome.vram_peak_mb and outcome.state in MEASURED_STATES:
-                self.footprint = observe_peak(
-                    self.footprint, trial.batch_size, outcome.vram_peak_mb
-                )
+        learn = self.learn and self.device is not None
+        if outcome.oom:  # the policy: orchestrator.run.oom_policy
+            admitted = OomAdmitted(
+                number=outcome.trial_number,
+                batch_size=trial.batch_size,
+                planned_mb=trial.planned_mb,
+                room_mb=trial.room_at_admission,
+                admitted_index=trial.admitted_index,
+                allowance_mb=trial.allowance_at_admission,
+            )
+            self.footprint, self.budget, change = after_oom(
+                self.footprint, self.budget, admitted, learn=learn
+            )
+            return change
+        if learn and outcome.vram_peak_mb and outcome.state in MEASURED_STATES:
+            self.footprint = observe_peak(self.footprint, trial.batch_size, outcome.vram_peak_mb)
         self.budget, change = after_trial(
             self.budget,
-            oom=outcome.oom,
+            oom=False,
             admitted_index=trial.admitted_index,
             allowance_at_admission=trial.allowance_at_admission,
             planned_mb=trial.planned_mb,
-            detail=f"trial {outcome.trial_number} ran out of memory with batch size "
-            f"{outcome.batch_size}",
         )
         return change
 

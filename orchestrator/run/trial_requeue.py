@@ -2,7 +2,7 @@
 pool, or `--trial-timeout`, its parameters are queued as a new trial within the retry limit.
 
 An OOM with the GPU to itself also lowers that kind of GPU's batch limit, so the re-run (and
-every later trial there) draws a batch that can fit.
+every later trial there) draws a batch that can fit: `orchestrator.run.oom_policy` decides.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def requeue_if_interrupted(
     batch limit goes below it and the re-run gets half the batch (none if it was the smallest)."""
     from orchestrator.record import records
     from orchestrator.record.retry import requeue
+    from orchestrator.run.oom_policy import retry_after_oom
 
     if result.timed_out:  # its retries count, like an OOM's
         frozen = ctx.study._storage.get_trial(trial._trial_id)
@@ -42,19 +43,20 @@ def requeue_if_interrupted(
     if not (result.oom or result.interrupted):
         return False
     retry_params, reason = None, "oom" if result.oom else "interrupted"
-    batch = result.batch_size
-    if alone and batch is not None:
-        low = job.batch_bounds[0]
-        records.lower_batch_limit(
-            ctx.engine,
-            study_name=ctx.config.study_name,
-            gpu_name=ctx.gpu_name,
-            max_batch_size=max(low, batch - 1),
-            trial_number=trial.number,
-        )
-        if batch <= low:
-            return False  # the smallest batch does not fit: re-running cannot help
-        retry_params = {names.BATCH_SIZE: max(low, batch // 2)}
+    if result.oom:  # the policy: orchestrator.run.oom_policy
+        retry = retry_after_oom(result.batch_size, job.batch_bounds[0], alone=alone)
+        if retry.batch_limit is not None:
+            records.lower_batch_limit(
+                ctx.engine,
+                study_name=ctx.config.study_name,
+                gpu_name=ctx.gpu_name,
+                max_batch_size=retry.batch_limit,
+                trial_number=trial.number,
+            )
+        if not retry.requeue:
+            return False
+        if retry.batch_size is not None:
+            retry_params = {names.BATCH_SIZE: retry.batch_size}
     frozen = ctx.study._storage.get_trial(trial._trial_id)
     return requeue(
         ctx.study,
