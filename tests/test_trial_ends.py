@@ -9,6 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 from orchestrator.record import spool
+from orchestrator.record.storage_failures import StorageUnreachable
 from orchestrator.run.trial_clock import TimedOut, time_limit
 from orchestrator.run.trial_context import Recycling
 from orchestrator.run.trial_errors import fail_with, settle
@@ -46,6 +47,14 @@ def test_each_error_is_an_outcome(error, reason, says):
 
 def test_what_is_not_the_trials_to_catch_is_raised_again():
     assert not fail_with(_fresh(), KeyboardInterrupt(), 0)
+    # The database away past the bound mid-trial: not a failure of the trial, which stays
+    # RUNNING for the next start to re-run (a FAIL kept and stored later spent a budget slot).
+    away = StorageUnreachable(
+        6, where="PostgreSQL at db:5432", what="report", detail="refused", resume="run it again"
+    )
+    result = _fresh()
+    assert not fail_with(result, away, 0)
+    assert result.error is None and result.fail_reason is None and not result.interrupted
 
 
 def test_the_clock_cuts_a_sleep_short_and_is_gone_after():

@@ -34,10 +34,18 @@ def settle(result: RunResult, value: object, number: int) -> None:
 
 def fail_with(result: RunResult, caught: BaseException, number: int) -> bool:
     """Record in `result` why the objective failed; False for what is not the trial's to catch
-    (KeyboardInterrupt, GeneratorExit), which the caller raises again."""
+    (KeyboardInterrupt, GeneratorExit), which the caller raises again.
+
+    A database that stayed away past --storage-retry-seconds while the trial ran (its attributes,
+    a report or a prune check could not be stored) is not the trial's either: failing it would
+    spend a slot of the budget on a result nobody has. It is raised again; the run exits 75, the
+    trial stays RUNNING, and the next start finds it lost and runs its parameters again."""
+    from orchestrator.record.storage_failures import StorageUnreachable
     from orchestrator.run.trial_clock import TimedOut
     from orchestrator.run.trial_signals import Interrupted
 
+    if isinstance(caught, StorageUnreachable):
+        return False
     if isinstance(caught, oom_errors()) or is_cuda_out_of_memory(caught):
         first = str(caught).splitlines()[0] if str(caught) else ""
         result.oom, result.error = True, f"out of memory: {first}"
