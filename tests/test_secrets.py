@@ -137,11 +137,23 @@ def test_no_password_is_ever_printed_or_logged(password, encoded, folder, monkey
 NASTY = ["Tr0ub@dorXsecret9", "p@ss:w/rd%40 sp ace", "пароль@секрет/1", "100%sure@now"]
 
 
-@pytest.mark.parametrize("password", NASTY)
-def test_real_processes_never_print_it_nor_log_it(password, tmp_path):
+def _each_command_with_a_password(folder: Path) -> list[tuple[str, list[str], dict[str, str]]]:
+    """Every command of `error_paths` once, each with the next of NASTY in turn: every command
+    and every password pass through real processes (all pairs run in process, above)."""
+    runs = []
+    for index, password in enumerate(NASTY):
+        url = f"postgresql://alice:{password}@127.0.0.1:1/studies"  # as typed; encoded: above
+        (folder / str(index)).mkdir()
+        paths = error_paths(url, _free_port(), folder / str(index))
+        runs += [(password, argv, env) for argv, env in paths[index :: len(NASTY)]]
+    return runs
+
+
+def test_real_processes_never_print_it_nor_log_it(tmp_path):
     """What a user and a log collector see: stdout, and stderr written to a file."""
-    url = f"postgresql://alice:{password}@127.0.0.1:1/studies"  # as typed; encoded: above
-    for argv, env in error_paths(url, _free_port(), tmp_path):
+    runs = _each_command_with_a_password(tmp_path)
+    assert len(runs) == len(error_paths("postgresql://a:b@h:1/s", 1, tmp_path / "0"))  # each once
+    for password, argv, env in runs:
         log = tmp_path / "stderr.log"
         with open(log, "w", encoding="utf-8") as stderr:
             done = subprocess.run(
