@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.trial import TrialState
 
 from orchestrator.record.attr_names import OOM
+from orchestrator.record.optuna_private import trial_id_of
 from samplers._space import to_unit
 
 if TYPE_CHECKING:
@@ -276,24 +277,24 @@ class History:
             # such as a Hyperband bracket) is read in full.
             start = finished.frontier
             if start > len(trials) or (
-                start and trials[start - 1]._trial_id != finished.frontier_id
+                start and trial_id_of(trials[start - 1]) != finished.frontier_id
             ):
                 start = 0
             advancing = True
             new: list[tuple[int, Record]] = []
             for trial in trials[start:]:
-                if trial._trial_id not in finished.by_id:
+                if trial_id_of(trial) not in finished.by_id:
                     record = parse(trial, sign)
                     if trial.state not in _FINISHED:
                         others.append(record)
                         advancing = False
                         continue
-                    new.append((trial._trial_id, record))
+                    new.append((trial_id_of(trial), record))
                 if advancing:
                     start += 1
             finished.add_many(new)
             if start:
-                finished.frontier, finished.frontier_id = start, trials[start - 1]._trial_id
+                finished.frontier, finished.frontier_id = start, trial_id_of(trials[start - 1])
         return SwarmView(finished, others)
 
     def _finished(

@@ -17,10 +17,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
-from optuna.samplers._base import _process_constraints_after_trial
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from orchestrator.record.optuna_private import (
+    process_constraints_after_trial,
+    storage_of,
+    study_id_of,
+    trial_id_of,
+)
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
 from samplers._lhs import name_key
 from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
@@ -210,7 +215,7 @@ class PSOSampler(BaseSampler):
             "p": trial.number % self._swarm.size,
             "x": {name: [moves[name].x, moves[name].v] for name in names},
         }
-        study._storage.set_trial_system_attr(trial._trial_id, RECORD_KEY, record)
+        storage_of(study).set_trial_system_attr(trial_id_of(trial), RECORD_KEY, record)
         return params
 
     def sample_independent(
@@ -228,8 +233,8 @@ class PSOSampler(BaseSampler):
         move = self._swarm.move(
             self._view(study), entropy, trial.number, param_name, param_distribution
         )
-        study._storage.set_trial_system_attr(
-            trial._trial_id,
+        storage_of(study).set_trial_system_attr(
+            trial_id_of(trial),
             PARAM_KEY_PREFIX + param_name,
             [trial.number % self._swarm.size, move.x, move.v],
         )
@@ -238,7 +243,7 @@ class PSOSampler(BaseSampler):
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         # Remember whether the trial was enqueued while its system attributes are at hand
         # (later calls get a trial whose attributes are read from the storage on each access).
-        self._enqueued_cache()[trial._trial_id] = "fixed_params" in trial.system_attrs
+        self._enqueued_cache()[trial_id_of(trial)] = "fixed_params" in trial.system_attrs
         if self._independent_sampler is not None:
             self._independent_sampler.before_trial(study, trial)
 
@@ -249,10 +254,10 @@ class PSOSampler(BaseSampler):
         state: TrialState,
         values: Sequence[float] | None,
     ) -> None:
-        self._enqueued_cache().pop(trial._trial_id, None)
+        self._enqueued_cache().pop(trial_id_of(trial), None)
         if self._constraints_func is not None:
             # Stored under Optuna's own key, where NSGA-II, TPE and the swarm all read it.
-            _process_constraints_after_trial(self._constraints_func, study, trial, state)
+            process_constraints_after_trial(self._constraints_func, study, trial, state)
         if self._independent_sampler is not None:
             self._independent_sampler.after_trial(study, trial, state, values)
 
@@ -271,9 +276,9 @@ class PSOSampler(BaseSampler):
 
     def _is_enqueued(self, trial: FrozenTrial) -> bool:
         cache = self._enqueued_cache()
-        if trial._trial_id not in cache:
-            cache[trial._trial_id] = "fixed_params" in trial.system_attrs
-        return cache[trial._trial_id]
+        if trial_id_of(trial) not in cache:
+            cache[trial_id_of(trial)] = "fixed_params" in trial.system_attrs
+        return cache[trial_id_of(trial)]
 
     def _enqueued_cache(self) -> dict[int, bool]:
         if not hasattr(self._local, "enqueued"):
@@ -283,13 +288,13 @@ class PSOSampler(BaseSampler):
     def _view(self, study: Study) -> SwarmView:
         trials = study._get_trials(deepcopy=False, use_cache=True)
         # One view per snapshot of the trials (Optuna refreshes that snapshot at every ask).
-        key = (id(study._storage), study._study_id, id(trials), len(trials))
+        key = (id(storage_of(study)), study_id_of(study), id(trials), len(trials))
         cached = getattr(self._local, "view", None)
         if cached is not None and cached[0] == key and cached[2] is trials:
             return cached[1]
         signs = tuple(-1.0 if d == StudyDirection.MAXIMIZE else 1.0 for d in study.directions)
         sign = signs if len(signs) > 1 else signs[0]
-        view = self._history.view(study._storage, study._study_id, trials, sign)
+        view = self._history.view(storage_of(study), study_id_of(study), trials, sign)
         self._local.view = (key, view, trials)
         return view
 
@@ -297,7 +302,7 @@ class PSOSampler(BaseSampler):
         if self._seed is not None:
             entropy = self._seed
         else:
-            text = f"{study.study_name}\0{study._study_id}"
+            text = f"{study.study_name}\0{study_id_of(study)}"
             entropy = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
         return entropy ^ (self._salt << 64) if self._salt else entropy
 

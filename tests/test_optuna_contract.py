@@ -230,3 +230,27 @@ def test_sampler_grid_walks_the_config_file_s_grid_once(sqlite_url, tmp_path, ca
         capsys, "run", "synthetic", "--study", "g2", "--grid", "x=1,2", "--storage", sqlite_url
     )
     assert code == 2 and "add --sampler grid" in err
+
+
+def test_the_private_names_we_read_are_where_optuna_keeps_them(tmp_path):
+    """orchestrator.record.optuna_private against the installed Optuna: each name still says
+    what it did (an upgrade that moves one fails here, not in a trial process)."""
+    import importlib
+
+    from orchestrator.record import optuna_private as private
+
+    url = f"sqlite:///{tmp_path / 'private.db'}"
+    study = optuna.create_study(study_name="private", storage=url)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    storage = private.storage_of(study)
+    assert private.study_id_of(study) == storage.get_study_id_from_name("private")
+    frozen = study.trials[1]
+    assert private.trial_id_of(frozen) == storage.get_trial_id_from_study_id_trial_number(
+        private.study_id_of(study), 1
+    )
+    backend = getattr(storage, "_backend", storage)
+    models = private.rdb_models()
+    with private.scoped_session(backend) as session:
+        assert session.query(models.TrialModel).count() == 2
+    rdb = importlib.import_module(private.RDB_STORAGE_LOGGER)  # the logger is its module's name
+    assert rdb.__name__ == private.RDB_STORAGE_LOGGER and hasattr(rdb, "RDBStorage")

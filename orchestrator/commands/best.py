@@ -16,6 +16,7 @@ from typing import Any
 from orchestrator.commands._args import add_storage_argument, command_parser, study_name
 from orchestrator.commands.trust_flags import add_confirm_arguments, check_confirm
 from orchestrator.errors import UserError
+from orchestrator.record.optuna_private import storage_of, study_id_of
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -110,9 +111,9 @@ def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:
     from orchestrator.show.views import BestTrial
 
     study = optuna.load_study(study_name=name, storage=storage)
-    trial = study._storage.get_trial(
-        study._storage.get_trial_id_from_study_id_trial_number(
-            study._study_id, scores.selected_trial
+    trial = storage_of(study).get_trial(
+        storage_of(study).get_trial_id_from_study_id_trial_number(
+            study_id_of(study), scores.selected_trial
         )
     )
     first = scores.confirmed[0]

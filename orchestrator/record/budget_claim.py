@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record import budget_section
+from orchestrator.record.optuna_private import storage_of, study_id_of, trial_id_of
 from orchestrator.record.outage import ride_out
 from orchestrator.record.riding_storage import ASK_MARK
 
@@ -149,7 +150,7 @@ def ask_within_budget(
     if storage is None or storage.engine.dialect.name != "postgresql":
         return _ask_in_section(study, url, budget, stop)
     asked_at = time.perf_counter()
-    claim = claim_trial(storage, study._study_id, study.study_name, budget, stop)
+    claim = claim_trial(storage, study_id_of(study), study.study_name, budget, stop)
     if claim is None or claim.trial_id is None:
         return None
     _last.claim = claim
@@ -239,7 +240,7 @@ def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:
     from optuna.trial import FrozenTrial, TrialState
 
     assert claim.trial_id is not None and claim.number is not None
-    cache = study._storage
+    cache = storage_of(study)
     if hasattr(cache, "_add_trials_to_cache"):
         from optuna.storages._cached_storage import _StudyInfo
 
@@ -260,8 +261,8 @@ def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:
             trial_id=claim.trial_id,
         )
         with cache._lock:
-            cache._studies.setdefault(study._study_id, _StudyInfo())
-            cache._add_trials_to_cache(study._study_id, [entry])
+            cache._studies.setdefault(study_id_of(study), _StudyInfo())
+            cache._add_trials_to_cache(study_id_of(study), [entry])
     study._thread_local.cached_all_trials = None  # Optuna's ask syncs the study once a trial
     return optuna.Trial(study, claim.trial_id)  # reads the trial back; the sampler's before_trial
 
@@ -272,7 +273,7 @@ def _ask_in_section(
     from orchestrator.record.locks import under_budget_lock
     from orchestrator.record.trial_counts import stored_count
 
-    storage = study._storage
+    storage = storage_of(study)
     backend = getattr(storage, "_backend", storage)
     marks: dict[str, float] = {}
 
@@ -280,13 +281,13 @@ def _ask_in_section(
         marks["locked"] = time.perf_counter()  # a section redone after an outage: its last start
         if stop is not None and stop():
             return None
-        if not stored_count(backend.engine, study._study_id).may_ask(budget):
+        if not stored_count(backend.engine, study_id_of(study)).may_ask(budget):
             return None
         trial = study.ask()
         # A RUNNING trial with no heartbeat row is never found stale: record one before the
         # lock goes, so that from here on a lost process always leaves a trial someone can fail.
         if backend.get_heartbeat_interval() is not None:
-            backend.record_heartbeat(trial._trial_id)
+            backend.record_heartbeat(trial_id_of(trial))
         return trial
 
     budget_section.record_times(None)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record import attr_names as names
+from orchestrator.record.optuna_private import storage_of, study_id_of, trial_id_of
 
 if TYPE_CHECKING:
     import optuna
@@ -128,7 +129,7 @@ def write_trial_note(
     that cannot be written (the storage gone for a moment) costs a warning, never the trial."""
     try:
         body = trial_note(trial, metric=metric)
-        save_trial_note(study, trial._trial_id, body)
+        save_trial_note(study, trial_id_of(trial), body)
     except Exception as error:  # SQLAlchemyError, or a record the note cannot read
         logger.warning("no dashboard note for trial %d: %s", trial.number, error)
         return None
@@ -139,7 +140,7 @@ def save_trial_note(study: optuna.Study, trial_id: int, body: str) -> None:
     """Store a note as optuna-dashboard does (`optuna_dashboard.save_note` takes a live Trial,
     which a finished trial no longer is): read this trial's note keys, then write the version and
     the chunks; chunks of a longer earlier note are blanked, as the dashboard does."""
-    storage, study_id = study._storage, study._study_id
+    storage, study_id = storage_of(study), study_id_of(study)
     save_note(storage, study_id, trial_id, _note_attrs(storage, study_id, trial_id), body)
 
 

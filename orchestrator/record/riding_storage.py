@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record import budget_section
+from orchestrator.record.optuna_private import rdb_models, scoped_session, trial_id_of
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_state import current
 
@@ -162,10 +163,9 @@ def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> 
     itself, blind to whether it landed, and would make a second trial with the same mark."""
     import copy
 
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
+    models = rdb_models()
 
-    with _create_scoped_session(storage.scoped_session) as session:
+    with scoped_session(storage) as session:
         # Optuna's lock on the study row: numbering a new trial is not atomic otherwise.
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
         trial = storage._get_prepared_new_trial(study_id, template, session)
@@ -174,7 +174,7 @@ def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> 
         frozen.datetime_start = trial.datetime_start
         frozen._trial_id = trial.trial_id
     if claim:  # a plain ask under the budget lock: the lock goes now (a re-queue keeps it)
-        budget_section.claimed(storage, frozen._trial_id)
+        budget_section.claimed(storage, trial_id_of(frozen))
     return frozen
 
 
@@ -182,7 +182,8 @@ def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
     import json
 
     import sqlalchemy as sa
-    from optuna.storages._rdb import models
+
+    models = rdb_models()
 
     attrs, trials = models.TrialSystemAttributeModel.__table__, models.TrialModel.__table__
     query = (

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.optuna_private import storage_of, study_id_of, trial_id_of
+
 if TYPE_CHECKING:
     import optuna
 
@@ -130,18 +132,18 @@ def deliver(study: optuna.Study, folder: Path) -> int:
 def _stored(study: optuna.Study, kept: Kept) -> Any:
     """The study's trial the entry names, or None (another database with a study of this name)."""
     try:
-        frozen = study._storage.get_trial(kept.trial_id)
+        frozen = storage_of(study).get_trial(kept.trial_id)
     except KeyError:
         return None
-    trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
-    ids = {t._trial_id for t in trials}
+    trials = storage_of(study).get_all_trials(study_id_of(study), deepcopy=False)
+    ids = {trial_id_of(t) for t in trials}
     return frozen if frozen.number == kept.number and kept.trial_id in ids else None
 
 
 def _tell(study: optuna.Study, kept: Kept, frozen: Any) -> None:
     from optuna.trial import TrialState
 
-    storage = study._storage
+    storage = storage_of(study)
     if storage.get_trial(kept.trial_id).state != TrialState.RUNNING:
         return  # a ride_out retried after the commit: it is stored
     for epoch, value in kept.reports:

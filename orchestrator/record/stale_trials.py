@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from orchestrator.record.optuna_private import rdb_models, storage_of, study_id_of
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_state import Outages, current
 
@@ -44,10 +45,11 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
 
     import sqlalchemy as sa
     from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.storages._rdb import models
+
+    models = rdb_models()
     from optuna.trial import TrialState
 
-    storage = study._storage
+    storage = storage_of(study)
     backend = getattr(storage, "_backend", storage)  # under Optuna's cache, the RDBStorage
     engine = getattr(backend, "engine", None)
     if engine is None or backend.get_heartbeat_interval() is None:
@@ -59,7 +61,7 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
         sa.select(trials.c.trial_id)
         .select_from(trials.outerjoin(beats, beats.c.trial_id == trials.c.trial_id))
         .where(
-            trials.c.study_id == study._study_id,
+            trials.c.study_id == study_id_of(study),
             trials.c.state == TrialState.RUNNING.name,
             beats.c.trial_id.is_(None),
             trials.c.datetime_start < cutoff,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.record.optuna_private import RDB_STORAGE_LOGGER
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_state import note_storage
 from orchestrator.record.passwords import protect_output, remember_secret
@@ -144,7 +145,7 @@ class _LostConnectionFallback:
 def _quiet_optuna_fallback() -> None:
     import logging
 
-    logger = logging.getLogger("optuna.storages._rdb.storage")
+    logger = logging.getLogger(RDB_STORAGE_LOGGER)
     if not any(isinstance(f, _LostConnectionFallback) for f in logger.filters):
         logger.addFilter(_LostConnectionFallback())
 

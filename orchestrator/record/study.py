@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.record.optuna_private import storage_of, study_id_of
 
 if TYPE_CHECKING:
     import optuna
@@ -132,13 +133,13 @@ def load_spec(study: optuna.Study) -> StudySpec | None:
     if not isinstance(value, dict):
         return None
     spec = StudySpec.from_attr(value)
-    pickles = study._storage.get_study_system_attrs(study._study_id).get(PICKLES_ATTR)
+    pickles = storage_of(study).get_study_system_attrs(study_id_of(study)).get(PICKLES_ATTR)
     if isinstance(pickles, dict):
         spec = replace(spec, **{k: v for k, v in pickles.items() if k in PICKLED})
     if spec.seed is None and spec.sampler == "qmc":
         # A study stored before seeds were drawn: QMC's points form one sequence only if every
         # process scrambles it alike, so each derives the same seed from the study itself.
-        spec = replace(spec, seed=derived_seed(study.study_name, study._study_id))
+        spec = replace(spec, seed=derived_seed(study.study_name, study_id_of(study)))
     return spec
 
 
@@ -170,9 +171,9 @@ def save_spec(study: optuna.Study, spec: StudySpec, *, update_settings: bool = F
     # JSON round trip: user attributes must be JSON-serialisable, and we want a clear error if not.
     study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.to_attr())))
     pickles = {key: getattr(spec, key) for key in PICKLED}
-    stored = study._storage.get_study_system_attrs(study._study_id).get(PICKLES_ATTR)
+    stored = storage_of(study).get_study_system_attrs(study_id_of(study)).get(PICKLES_ATTR)
     if any(pickles.values()) or stored:
-        study._storage.set_study_system_attr(study._study_id, PICKLES_ATTR, pickles)
+        storage_of(study).set_study_system_attr(study_id_of(study), PICKLES_ATTR, pickles)
 
 
 def study_names(storage: BaseStorage) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from orchestrator.record.optuna_private import storage_of, study_id_of
+
 if TYPE_CHECKING:
     import optuna
 
@@ -20,7 +22,7 @@ logger = logging.getLogger(__name__)
 def save_study_note(study: optuna.Study, body: str) -> None:
     from orchestrator.record.notes import save_note
 
-    storage, study_id = study._storage, study._study_id
+    storage, study_id = storage_of(study), study_id_of(study)
     save_note(storage, study_id, None, storage.get_study_system_attrs(study_id), body)
 
 
@@ -38,5 +40,5 @@ def read_study_note(study: optuna.Study) -> str:
     """The study's note as optuna-dashboard reads it ("" when it has none)."""
     from optuna_dashboard._note import get_note_from_system_attrs
 
-    attrs = study._storage.get_study_system_attrs(study._study_id)
+    attrs = storage_of(study).get_study_system_attrs(study_id_of(study))
     return get_note_from_system_attrs(attrs, None)["body"]

@@ -11,14 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.optuna_private import rdb_models, scoped_session, trial_id_of
+
 if TYPE_CHECKING:
     import optuna
 
 
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     from optuna.storages import RDBStorage
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
+
+    models = rdb_models()
 
     backend = getattr(trial.storage, "_backend", trial.storage)  # Optuna's cache wraps it
     if not isinstance(backend, RDBStorage) or not attrs:
@@ -28,10 +30,10 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     from orchestrator.record.outage import ride_out
 
     def write() -> None:
-        with _create_scoped_session(backend.scoped_session, True) as session:
+        with scoped_session(backend, True) as session:
             for key, value in attrs.items():
                 backend._set_trial_attr_without_commit(
-                    session, models.TrialUserAttributeModel, trial._trial_id, key, value
+                    session, models.TrialUserAttributeModel, trial_id_of(trial), key, value
                 )
 
     # An upsert each: redone whole after a lost connection, it writes the same rows again.

@@ -14,6 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.budget_section import connection_for, counted
+from orchestrator.record.optuna_private import rdb_models
 from orchestrator.record.study import BudgetCount
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ def _state(value: Any) -> Any:
 
 def stored_count(engine: Engine, study_id: int) -> BudgetCount:
     import sqlalchemy as sa
-    from optuna.storages._rdb import models
+
+    models = rdb_models()
     from optuna.trial import TrialState
 
     trials = models.TrialModel.__table__

@@ -16,6 +16,8 @@ from collections import defaultdict
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.optuna_private import rdb_models
+
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
     from optuna.trial import FrozenTrial
@@ -29,7 +31,8 @@ def read_trials(
 ) -> list[FrozenTrial]:
     """Every trial of the study, in number order."""
     import sqlalchemy as sa
-    from optuna.storages._rdb import models
+
+    models = rdb_models()
 
     trials = models.TrialModel.__table__
     of_study = sa.select(trials.c.trial_id).where(trials.c.study_id == study_id)
@@ -51,7 +54,8 @@ def read_trials(
 
 def _parts(conn: Any, of_study: Any, intermediate_values: bool) -> dict[str, dict[int, Any]]:
     import sqlalchemy as sa
-    from optuna.storages._rdb import models
+
+    models = rdb_models()
 
     def by_trial(table: sa.Table, *columns: str, where: Any = None) -> dict[int, list[tuple]]:
         query = sa.select(table.c.trial_id, *(table.c[name] for name in columns)).where(
@@ -84,7 +88,7 @@ def _parts(conn: Any, of_study: Any, intermediate_values: bool) -> dict[str, dic
 
 
 def _frozen(row: Any, parts: dict[str, dict[int, Any]]) -> FrozenTrial:
-    from optuna.storages._rdb import models
+    models = rdb_models()
     from optuna.trial import FrozenTrial
 
     trial_id = row.trial_id
@@ -114,7 +118,7 @@ def _frozen(row: Any, parts: dict[str, dict[int, Any]]) -> FrozenTrial:
 
 
 def _values(stored: list[tuple]) -> list[float] | None:
-    from optuna.storages._rdb import models
+    models = rdb_models()
 
     if not stored:
         return None

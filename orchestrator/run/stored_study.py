@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.record import records
+from orchestrator.record.optuna_private import study_id_of
 
 if TYPE_CHECKING:
     import optuna
@@ -50,7 +51,7 @@ class StoredStudy:
         from orchestrator.record.trial_counts import stored_count
 
         return ride_out(
-            lambda: stored_count(self.engine, self.study._study_id), what="count the trials"
+            lambda: stored_count(self.engine, study_id_of(self.study)), what="count the trials"
         )
 
     def fail_stale(self) -> None:

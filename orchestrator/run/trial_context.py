@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.optuna_private import study_id_of
+
 if TYPE_CHECKING:
     import optuna
     import torch
@@ -102,7 +104,7 @@ class TrialContext:
 
     @property
     def study_id(self) -> int:
-        return self.study._study_id
+        return study_id_of(self.study)
 
     def refresh_spec(self) -> StudySpec:
         """Read the study's settings again: a resumed `run` may have raised the budget or changed

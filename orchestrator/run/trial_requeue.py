@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.record import attr_names as names
+from orchestrator.record.optuna_private import storage_of, trial_id_of
 
 if TYPE_CHECKING:
     import optuna
@@ -38,7 +39,7 @@ def requeue_if_interrupted(
     from orchestrator.run.oom_policy import retry_after_oom
 
     if result.timed_out:  # its retries count, like an OOM's
-        frozen = ctx.study._storage.get_trial(trial._trial_id)
+        frozen = storage_of(ctx.study).get_trial(trial_id_of(trial))
         return requeue(ctx.study, frozen, max_retries=spec.max_retries, reason="timeout")
     if not (result.oom or result.interrupted):
         return False
@@ -57,7 +58,7 @@ def requeue_if_interrupted(
             return False
         if retry.batch_size is not None:
             retry_params = {names.BATCH_SIZE: retry.batch_size}
-    frozen = ctx.study._storage.get_trial(trial._trial_id)
+    frozen = storage_of(ctx.study).get_trial(trial_id_of(trial))
     return requeue(
         ctx.study,
         frozen,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record import attr_names as names
+from orchestrator.record.optuna_private import trial_id_of
 
 if TYPE_CHECKING:
     import optuna
@@ -158,7 +159,7 @@ def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> contextlib.AbstractCon
     from orchestrator.record.outage import Heartbeat
     from orchestrator.record.storage import heartbeat_settings
 
-    return Heartbeat(ctx.storage, trial._trial_id, heartbeat_settings()[0])
+    return Heartbeat(ctx.storage, trial_id_of(trial), heartbeat_settings()[0])
 
 
 def run_objective(
@@ -315,7 +316,7 @@ def publish(ctx: TrialContext, trial: optuna.Trial) -> None:
     MLflow run (neither can fail the trial: a store that is away costs a warning)."""
     from orchestrator.record.notes import write_trial_note
 
-    frozen = ctx.storage.get_trial(trial._trial_id)
+    frozen = ctx.storage.get_trial(trial_id_of(trial))
     write_trial_note(ctx.study, frozen, metric=ctx.metric)
     if ctx.tracker is not None:
         ctx.tracker.log_trial(frozen)

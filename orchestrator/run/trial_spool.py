@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.optuna_private import trial_id_of
+
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import TrialState
@@ -64,7 +66,7 @@ def kept_until_told(
         folder = spool.spool_dir(ctx.config.log_dir, ctx.config.study_name)
         values = told.values
         kept = spool.Kept(
-            trial_id=trial._trial_id,
+            trial_id=trial_id_of(trial),
             number=trial.number,
             state=told.state.name,
             values=None
@@ -88,7 +90,7 @@ def kept_until_told(
         raise  # the entry stays for the next start on this host
     except BaseException:
         if folder is not None:
-            spool.done(folder, trial._trial_id)
+            spool.done(folder, trial_id_of(trial))
         raise
     if folder is not None:
-        spool.done(folder, trial._trial_id)
+        spool.done(folder, trial_id_of(trial))

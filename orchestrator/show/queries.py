@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.record.optuna_private import study_id_of
 from orchestrator.show.views import (
     MULTI_OBJECTIVE,
     BestTrial,
@@ -109,8 +110,8 @@ def list_studies(storage: RDBStorage) -> list[StudyRow]:
     with _guarded(storage):
         for study in sorted(storage.get_all_studies(), key=lambda s: s.study_name):
             directions = [d.name.lower() for d in study.directions]  # a FrozenStudy's
-            count = stored_count(storage.engine, study._study_id)
-            best = _stored_best(storage, study._study_id, direction_of(directions))
+            count = stored_count(storage.engine, study_id_of(study))
+            best = _stored_best(storage, study_id_of(study), direction_of(directions))
             rows.append(
                 study_row(study.study_name, dict(study.user_attrs), directions, count, best)
             )
@@ -218,7 +219,7 @@ def study_detail(
         study = load_existing_study(storage, name, storage_label)
         spec = load_spec(study)
         if trials is None:
-            trials = read_trials(storage.engine, study._study_id)
+            trials = read_trials(storage.engine, study_id_of(study))
         directions = directions_of(study)
         rows = vram_rows(trials, recorded_vram(storage, name))
         events = recorded_concurrency(storage, name)
@@ -259,7 +260,7 @@ def load_study_trials(storage: RDBStorage, name: str, storage_label: str) -> opt
 
     with _guarded(storage):
         study = load_existing_study(storage, name, storage_label)
-        trials = read_trials(storage.engine, study._study_id, intermediate_values=True)
+        trials = read_trials(storage.engine, study_id_of(study), intermediate_values=True)
     return snapshot_study(study, trials)
 
 
@@ -305,7 +306,7 @@ def trial_log_file(storage: RDBStorage, study_name: str, number: int, storage_la
 
     study = load_existing_study(storage, study_name, storage_label)
     try:
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id_of(study), number)
     except KeyError:
         raise UserError(
             f"study {study_name!r} has no trial {number}: `python -m orchestrator status "
