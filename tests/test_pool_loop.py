@@ -139,3 +139,35 @@ def test_failed_starts_in_a_row_stop_the_worker_and_an_ask_resets_them():
     assert failed.after(Ending(End.FINISHED, 1), draining=False) == FailedStarts()
     with pytest.raises(TrialsCannotStart, match="unknown adapter"):
         check_starts(failed.after(never, draining=False), outcome)
+
+
+def _most_starting_at_once(pool, backend) -> int:
+    """Run the pool; the most trials it had started that had not asked yet, at any moment."""
+    from orchestrator.run.trial_backend import Asked
+
+    starting, most = [0], [0]
+    start, events = backend.start, backend.events
+
+    def counted_start(gpu, job):
+        starting[0] += 1
+        most[0] = max(most[0], starting[0])
+        return start(gpu, job)
+
+    def counted_events():
+        heard = events()
+        starting[0] -= sum(isinstance(event, Asked) for event in heard)
+        return heard
+
+    backend.start, backend.events = counted_start, counted_events
+    pool.run()
+    return most[0]
+
+
+@pytest.mark.parametrize("limit", [1, 2, None])
+def test_trial_processes_start_at_most_a_core_s_worth_at_once(limit):
+    """Processes that start together share the cores: the pool starts no more than the limit
+    before they have asked (a real host's: its cores), and the budget still runs whole."""
+    pool, study, backend = _pool([SimTrial(64, 1000.0, 60.0)] * 12, starting_limit=limit)
+    most = _most_starting_at_once(pool, backend)
+    assert most == limit if limit else most > 2  # unlimited: as many as it wants (7 here)
+    assert study.complete == 12 and study.running == 0

@@ -82,8 +82,13 @@ class Pool:
         host: str | None = None,
         learn: bool = True,
         placement: Policy = Policy.SPREAD,
+        starting_limit: int | None = None,
     ) -> None:
         self.study = study
+        # At most this many trials whose process has not asked yet (None: no limit). Processes
+        # that start together share the host's cores: beyond one a core they only slow each
+        # other, and the first trial waits for them all.
+        self.starting_limit = starting_limit
         self.probe = probe
         self.backend = backend
         self.metric = metric
@@ -145,6 +150,7 @@ class Pool:
             spec=spec,
             adapter_name=adapter_name,
         )
+        options.setdefault("starting_limit", max(1, cpu_cores))
         return cls(study=stored, plans=plans, probe=probe, backend=backend, host=host, **options)
 
     # -- the loop -------------------------------------------------------------------------
@@ -250,13 +256,16 @@ class Pool:
             return
         # Free memory is read once a pass; trials started in it count against it by estimate.
         free = {s.index: self._free_mb(s) for s in self.supervisors}
+        starting = not_asked
         while room > 0:
+            if self.starting_limit is not None and starting >= self.starting_limit:
+                return  # the rest start as these ask (the loop comes back at once)
             loads = [load_of(s, free[s.index]) for s in self.supervisors]
             placed = place(loads, self.placement)
             if placed.index is None:
                 return
             self._start(self.supervisors[placed.index])
-            room -= 1
+            room, starting = room - 1, starting + 1
 
     def _free_mb(self, supervisor: Supervisor) -> float | None:
         if supervisor.device is None or len(self.supervisors) == 1:
