@@ -25,7 +25,6 @@ from adapters.base import (
 
 if TYPE_CHECKING:
     import optuna
-    import torch
 
 ACTIVATION_PENALTY = {"gelu": 0.0, "relu": 0.5, "tanh": 1.0}
 
@@ -49,6 +48,7 @@ class SyntheticAdapter(BaseAdapter):
     direction = "minimize"
     metric = "loss"
     description = "a known quadratic objective with a chosen trial duration and memory model"
+    uses_torch = False  # it sleeps: its trial processes need not import torch
     options = {"trial_seconds": 0.5, "overhead_mb": 500.0, "per_sample_mb": 0.02}
     option_ranges = {
         "trial_seconds": Range(0, 86_400),  # a sleep: negative is an error, a day is plenty
@@ -83,7 +83,7 @@ class SyntheticAdapter(BaseAdapter):
         params: Mapping[str, Any],
         *,
         epochs: int,
-        device: torch.device,
+        device: str,  # its name: this adapter uses no torch
         options: Mapping[str, Any],
         report: Report,
     ) -> float:

@@ -219,6 +219,7 @@ def _run(
 
     import optuna
 
+    from adapters.base import uses_torch
     from adapters.study_adapter import resolve_adapter
     from orchestrator.host_options import (
         HostOptions,
@@ -237,7 +238,7 @@ def _run(
     parse_url(url)
     check_storage_for_workers(url)
     adapter = resolve_adapter(spec)  # the objective imports here, or says why not
-    spare = prestart(1)
+    spare = prestart(1, uses_torch=uses_torch(adapter))
     opened = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     existing, spec = _resume(opened, name, spec)
     execute(

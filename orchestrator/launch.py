@@ -113,7 +113,7 @@ def run_pool(
         recycling=options.recycling(),
         log_dir=options.log_dir_for(url),
         spare=spare,
-        adapter_name=adapter.name,
+        adapter=adapter,
         timeout_s=options.timeout,
         grace_s=options.grace,
         metric=metric,

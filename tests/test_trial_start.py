@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from orchestrator.errors import UserError
-from orchestrator.run.processes import (
+from orchestrator.run.trial_start import (
     PRELOAD,
     START_ENV,
     start_method,
@@ -148,3 +148,87 @@ def test_a_run_that_fails_on_its_storage_leaves_no_fork_server_importing(tmp_pat
     assert done.returncode == 2, (tmp_path / "said.txt").read_text()
     time.sleep(0.2)  # the kill is delivered; a server still importing would live for seconds
     assert _processes_marked(marker) == []
+
+
+_WHAT_A_SERVER_GIVES = """
+import sys
+from orchestrator.run.trial_start import start_process, trial_process_context
+
+def heard(conn):
+    conn.send({name: name in sys.modules for name in ("torch", "alembic.command", "sqlalchemy.orm")})
+
+def ask(uses_torch):
+    context = trial_process_context(uses_torch)
+    ours, theirs = context.Pipe()
+    process = start_process(context, heard, theirs)
+    theirs.close()
+    answer = ours.recv() if ours.poll(120) else {}
+    process.join(30)
+    return answer
+
+if __name__ == "__main__":
+    print(ask(False))  # the first study's adapter uses no torch
+    print(ask(True))  # a later one in the same process does: the server is restarted with it
+    print(ask(False))  # and serves the next one without a restart
+"""
+
+
+def test_the_fork_server_leaves_torch_out_for_an_adapter_that_uses_none_and_adds_it_later(
+    tmp_path, monkeypatch
+):
+    """In a process of its own: a fork server is one per process, and this one's has started."""
+    import ast
+    import subprocess
+
+    monkeypatch.delenv(START_ENV, raising=False)
+    script = tmp_path / "server.py"
+    script.write_text(_WHAT_A_SERVER_GIVES)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    first, second, third = (ast.literal_eval(line) for line in done.stdout.splitlines())
+    assert first == {"torch": False, "alembic.command": True, "sqlalchemy.orm": True}
+    assert second["torch"] is True, "a study that trains with torch got a server without it"
+    assert third["torch"] is True  # a server with torch serves an adapter that uses none too
+
+
+_PROBE_ADAPTER = """
+import os, sys
+from adapters.synthetic import SyntheticAdapter
+
+class Probe(SyntheticAdapter):
+    name = "probe"
+    uses_torch = {uses_torch}
+
+    def train(self, params, *, epochs, device, options, report):
+        with open(os.path.join({folder!r}, f"trial-{{os.getpid()}}.txt"), "a") as seen:
+            seen.write(f"{{'torch' in sys.modules}} {{type(device).__name__}} {{device}}\\n")
+        return super().train(params, epochs=epochs, device=device, options=options, report=report)
+
+adapter = Probe()
+"""
+
+
+@pytest.mark.parametrize("uses_torch", [False, True])
+def test_a_trial_of_an_adapter_that_uses_no_torch_runs_without_importing_it(tmp_path, uses_torch):
+    import subprocess
+
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    (tmp_path / "probe_adapter.py").write_text(
+        _PROBE_ADAPTER.format(uses_torch=uses_torch, folder=str(seen))
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop(START_ENV, None)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "run", "--adapter-path", "probe_adapter:adapter",
+         "--trials", "3", "--gpus", "sim:4000", "--storage", f"sqlite:///{tmp_path / 's.db'}",
+         "--quiet"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line for path in seen.iterdir() for line in path.read_text().splitlines()]
+    assert len(lines) == 3
+    expected = "True device cpu" if uses_torch else "False str cpu"
+    assert set(lines) == {expected}

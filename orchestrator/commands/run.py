@@ -147,7 +147,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     import adapters
-    from adapters.base import parse_options
+    from adapters.base import parse_options, uses_torch
     from orchestrator.enqueue import planned_queue
     from orchestrator.host_options import (
         HostOptions,
@@ -188,7 +188,7 @@ def run_command(args: argparse.Namespace) -> int:
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
     mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
 
-    spare = prestart(1)  # its imports overlap opening the storage and planning
+    spare = prestart(1, uses_torch=uses_torch(adapter))  # overlaps opening the storage, planning
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
     spec = spec.updated(mlflow_uri=mlflow_uri)

@@ -122,11 +122,13 @@ class Pool:
         recycling: Recycling | None = None,
         log_dir: str | None = None,
         spare: list[Any] | None = None,
-        adapter_name: str | None = None,
+        adapter: Any = None,
         **options: Any,
     ) -> Pool:
         """The real pool: the study in its database, trials in warm processes on this host
-        (`spare`: processes from `orchestrator.run.processes.prestart`, taken first)."""
+        (`spare`: processes from `orchestrator.run.processes.prestart`, taken first; `adapter`:
+        the study's, which names its memory models and says whether its trials import torch)."""
+        from adapters.base import uses_torch
         from orchestrator.run.processes import WarmProcesses
         from orchestrator.run.stored_study import StoredStudy
 
@@ -142,13 +144,14 @@ class Pool:
             recycling=recycling,
             log_dir=log_dir,
             spare=spare,
+            uses_torch=adapter is None or uses_torch(adapter),
         )
         stored = StoredStudy(
             storage_url=storage_url,
             engine=engine,
             study=study,
             spec=spec,
-            adapter_name=adapter_name,
+            adapter_name=None if adapter is None else adapter.name,
         )
         options.setdefault("starting_limit", max(1, cpu_cores))
         return cls(study=stored, plans=plans, probe=probe, backend=backend, host=host, **options)

@@ -3,13 +3,8 @@
 `WarmProcesses` runs each trial in a long-lived process of that GPU (`orchestrator.run.trial_worker`),
 starting a fresh one when none is idle; the pool sees it through `orchestrator.run.trial_backend`.
 
-How a trial process starts (`trial_process_context`): forked from multiprocessing's fork server,
-which imports torch, Optuna and the trial code once (`PRELOAD`), so that 19 processes cost one
-import of torch, not 19. The server never touches CUDA: it only imports, and importing torch does
-not initialise CUDA; each process picks its GPU and starts CUDA after the fork, as a spawned one
-does. Where there is no fork server (not POSIX), or `ORCHESTRATOR_TRIAL_START=spawn` says so, each
-process is spawned and imports everything itself. A forked process takes the environment and the
-working directory its supervisor has when it starts the process, not those of the server's start.
+How a trial process starts, forked from a fork server or spawned, is
+`orchestrator.run.trial_start`.
 """
 
 from __future__ import annotations
@@ -17,9 +12,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import multiprocessing as mp
-import os
-import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.run.trial_backend import Asked, Event, Finished, Sized, VramPeak
 from orchestrator.run.trial_messages import Go, TrialJob, TrialOutcome
+from orchestrator.run.trial_start import start_fork_server_now, start_process, trial_process_context
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -48,86 +41,19 @@ class _Process:
     ending: bool = False  # told to go, or said it will
 
 
-START_ENV = "ORCHESTRATOR_TRIAL_START"  # "spawn": no fork server (default: it where there is one)
-# What the fork server imports once for every trial process. Nothing here initialises CUDA
-# (tests/test_trial_start.py checks it in a process forked from the server); a module missing
-# from this install is skipped by the server.
-PRELOAD = (
-    "numpy",
-    "torch",
-    "sqlalchemy",
-    "psycopg2",
-    "optuna",
-    # Before `adapters` and `samplers`: importing the package loads ours, never a same-named
-    # folder in the working directory (orchestrator/own_packages.py).
-    "orchestrator",
-    "adapters",
-    "samplers",
-    "orchestrator.record.storage",
-    "orchestrator.record.study",
-    "orchestrator.gpu.sim",
-    "orchestrator.run.trial_context",
-    "orchestrator.run.trial_worker",
-    "orchestrator.run.processes",  # the entry point, `started_here`
-    "orchestrator.run.fork_server_signals",  # the server outlives a SIGTERM sent to the job
-)
-
-
-def start_method(environ: Mapping[str, str] = os.environ, available: tuple[str, ...] = ()) -> str:
-    """How trial processes start: "forkserver" where there is one, unless the environment
-    asks for "spawn"."""
-    from orchestrator.errors import UserError
-
-    chosen = environ.get(START_ENV, "").strip().lower()
-    if chosen not in ("", "spawn", "forkserver"):
-        raise UserError(f"{START_ENV}={chosen!r} must be spawn or forkserver (or unset)")
-    methods = available or tuple(mp.get_all_start_methods())
-    if chosen == "spawn" or "forkserver" not in methods:
-        return "spawn"
-    return "forkserver"
-
-
-def trial_process_context() -> Any:
-    """The multiprocessing context trial processes start from (see the module's doc)."""
-    method = start_method()
-    context = mp.get_context(method)
-    if method == "forkserver":
-        context.set_forkserver_preload(list(PRELOAD))  # used when the server first starts
-    return context
-
-
-def started_here(environ: dict[str, str], cwd: str, target: Any, *args: Any) -> None:
-    """A trial process's entry point: the environment and working directory its supervisor had
-    when it started the process (a forked one has the server's), then `target(*args)`."""
-    os.environ.clear()
-    os.environ.update(environ)
-    with contextlib.suppress(OSError):
-        os.chdir(cwd)
-    target(*args)
-
-
-def start_process(context: Any, target: Any, *args: Any) -> BaseProcess:
-    """Start `target(*args)` in a trial process of `context`, with this process's environment."""
-    process = context.Process(
-        target=started_here, args=(dict(os.environ), os.getcwd(), target, *args), daemon=False
-    )
-    process.start()
-    return process
-
-
-def _spawn_blank() -> _Process:
+def _spawn_blank(uses_torch: bool = True) -> _Process:
     """A trial process that imports what trials need, then waits to be told its GPU."""
     from orchestrator.run.trial_worker import serve
 
-    context = trial_process_context()
+    context = trial_process_context(uses_torch)
     ours, theirs = context.Pipe(duplex=True)
     company = context.Value("b", 0)
-    process = start_process(context, serve, theirs, company)
+    process = start_process(context, serve, theirs, company, uses_torch)
     theirs.close()
     return _Process(-1, process, ours, company)
 
 
-def prestart(count: int = 1) -> list[_Process]:
+def prestart(count: int = 1, *, uses_torch: bool = True) -> list[_Process]:
     """Start the imports trial processes need now, before the study and its GPUs are known, so
     that they overlap the supervisor's own start (storage, migrations, plan) instead of
     following it. With the fork server that is the server itself, started without waiting for
@@ -135,37 +61,17 @@ def prestart(count: int = 1) -> list[_Process]:
     no process is started yet: the list is empty. With spawn, `count` processes are started.
 
     `WarmProcesses(spare=...)` takes them from the list; any still in it when this process exits
-    (an error came first) are told to go before multiprocessing waits for its children."""
-    from multiprocessing import forkserver, util
+    (an error came first) are told to go before multiprocessing waits for its children.
+    `uses_torch`: whether the study's adapter trains with torch (the module's doc)."""
+    from multiprocessing import util
 
-    context = trial_process_context()
+    context = trial_process_context(uses_torch)
     if context.get_start_method() == "forkserver":
-        forkserver.ensure_running()
-        if not _stop_at_exit:
-            _stop_at_exit.append(util.Finalize(None, _stop_fork_server, exitpriority=1))
+        start_fork_server_now()
         return []
-    spare = [_spawn_blank() for _ in range(count)]
+    spare = [_spawn_blank(uses_torch) for _ in range(count)]
     util.Finalize(None, _dismiss_all, args=(spare,), exitpriority=10)
     return spare
-
-
-_stop_at_exit: list[Any] = []
-
-
-def _stop_fork_server() -> None:
-    """At this process's exit (after `_dismiss_all` and every pool's close), end its fork server
-    at once. Left alone it exits only once it has imported all of `PRELOAD`: a command that
-    failed before its first trial (a storage that refused it) would leave it importing torch for
-    seconds of CPU. It ignores SIGTERM (fork_server_signals), so it is killed; trial processes
-    forked from it are its children, not ours, and were told to go before this runs.
-    multiprocessing keeps the server's pid in a private attribute and offers no public way to
-    stop it."""
-    from multiprocessing import forkserver
-
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if pid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _dismiss_all(spare: list[_Process]) -> None:
@@ -186,6 +92,7 @@ class WarmProcesses:
 
     configs: Mapping[int, WorkerConfig]
     spare: list[_Process] = field(default_factory=list)  # prestarted, not yet given a GPU
+    uses_torch: bool = True  # the adapter trains with torch: processes import it before a trial
     processes: list[_Process] = field(default_factory=list)
     _handles: itertools.count = field(default_factory=lambda: itertools.count(1))
     _pending: list[Event] = field(default_factory=list)
@@ -204,6 +111,7 @@ class WarmProcesses:
         recycling: Recycling | None = None,
         log_dir: str | None = None,
         spare: list[_Process] | None = None,
+        uses_torch: bool = True,
     ) -> WarmProcesses:
         """Processes for the GPUs of `plans`, in their order, each trial's torch threads a share
         of the host's cores (`spare`: from `prestart`, taken first)."""
@@ -224,7 +132,7 @@ class WarmProcesses:
             )
             for index, plan in enumerate(plans)
         }
-        return cls(configs, spare=spare if spare is not None else [])
+        return cls(configs, spare=spare if spare is not None else [], uses_torch=uses_torch)
 
     def start(self, gpu: int, job: TrialJob) -> int:
         worker = next(
@@ -250,7 +158,7 @@ class WarmProcesses:
             else:
                 candidate.process.join()
         if worker is None:
-            worker = _spawn_blank()
+            worker = _spawn_blank(self.uses_torch)
         worker.gpu = gpu
         with contextlib.suppress(BrokenPipeError, OSError):
             worker.conn.send(self.configs[gpu])  # its first message: which GPU, which study

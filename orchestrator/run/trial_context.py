@@ -63,13 +63,11 @@ class TrialContext:
 
     def __init__(self, config: WorkerConfig) -> None:
         import optuna
-        import torch
 
         from orchestrator.gpu.sim import SimLedger
         from orchestrator.record.retry import stale_trial_callback
         from orchestrator.record.storage import create_storage
 
-        torch.set_num_threads(max(1, config.threads))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config = config
         self.storage: RDBStorage = create_storage(
@@ -83,12 +81,11 @@ class TrialContext:
         )
         device = config.device
         self.gpu_name = device.name if device else "cpu"
-        self.torch_device: torch.device = torch.device(
-            "cuda:0" if device is not None and device.kind == "cuda" else "cpu"
-        )
-        if device is not None and device.kind == "cuda" and device.physical_mb:
-            # `--gpus 0:MB`: a trial cannot take more than the study's part of the GPU.
-            torch.cuda.set_per_process_memory_fraction(device.total_mb / device.physical_mb, 0)
+        self.on_cuda = device is not None and device.kind == "cuda"
+        self.device_name = "cuda:0" if self.on_cuda else "cpu"  # the one GPU it sees, or none
+        self._torch_device: torch.device | None = None
+        if self.on_cuda:
+            self.torch_device()  # CUDA's limits are set before anything allocates
         self.ledger: SimLedger | None = (
             SimLedger(device.ledger_path, device.total_mb)
             if device is not None and device.kind == "sim"
@@ -97,6 +94,27 @@ class TrialContext:
         self.spec: StudySpec | None = None
         self._samplers: dict[tuple[int, int], Any] = {}
         self.refresh_spec()
+
+    def torch_device(self) -> torch.device:
+        """The trial's torch device. Torch is imported here, on first use, so a process whose
+        adapter uses no torch never imports it (about 1.5 s of CPU)."""
+        if self._torch_device is None:
+            import torch
+
+            torch.set_num_threads(max(1, self.config.threads))
+            device = self.config.device
+            if self.on_cuda and device is not None and device.physical_mb:
+                # `--gpus 0:MB`: a trial cannot take more than the study's part of the GPU.
+                torch.cuda.set_per_process_memory_fraction(device.total_mb / device.physical_mb, 0)
+            self._torch_device = torch.device(self.device_name)
+        return self._torch_device
+
+    def training_device(self) -> Any:
+        """What the adapter's `train` gets as its device: torch's, or for an adapter that uses
+        no torch (`uses_torch = False`) the device's name."""
+        from adapters.base import uses_torch
+
+        return self.torch_device() if uses_torch(self.adapter) else self.device_name
 
     @property
     def engine(self) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import traceback
 from typing import TYPE_CHECKING
 
@@ -67,8 +68,11 @@ def fail_with(result: RunResult, caught: BaseException, number: int) -> bool:
 
 
 def oom_errors() -> tuple[type[BaseException], ...]:
-    import torch
-
+    """Torch's out-of-memory errors; none in a process that never imported torch (an adapter
+    that uses none), where no error can be one of them."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
     errors: list[type[BaseException]] = [torch.cuda.OutOfMemoryError]
     generic = getattr(torch, "OutOfMemoryError", None)
     if generic is not None and generic not in errors:
@@ -94,9 +98,7 @@ CUDA_ERROR_MARKS = ("CUDA error", "CUBLAS_STATUS", "CUDNN_STATUS", "cuDNN error"
 
 def is_cuda_error(error: BaseException) -> bool:
     """A CUDA failure other than out-of-memory: after one, the process's context is suspect."""
-    import torch
-
-    accelerator_error = getattr(torch, "AcceleratorError", None)
+    accelerator_error = getattr(sys.modules.get("torch"), "AcceleratorError", None)
     if accelerator_error is not None and isinstance(error, accelerator_error):
         return True
     return isinstance(error, RuntimeError) and any(mark in str(error) for mark in CUDA_ERROR_MARKS)

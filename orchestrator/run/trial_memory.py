@@ -25,7 +25,7 @@ def reporting_memory(
     counts a running trial at that instead of its estimate. On a simulated GPU the trial's
     batches take their memory at its first report, as a real trial's memory grows over its first
     steps: free memory does not show a trial that has just started."""
-    if ctx.ledger is None and ctx.torch_device.type != "cuda":
+    if ctx.ledger is None and not ctx.on_cuda:
         return report
 
     def reporting(epoch: int, value: float) -> None:
@@ -54,7 +54,7 @@ def hold_simulated(ctx: TrialContext, result: RunResult) -> None:
 
 def reset_memory(ctx: TrialContext) -> None:
     """Start the trial's peak from what it allocates itself, not from the trial before it."""
-    if ctx.torch_device.type == "cuda":
+    if ctx.on_cuda:
         import torch
 
         gc.collect()
@@ -67,7 +67,7 @@ def measure_vram_peak_mb(ctx: TrialContext) -> float | None:
         from orchestrator.gpu.sim import process_holder
 
         return ctx.ledger.held_mb(process_holder())
-    if ctx.torch_device.type == "cuda":
+    if ctx.on_cuda:
         import torch
 
         return torch.cuda.max_memory_reserved() / 2**20
@@ -79,7 +79,7 @@ def release_memory(ctx: TrialContext) -> None:
 
     Only a GPU needs the collection now (tensors in reference cycles hold VRAM that the next
     trial, or its peak, would otherwise count); on the CPU it would cost every trial ~100 ms."""
-    if ctx.torch_device.type == "cuda":
+    if ctx.on_cuda:
         import torch
 
         gc.collect()

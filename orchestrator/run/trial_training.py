@@ -26,7 +26,11 @@ def train(
     with the trial (adapters/repeats.py)."""
     if spec.repeats <= 1:
         return ctx.adapter.train(
-            params, epochs=spec.epochs, device=ctx.torch_device, options=spec.options, report=report
+            params,
+            epochs=spec.epochs,
+            device=ctx.training_device(),
+            options=spec.options,
+            report=report,
         )
     from adapters.repeats import train_repeated
 
@@ -35,7 +39,7 @@ def train(
         params,
         repeats=spec.repeats,
         epochs=spec.epochs,
-        device=ctx.torch_device,
+        device=ctx.training_device(),
         options=spec.options,
         report=report,
     )

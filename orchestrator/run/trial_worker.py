@@ -76,17 +76,18 @@ def resident_mb() -> float | None:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def serve(conn: Connection, company: Any) -> None:
+def serve(conn: Connection, company: Any, uses_torch: bool = True) -> None:
     """Process entry point: never raises; answers every job with one TrialOutcome.
 
     The first message is the process's WorkerConfig: a process can start (and import torch and
-    Optuna, most of its start-up) before the supervisor knows which GPU it will serve."""
+    Optuna, most of its start-up) before the supervisor knows which GPU it will serve. Torch is
+    left out for an adapter that uses none (`uses_torch`)."""
     from orchestrator.record.trial_logs import keep_stdout_clean
 
     install_signal_handlers()
     keep_stdout_clean()
     _log_as_the_host_does()
-    _import_what_every_trial_needs()
+    _import_what_every_trial_needs(uses_torch)
     config = _next_job(conn)
     if not isinstance(config, WorkerConfig):
         return
@@ -115,10 +116,12 @@ def _log_as_the_host_does() -> None:
     quiet_in_trial_processes()
 
 
-def _import_what_every_trial_needs() -> None:
+def _import_what_every_trial_needs(uses_torch: bool) -> None:
     import optuna  # noqa: F401
     import sqlalchemy  # noqa: F401
-    import torch  # noqa: F401
+
+    if uses_torch:
+        import torch  # noqa: F401
 
 
 def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
