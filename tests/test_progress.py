@@ -208,3 +208,45 @@ def test_a_budget_of_one_trial_is_singular():
     assert "0/1 trial ·" in summary_line(one)
     assert "done: 1/1 trial in" in final_line(replace(one, counted=1))
     assert "3/10 trials" in summary_line(snapshot())
+
+
+def test_a_study_of_several_objectives_shows_the_size_of_its_front_not_a_best():
+    import dataclasses
+
+    several = dataclasses.replace(snapshot(best=None), front=3)
+    assert "front 3 trials" in summary_line(several)
+    assert "best return" not in summary_line(several)
+    assert "front 1 trial " in summary_line(dataclasses.replace(several, front=1)) + " "
+    assert "best return 0.25 (#7)" in summary_line(snapshot())  # one objective: as before
+
+
+def test_the_stored_front_is_worked_out_again_only_when_the_count_changes(tmp_path):
+    import optuna
+    from sqlalchemy import create_engine
+
+    from orchestrator.record.study import StudySpec
+    from orchestrator.run.stored_study import StoredStudy
+
+    url = f"sqlite:///{tmp_path / 'front.db'}"
+    study = optuna.create_study(storage=url, directions=["maximize", "minimize"])
+    for values in ([1.0, 5.0], [2.0, 6.0], [0.5, 7.0]):  # the third is dominated by the first
+        study.add_trial(optuna.trial.create_trial(values=values))
+    spec = StudySpec(
+        adapter="dqn",
+        trials=10,
+        epochs=1,
+        direction="maximize",
+        directions=["maximize", "minimize"],
+    )
+    stored = StoredStudy(storage_url=url, engine=create_engine(url), study=study, spec=spec)
+    assert stored.front_size(3) == 2
+    study.add_trial(optuna.trial.create_trial(values=[3.0, 1.0]))  # dominates all three
+    assert stored.front_size(3) == 2  # the count has not moved: not read again
+    assert stored.front_size(4) == 1
+    one = StoredStudy(
+        storage_url=url,
+        engine=create_engine(url),
+        study=study,
+        spec=StudySpec(adapter="dqn", trials=10, epochs=1, direction="maximize"),
+    )
+    assert one.front_size(4) is None

@@ -83,6 +83,10 @@ def format_mb(used: float | None, total: float | None) -> str:
 
 
 def best_text(snapshot: PoolSnapshot) -> str:
+    """'best loss 0.031 (#12)'; for several objectives, where no one trial is best, the size of
+    their Pareto front: 'front 3 trials'."""
+    if snapshot.front is not None:
+        return f"front {_count(snapshot.front, 'trial', 'trials')}"
     if snapshot.best_value is None:
         return f"best {snapshot.metric} -"
     trial = f" (#{snapshot.best_trial})" if snapshot.best_trial is not None else ""

@@ -94,6 +94,9 @@ class SimulatedStudy:
     def best(self) -> Best | None:
         return None
 
+    def front_size(self, counted: int) -> int | None:
+        return None
+
     def batch_limit(self, gpu_name: str) -> int | None:
         return None
 

@@ -43,6 +43,7 @@ class PoolSnapshot:
     ooms: int  # out-of-memory failures seen by this worker
     retries: int  # re-queued trials in the whole study
     counted_at_start: int = 0  # counted when this worker started: a resumed study's earlier trials
+    front: int | None = None  # several objectives: trials on their Pareto front (no one is best)
 
     @property
     def eta_s(self) -> float | None:
@@ -100,4 +101,5 @@ def pool_snapshot(
         ooms=sum(gpu.ooms for gpu in gpus),
         retries=count.retried,
         counted_at_start=counted_at_start,
+        front=study.front_size(count.counted),
     )

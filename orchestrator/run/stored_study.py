@@ -45,6 +45,7 @@ class StoredStudy:
         self.name = study.study_name
         self.budget = spec.trials
         self.direction = spec.direction
+        self._front = (-1, 0)  # (counted trials, the front's size) when last worked out
 
     def count(self) -> BudgetCount:
         from orchestrator.record.outage import ride_out
@@ -79,6 +80,26 @@ class StoredStudy:
             return None if trial is None else Best(float(trial.value), trial.number)
 
         return ride_out(best_trial, what="read the best trial")
+
+    def front_size(self, counted: int) -> int | None:
+        """How many trials are on the Pareto front of a study of several objectives (None for
+        one objective). Read and worked out again only when `counted`, the trials that used up
+        budget, has changed since the last time."""
+        from optuna.trial import TrialState
+
+        from orchestrator.record.best_trial import pareto_front
+        from orchestrator.record.outage import ride_out
+
+        directions = self.spec.all_directions
+        if len(directions) == 1:
+            return None
+        if counted != self._front[0]:
+            done = ride_out(
+                lambda: self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                what="read the completed trials",
+            )
+            self._front = (counted, len(pareto_front(done, directions)))
+        return self._front[1]
 
     def batch_limit(self, gpu_name: str) -> int | None:
         return records.load_batch_limit(self.engine, study_name=self.name, gpu_name=gpu_name)
