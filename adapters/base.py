@@ -132,7 +132,7 @@ class BaseAdapter:
     model_overhead_mb: float = 500.0
     per_sample_mb: float = 0.02
     direction: str = "minimize"
-    metric: str = "objective"  # what the returned value is, in the user's words
+    metric: str = "value"  # what the returned value is, in the user's words
     description: str = ""
     # Option name -> default value; `--option KEY=VALUE` is parsed to the default's type.
     options: Mapping[str, Any] = {}

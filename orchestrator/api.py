@@ -226,11 +226,8 @@ def _run(
         check_host_options,
         check_storage_for_workers,
     )
-    from orchestrator.launch import execute
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.launch import execute, open_for_trials
     from orchestrator.record.storage_url import parse_url, resolve_storage_url
-    from orchestrator.run.processes import prestart
 
     settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
     check_host_options(settings)
@@ -238,8 +235,7 @@ def _run(
     parse_url(url)
     check_storage_for_workers(url)
     adapter = resolve_adapter(spec)  # the objective imports here, or says why not
-    spare = prestart(1, uses_torch=uses_torch(adapter))
-    opened = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
+    spare, opened = open_for_trials(url, uses_torch=uses_torch(adapter))
     existing, spec = _resume(opened, name, spec)
     execute(
         url=url,

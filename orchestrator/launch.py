@@ -318,6 +318,19 @@ def _progress(options: HostOptions) -> Any:
     return make_progress(quiet=options.quiet, verbose=options.verbose)
 
 
+def open_for_trials(url: str, *, uses_torch: bool = True) -> tuple[list[Any], Any]:
+    """What `run`, `worker` and `optimize` do once every input is checked: start the trial
+    processes' imports (`prestart`: they overlap what follows), then open the study's storage,
+    migrating it, with heartbeats on. The prestarted processes and the storage."""
+    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.run.processes import prestart
+
+    spare = prestart(1, uses_torch=uses_torch)
+    storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
+    return spare, storage
+
+
 def configure(options: HostOptions) -> None:
     """Logging as the flags ask, and stdout kept for the result (`orchestrator.result`)."""
     from orchestrator.commands._args import configure_logging

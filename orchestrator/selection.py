@@ -234,10 +234,10 @@ def score_selection(
         adapter.baselines(spec.options) if callable(getattr(adapter, "baselines", None)) else {}
     )
     test, test_std = _spread(test_values) if test_values else (None, None)
-    metric = getattr(adapter, "metric_for", lambda o: getattr(adapter, "metric", "value"))(
-        spec.options
-    )
+    from adapters import metric_name
     from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
+
+    metric = metric_name(adapter, spec.options)
 
     return FinalScores(
         selected_trial=selected.number,

@@ -154,12 +154,9 @@ def run_command(args: argparse.Namespace) -> int:
         check_host_options,
         check_storage_for_workers,
     )
-    from orchestrator.launch import configure, plan_and_run
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.launch import configure, open_for_trials, plan_and_run
     from orchestrator.record.storage_url import describe_location, parse_url, resolve_storage_url
     from orchestrator.record.tracking import tracking_uri_to_store
-    from orchestrator.run.processes import prestart
 
     host = HostOptions.from_args(args)
     configure(host)
@@ -188,8 +185,7 @@ def run_command(args: argparse.Namespace) -> int:
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
     mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
 
-    spare = prestart(1, uses_torch=uses_torch(adapter))  # overlaps opening the storage, planning
-    storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
+    spare, storage = open_for_trials(url, uses_torch=uses_torch(adapter))
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
     spec = spec.updated(mlflow_uri=mlflow_uri)
     queue = _fitting_queue(queue, existing, spec)

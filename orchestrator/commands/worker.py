@@ -41,12 +41,9 @@ def worker_command(args: argparse.Namespace) -> int:
         check_host_options,
         check_storage_for_workers,
     )
-    from orchestrator.launch import configure, plan_and_run
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.launch import configure, open_for_trials, plan_and_run
     from orchestrator.record.storage_url import describe_location, resolve_storage_url, sqlite_path
     from orchestrator.record.study import load_existing_study, load_spec, pruner_for
-    from orchestrator.run.processes import prestart
 
     if not args.study:
         raise UserError('name the study to join: --study NAME (or study = "NAME" in --config)')
@@ -61,8 +58,9 @@ def worker_command(args: argparse.Namespace) -> int:
         raise UserError(
             f"no study database at {path}: start a study there with `python -m orchestrator run ADAPTER`"
         )
-    spare = prestart(1)  # its imports overlap opening the storage and planning
-    storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
+    # Torch is imported for the trial processes before the study says whether its adapter
+    # uses it: the imports overlap opening the storage and planning.
+    spare, storage = open_for_trials(url)
     study = load_existing_study(storage, args.study, describe_location(url))
     spec = load_spec(study)
     if spec is None:
