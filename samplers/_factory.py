@@ -18,7 +18,7 @@ def make_sampler(
     name: str,
     *,
     seed: int | None,
-    swarm_size: int = 20,
+    swarm_size: int | None = None,  # None: the swarm's own default
     bounds: Mapping[str, tuple[float, float]] | None = None,
     independent_seed_offset: int = 0,
     n_objectives: int = 1,
@@ -44,7 +44,8 @@ def make_sampler(
         # One class for one objective or several: the study's directions decide how it is led.
         from samplers._pso import PSOSampler
 
-        return PSOSampler(swarm_size=swarm_size, seed=seed, bounds=bounds)
+        sized = {} if swarm_size is None else {"swarm_size": swarm_size}
+        return PSOSampler(seed=seed, bounds=bounds, **sized)
     own_seed = None if seed is None else (seed + independent_seed_offset) % 2**32
     if name == "tpe":
         # Constant liar, as Optuna advises for parallel workers; it works for several

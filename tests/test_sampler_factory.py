@@ -54,3 +54,17 @@ def test_grid_walks_every_point_once_and_needs_a_grid() -> None:
 def test_the_number_of_objectives_is_checked(bad) -> None:
     with pytest.raises(ValueError, match="n_objectives"):
         make_sampler("tpe", seed=0, n_objectives=bad)
+
+
+def test_a_study_s_default_swarm_is_the_swarm_s_own_default() -> None:
+    """The study settings (record) may not import the samplers: the one default is the
+    sampler's, and the stored setting must say the same."""
+    import inspect
+
+    from orchestrator.record.study import StudySpec
+    from samplers import PSOSampler
+
+    default = inspect.signature(PSOSampler).parameters["swarm_size"].default
+    assert StudySpec.swarm_size == default
+    assert make_sampler("pso", seed=0)._swarm.size == default
+    assert make_sampler("pso", seed=0, swarm_size=7)._swarm.size == 7
