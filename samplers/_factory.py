@@ -41,11 +41,7 @@ def make_sampler(
 
     _check(name, n_objectives, grid)
     if name == "pso":
-        # One class for one objective or several: the study's directions decide how it is led.
-        from samplers._pso import PSOSampler
-
-        sized = {} if swarm_size is None else {"swarm_size": swarm_size}
-        return PSOSampler(seed=seed, bounds=bounds, **sized)
+        return _swarm(seed, swarm_size, bounds)
     own_seed = None if seed is None else (seed + independent_seed_offset) % 2**32
     if name == "tpe":
         # Constant liar, as Optuna advises for parallel workers; it works for several
@@ -75,6 +71,17 @@ def make_sampler(
             warn_independent_sampling=False,
         )
     return bounded(sampler, bounds)
+
+
+def _swarm(
+    seed: int | None, swarm_size: int | None, bounds: Mapping[str, tuple[float, float]] | None
+) -> BaseSampler:
+    """The particle swarm: one class for one objective or several (the study's directions decide
+    how it is led); `swarm_size` None takes the swarm's own default."""
+    from samplers._pso import PSOSampler
+
+    sized = {} if swarm_size is None else {"swarm_size": swarm_size}
+    return PSOSampler(seed=seed, bounds=bounds, **sized)
 
 
 def _check(name: str, n_objectives: int, grid: Mapping[str, Sequence[Any]] | None) -> None:
