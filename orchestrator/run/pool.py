@@ -144,7 +144,7 @@ class Pool:
             recycling=recycling,
             log_dir=log_dir,
             spare=spare,
-            uses_torch=adapter is None or uses_torch(adapter),
+            uses_torch=uses_torch(adapter),  # True for no adapter, as for one that does not say
         )
         stored = StoredStudy(
             storage_url=storage_url,
