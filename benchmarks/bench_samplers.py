@@ -252,12 +252,15 @@ def run_hpo(sampler: str, task: str, seed: int, trials: int, in_flight: int) -> 
 
 
 def time_per_trial(
-    sampler: str, size: int, dim: int = 10, repeats: int = 20
-) -> tuple[float, float]:
-    """Mean seconds (warm, cold) for ask + suggest + tell when the study holds `size` trials.
+    sampler: str, size: int, dim: int = 10, repeats: int = 21
+) -> tuple[float, float, float]:
+    """Median seconds (warm, cold, fresh) of ask + suggest + tell when the study holds `size`.
 
     The study is filled with `size` complete trials at random points; for PSOSampler they carry
     the particle records its own trials would have, so it rebuilds a real swarm of that size.
+    Warm: one sampler object (`study.optimize`). Cold: a new sampler object per trial, as each
+    trial process builds one. Fresh: also nothing kept by the process (the swarm's model fitted
+    anew), as the first trial of a new process.
     """
     import optuna
     from optuna.distributions import FloatDistribution
@@ -285,22 +288,26 @@ def time_per_trial(
     study = optuna.create_study(sampler=make(sampler, 0))
     study.add_trials(trials)
 
-    def one_trial() -> None:
+    def one_trial(new_sampler: bool = False, forget: bool = False) -> float:
+        if forget and sampler == "pso":
+            from samplers import _gp
+
+            _gp._KERNELS.clear()
+        start = time.perf_counter()
+        if new_sampler:
+            study.sampler = make(sampler, 0)
         trial = study.ask()
         x = np.array([trial.suggest_float(name, -5.12, 5.12) for name in distributions])
         study.tell(trial, sphere(x))
+        return time.perf_counter() - start
 
     one_trial()  # warm-up: caches filled, as in a long-running optimize loop
-    start = time.perf_counter()
-    for _ in range(repeats):
-        one_trial()
-    warm = (time.perf_counter() - start) / repeats
-    # Cold: a new sampler object per trial, as the orchestrator's one-process-per-trial does.
-    start = time.perf_counter()
-    for _ in range(3):
-        study.sampler = make(sampler, 0)
-        one_trial()
-    return warm, (time.perf_counter() - start) / 3
+    warm = statistics.median(one_trial() for _ in range(repeats))
+    cold = statistics.median(one_trial(new_sampler=True) for _ in range(max(3, repeats // 3)))
+    fresh = statistics.median(
+        one_trial(new_sampler=True, forget=True) for _ in range(max(3, repeats // 3))
+    )
+    return warm, cold, fresh
 
 
 def _job(args: tuple) -> tuple[tuple, float]:
@@ -665,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--trials", type=int, default=200, help="budget per run")
     parser.add_argument("--in-flight", type=int, default=8, help="trials running at once")
-    parser.add_argument("--timing-sizes", nargs="*", type=int, default=[1000, 10000])
+    parser.add_argument("--timing-sizes", nargs="*", type=int, default=[1000, 3000, 10000])
     parser.add_argument("--processes", type=int, default=1, help="runs in parallel")
     parser.add_argument("--out", default="samplers", help="results file name (no extension)")
     args = parser.parse_args(argv)
@@ -741,18 +748,19 @@ def render(args, medians, timings, quality_seconds: float) -> str:
         sizes = sorted({size for per in timings.values() for size in per})
         lines += [
             "",
-            "Sampler's own time per trial (ask + suggest 10 floats + tell, in memory), in ms, "
-            "with the study already holding N trials. Warm: one sampler object for every trial "
-            "(`study.optimize`). Cold: a new sampler object per trial, as each trial process "
-            "of the orchestrator builds one.",
+            "Sampler's own time per trial (ask + suggest 10 floats + tell, in memory), median, "
+            "in ms, with the study already holding N trials. Warm: one sampler object for "
+            "every trial (`study.optimize`). Cold: a new sampler object per trial, as each trial "
+            "process of the orchestrator builds one. Fresh: a new object in a new process (for "
+            "PSO: its model's kernel fitted anew, where a warm process reuses the last fit).",
             "",
             "| sampler | "
-            + " | ".join(f"warm, {size:,} | cold, {size:,}" for size in sizes)
+            + " | ".join(f"warm, {size:,} | cold, {size:,} | fresh, {size:,}" for size in sizes)
             + " |",
-            "|---|" + "---:|" * (2 * len(sizes)),
+            "|---|" + "---:|" * (3 * len(sizes)),
         ]
         for sampler, per in timings.items():
-            cells = [f"{per[size][0] * 1000:.1f} | {per[size][1] * 1000:.1f}" for size in sizes]
+            cells = [" | ".join(f"{t * 1000:.1f}" for t in per[size]) for size in sizes]
             lines.append(f"| {sampler} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from optuna.trial import TrialState
 
 from orchestrator.record.attr_names import OOM
@@ -106,6 +107,11 @@ def _violation(constraints: Any) -> float:
     return float(sum(max(0.0, float(c)) for c in constraints))
 
 
+def rounded(encoded: np.ndarray) -> tuple:
+    """A model input as a set member: values that encode alike to 9 decimals are one point."""
+    return tuple(np.round(encoded, 9).tolist())
+
+
 def _rank_key(record: Record) -> tuple[float, int]:
     assert record.score is not None
     return record.score, record.number
@@ -124,10 +130,14 @@ class FinishedTrials:
     ranked_by_particle: dict[int, list[Record]] = field(
         default_factory=dict
     )  # COMPLETE, best first
+    out_of_memory: list[Record] = field(default_factory=list)  # FAIL with oom=True
     frontier: int = 0  # trials[:frontier] of the study are all finished and parsed
     frontier_id: int | None = None  # the trial id at trials[frontier - 1]
     space: dict[str, BaseDistribution] | None = None  # intersection over COMPLETE and PRUNED
     seen: dict[tuple[str, ...], set[tuple]] = field(default_factory=dict)
+    # Per space of the screen: the model inputs of the finished trials by number, their rounded
+    # tuples, and how many of `by_id` (in the order they were added) have been read.
+    encoded: dict[Any, tuple[dict[int, np.ndarray], set[tuple], int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, trial_id: int, record: Record) -> None:
@@ -170,6 +180,8 @@ class FinishedTrials:
             )
 
     def _add_to_space_and_seen(self, record: Record) -> None:
+        if record.oom:
+            self.out_of_memory.append(record)
         if record.state in (TrialState.COMPLETE, TrialState.PRUNED):
             if self.space is None:
                 self.space = dict(record.distributions)
@@ -204,6 +216,29 @@ class SwarmView:
     def relative_space(self) -> dict[str, BaseDistribution]:
         space = self._finished.space or {}
         return {name: dist for name, dist in sorted(space.items()) if not dist.single()}
+
+    def out_of_memory(self) -> list[Record]:
+        """The trials that failed with `oom: true`."""
+        return self._finished.out_of_memory
+
+    def running(self) -> list[Record]:
+        """The trials of this snapshot that are still running (or waiting), by number."""
+        return self._others
+
+    def encodings(self, shape: Any) -> tuple[dict[int, np.ndarray], set[tuple]]:
+        """The model inputs of every finished trial with all of `shape`'s parameters, by trial
+        number, and their rounded tuples (the points a candidate may not repeat)."""
+        finished = self._finished
+        key = (shape.names, shape.dists, shape.bounds)
+        with finished.lock:
+            by_number, keys, done = finished.encoded.get(key, ({}, set(), 0))
+            records = list(finished.by_id.values())[done:]
+            for record in records:
+                if shape.holds(record):
+                    by_number[record.number] = encoded = shape.encode(record.params)
+                    keys.add(rounded(encoded))
+            finished.encoded[key] = (by_number, keys, done + len(records))
+            return dict(by_number), set(keys)
 
     def particle_records(self, particle: int) -> list[Record]:
         """Every trial of `particle`, in ascending number."""

@@ -35,6 +35,28 @@ def lhs_point(seed: int, design: int, point: int, name: str, n: int) -> float:
     return float(lhs_column(seed, design, name, n)[point])
 
 
+# The start: designs of this many points, and at least this many trials before the model leads.
+DESIGN_SIZE = 8
+
+
+def start_size(dimension: int) -> int:
+    """How many trials a study of `dimension` parameters starts with: max(d + 1, 8).
+
+    A model of d parameters needs d + 1 points to say anything about every one of them; below
+    8 points it cannot tell a trend from the noise of one trial.
+    """
+    return max(dimension + 1, DESIGN_SIZE)
+
+
+def design_point(seed: int, number: int, name: str) -> float:
+    """Coordinate `name` of trial `number`'s point: point number % 8 of design number // 8.
+
+    Designs of a fixed size, so every process agrees on them before anyone knows how many
+    parameters the study has: trials 0 to 7 are one Latin hypercube, 8 to 15 the next.
+    """
+    return lhs_point(seed, number // DESIGN_SIZE, number % DESIGN_SIZE, name, DESIGN_SIZE)
+
+
 def latin_hypercube(names: Sequence[str], n: int, *, seed: int = 0, design: int = 0) -> np.ndarray:
     """The design as an (n, len(names)) array, columns in the order of `names`."""
     if len(set(names)) != len(names):

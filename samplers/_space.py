@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
 
-def _edges(dist: BaseDistribution) -> tuple[float, float, bool]:
+def unit_edges(dist: BaseDistribution) -> tuple[float, float, bool]:
     """The continuous range the unit interval spans: (lo, hi, in_log_space)."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
@@ -82,7 +82,7 @@ def from_unit(dist: BaseDistribution, u: float) -> Any:
     from optuna.distributions import CategoricalDistribution
 
     u = min(max(float(u), 0.0), 1.0)
-    lo, hi, log = _edges(dist)
+    lo, hi, log = unit_edges(dist)
     if isinstance(dist, CategoricalDistribution):
         index = min(int(u * len(dist.choices)), len(dist.choices) - 1)
         return dist.choices[index]
@@ -96,7 +96,7 @@ def to_unit(dist: BaseDistribution, value: Any) -> float:
     """The coordinate of `value`'s cell centre (the inverse of `from_unit` on the grid)."""
     from optuna.distributions import CategoricalDistribution
 
-    lo, hi, log = _edges(dist)
+    lo, hi, log = unit_edges(dist)
     if isinstance(dist, CategoricalDistribution):
         return (dist.choices.index(value) + 0.5) / len(dist.choices)
     if hi == lo:
