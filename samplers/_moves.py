@@ -19,42 +19,15 @@ import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
 from orchestrator.record.attr_names import BATCH_SIZE
-from samplers._gp import (
-    GaussianProcess,
-    cached_kernel,
-    fit_kernel,
-    log_expected_improvement,
-    standardise,
-)
-from samplers._history import Record, SwarmView, rounded
+from samplers._history import Record, SwarmView
 from samplers._leaders import Archive, archive, leader, personal_best
 from samplers._lhs import design_point, name_key, start_size
-from samplers._screen import (
-    ANYWHERE,
-    BEST_NEIGHBOURS,
-    CLIMB_ROUNDS,
-    CLIMB_STARTS,
-    OWN_BEST_NEIGHBOURS,
-    SWARM_DRAWS,
-    TOP_NEIGHBOURS,
-    TOP_TRIALS,
-    Particle,
-    Space,
-    anywhere,
-    climb,
-    neighbours,
-    snap_choices,
-    swarm_draws,
-    values_at,
-)
 from samplers._space import clip_to_bounds, from_unit, grid_size, to_unit
 from samplers._swarm import SwarmCoefficients, back_off, dimension_clamp, reflect, step
-from samplers._target import capped, fit_size, model_data
 
 # Parameters whose value decides a trial's memory: an out-of-memory failure pushes them down.
 MEMORY_PARAMS = (BATCH_SIZE,)
 _DEDUPE_ATTEMPTS = 32
-OBSERVED_BEST = False
 
 
 @dataclass(frozen=True)
@@ -109,8 +82,8 @@ class Swarm:
             x, v = previous.moves[name]
         else:  # the value came from elsewhere (an enqueued value): start there at rest
             x, v = previous.evaluated(name), 0.0
-        if previous.oom and self._is_memory_param(name) and name in previous.params:
-            x, v = self._back_off(previous, name, x, v)
+        if previous.oom and self.is_memory_param(name) and name in previous.params:
+            x, v = self.backed_off(previous, name, x, v)
         personal_best, neighbourhood_best, holds_best = guides
         rng = np.random.default_rng([entropy, number, name_key(name)])
         r1, r2, r3 = rng.random(3)
@@ -131,145 +104,6 @@ class Swarm:
             jitter=np.array([self.search_radius * (2 * r3 - 1) if holds_best else 0.0]),
         )
         return Move(x, float(new_x[0]), float(new_v[0]))
-
-    def screen(
-        self,
-        view: SwarmView,
-        entropy: int,
-        number: int,
-        space: Mapping[str, BaseDistribution],
-    ) -> tuple[dict[str, Any], dict[str, Move]] | None:
-        """Trial `number`'s particle's move, chosen among candidates by the model (see _screen).
-
-        None while no model can be fitted (fewer than two finished trials with these
-        parameters): the caller steps as the plain swarm does.
-        """
-        shape = Space.of(space, self.bounds)
-        rng = np.random.default_rng([entropy, number, 0x5C2E])
-        inputs, taken = view.encodings(shape)
-        data = model_data(view, inputs, rng)
-        if data is None:
-            return None
-        records, y = data
-        x = np.array([inputs[r.number] for r in records])
-        fit = capped(y[: fit_size(len(y))])
-        key = (shape.names, shape.dists, tuple(records[i].number for i in fit), y[fit].tobytes())
-        kernel = cached_kernel(
-            key, lambda: fit_kernel(x[fit], standardise(y[fit]), shape.categorical)
-        )
-        use = capped(y)
-        records, x = [records[i] for i in use], x[use]
-        gp = GaussianProcess(x, y[use], shape.categorical, kernel)
-        means = gp.mean(x)
-        ranked = np.argsort(means, kind="stable")  # bests by the model, not by one draw
-        best = records[int(ranked[0])]
-        best_at = shape.position(best.params)
-        particle = number % self.size
-        parts = [neighbours(shape, best_at, rng, BEST_NEIGHBOURS), anywhere(shape, rng, ANYWHERE)]
-        for i in ranked[1 : 1 + TOP_TRIALS]:
-            parts.append(neighbours(shape, shape.position(records[i].params), rng, TOP_NEIGHBOURS))
-        mine = [i for i in ranked if records[i].particle == particle]
-        own_best = shape.position(records[mine[0]].params) if mine else None
-        if own_best is not None:
-            parts.append(neighbours(shape, own_best, rng, OWN_BEST_NEIGHBOURS))
-        state = self._particle(view, particle, number, shape, own_best, best.number)
-        if state is not None:
-            coefficients = self.several_coefficients if view.several else self.coefficients
-            parts.append(
-                swarm_draws(
-                    shape,
-                    state,
-                    best_at,
-                    coefficients,
-                    self.grid_reach,
-                    self.search_radius,
-                    rng,
-                    SWARM_DRAWS,
-                )
-            )
-        candidates = np.vstack(parts)
-        pending = [r for r in view.running() if shape.holds(r)]
-        pending_x = np.array([shape.encode(r.params) for r in pending]) if pending else None
-        posterior = gp.given(pending_x)
-        incumbent = float(means[ranked[0]]) if not OBSERVED_BEST else float(np.min(gp.y))
-        if pending_x is not None:
-            taken.update(rounded(row) for row in pending_x)
-        caps = self._memory_caps(view, shape)
-
-        def score(positions: np.ndarray) -> np.ndarray:
-            # log EI at each position's values; -inf for values already run or running, and
-            # for memory parameters above half of a size that ran out of memory.
-            encoded = shape.encode_positions(positions)
-            ei = log_expected_improvement(*posterior(encoded), incumbent)
-            rows = map(tuple, np.round(encoded, 9).tolist())  # as `rounded` makes them
-            barred = np.array([row in taken for row in rows], dtype=bool)
-            for j, cap in caps.items():
-                barred |= encoded[:, j] > cap + 1e-9
-            return np.where(barred, -np.inf, ei)
-
-        scores = score(candidates)
-        best_u, best_score = None, -np.inf
-        for i in np.argsort(-scores, kind="stable")[:CLIMB_STARTS]:
-            if not np.isfinite(scores[i]):
-                break
-            u, value = climb(shape, candidates[i], float(scores[i]), score, CLIMB_ROUNDS)
-            if value > best_score:
-                best_u, best_score = u, value
-        if best_u is None:
-            return None
-        u = best_u
-        moves = {
-            name: Move(None, float(u[j]), 0.0)
-            if state is None
-            else Move(float(state.x[j]), float(u[j]), float(u[j] - state.x[j]))
-            for j, name in enumerate(shape.names)
-        }
-        return values_at(shape, u, self.value), moves
-
-    def _memory_caps(self, view: SwarmView, shape: Space) -> dict[int, float]:
-        """Per memory parameter (by column): the coordinate of half the smallest value that ran
-        out of memory, the most a candidate may propose (the plain swarm's back-off, for the
-        whole swarm: the model sees no failed trial)."""
-        caps: dict[int, float] = {}
-        for j, name in enumerate(shape.names):
-            dist = shape.dists[j]
-            if not self._is_memory_param(name) or shape.choices[j]:
-                continue
-            failed = [r.params[name] for r in view.out_of_memory() if name in r.params]
-            if failed:
-                half = max(dist.low, min(failed) / 2)
-                caps[j] = to_unit(dist, from_unit(dist, to_unit(dist, half)))
-        return caps
-
-    def _particle(
-        self,
-        view: SwarmView,
-        particle: int,
-        number: int,
-        shape: Space,
-        own_best: np.ndarray | None,
-        best_number: int,
-    ) -> Particle | None:
-        """The particle's place (its latest trial before `number`) and guides; None if new."""
-        previous = None
-        for record in reversed(view.particle_records(particle)):
-            if record.number < number and all(
-                n in record.moves or n in record.params for n in shape.names
-            ):
-                previous = record
-                break
-        if previous is None:
-            return None
-        x, v = np.empty(len(shape.names)), np.zeros(len(shape.names))
-        for j, name in enumerate(shape.names):
-            if name in previous.moves:
-                x[j], v[j] = previous.moves[name]
-            else:  # the value came from elsewhere (an enqueued value): start there at rest
-                x[j] = previous.evaluated(name)
-            if previous.oom and self._is_memory_param(name) and name in previous.params:
-                x[j], v[j] = self._back_off(previous, name, x[j], v[j])
-        x = snap_choices(shape, x)
-        return Particle(x, v, own_best, previous.number == best_number)
 
     def dedupe(
         self,
@@ -365,7 +199,7 @@ class Swarm:
             return record.evaluated(name)
         return None
 
-    def _back_off(self, previous: Record, name: str, x: float, v: float) -> tuple[float, float]:
+    def backed_off(self, previous: Record, name: str, x: float, v: float) -> tuple[float, float]:
         dist = previous.distributions[name]
         value = previous.params[name]
         half = max(dist.low, value / 2)
@@ -373,5 +207,5 @@ class Swarm:
             x, v, to_unit(dist, value), to_unit(dist, from_unit(dist, to_unit(dist, half)))
         )
 
-    def _is_memory_param(self, name: str) -> bool:
+    def is_memory_param(self, name: str) -> bool:
         return name in MEMORY_PARAMS or name in self.bounds

@@ -30,6 +30,7 @@ from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
 from samplers._lhs import name_key, start_size
 from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
 from samplers._moves import Swarm
+from samplers._screen import screened_move
 from samplers._space import clip_to_bounds
 from samplers._swarm import SwarmCoefficients
 
@@ -206,7 +207,7 @@ class PSOSampler(BaseSampler):
         screened = None
         if trial.number >= start_size(len(names)):
             with _one_blas_thread():
-                screened = self._swarm.screen(view, entropy, trial.number, search_space)
+                screened = screened_move(self._swarm, view, entropy, trial.number, search_space)
         if screened is not None:
             params, moves = screened
         else:

@@ -1,311 +1,244 @@
-"""The surrogate screen: a particle's candidate moves, ranked by a model of every finished trial.
+"""The surrogate screen: a particle's next position, chosen among candidates by a model.
 
-A particle's next position is chosen among candidates of four kinds, each a place the swarm
-has a reason to look: draws of its swarm update (its own momentum, pulled towards its personal
-best and the swarm's best, as the plain swarm would step), neighbours of its personal best,
-neighbours of the study's best trials, and a few points anywhere. The Gaussian process of
-`samplers._gp`, fitted on every finished trial, ranks them by log expected improvement over
-the best posterior mean, with the running trials as fantasies; candidates that repeat a trial
-already run or running are removed before ranking.
+The model is the Gaussian process of `samplers._gp`, fitted on every finished trial (as
+`samplers._target` says: one objective, or several scalarised). It judges the bests (the
+swarm's and the particle's: the trials of lowest posterior mean, not the luckiest draws),
+and it ranks the candidates of `samplers._candidates` by log expected improvement over the
+best posterior mean, with the running trials as fantasies. Candidates that repeat a trial
+already run or running are barred before ranking, and so are memory parameters above half
+of a size that ran out of memory. The best few are climbed one coordinate at a time.
 
-Everything here is pure: unit-cube positions and numbers in, positions out. `Space` turns a
-relative search space into the model's columns; positions are the swarm's coordinates (log
-ranges in log space, grids as cells, categorical choices as cells too, but only ever the centre
-of one: a categorical parameter moves by switching choices, never along their declared order).
+Everything the screen reads comes from the storage (through the `SwarmView`) and from
+(seed, trial number), so every process on every node makes the same move for a trial.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from samplers._space import from_unit, grid_bounds, grid_size, to_unit, unit_edges
-from samplers._swarm import SwarmCoefficients, dimension_clamp, reflect
+from samplers._candidates import (
+    ANYWHERE,
+    BEST_NEIGHBOURS,
+    CLIMB_ROUNDS,
+    CLIMB_STARTS,
+    OWN_BEST_NEIGHBOURS,
+    SWARM_DRAWS,
+    TOP_NEIGHBOURS,
+    TOP_TRIALS,
+    Particle,
+    Space,
+    anywhere,
+    climb,
+    neighbours,
+    snap_choices,
+    swarm_draws,
+    values_at,
+)
+from samplers._gp import (
+    GaussianProcess,
+    cached_kernel,
+    fit_kernel,
+    log_expected_improvement,
+    standardise,
+)
+from samplers._history import rounded
+from samplers._moves import Move, Swarm
+from samplers._space import from_unit, to_unit
+from samplers._target import capped, fit_size, model_data
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
-# A grid of more values than this is searched as if continuous: a step of one value means
-# nothing on 64..4096.
-_GRID_MAX = 32
-# Candidates of each kind per move; chosen on the HPO tables with seeds other than the table's
-# (docs/sampler.md).
-SWARM_DRAWS = 16
-OWN_BEST_NEIGHBOURS = 8
-BEST_NEIGHBOURS = 16
-TOP_TRIALS = 5
-TOP_NEIGHBOURS = 3
-ANYWHERE = 12
-_LOCAL_SCALES = np.array([0.02, 0.05, 0.1, 0.2])
+    from samplers._history import Record, SwarmView
 
 
 @dataclass(frozen=True)
-class Space:
-    """The parameters the screen moves together, in a fixed order, as model columns."""
+class Fitted:
+    """The model of one ask: the trials it holds, their inputs, and its posterior means there."""
 
-    names: tuple[str, ...]
-    dists: tuple[BaseDistribution, ...]
-    choices: np.ndarray  # per column: categorical choices (0 for a numeric parameter)
-    grid: np.ndarray  # per column: ordered grid values (0 for continuous or a large grid)
-    bounds: tuple[tuple[float, float] | None, ...]  # this process's bounds, on the grid
-
-    @classmethod
-    def of(
-        cls,
-        space: Mapping[str, BaseDistribution],
-        bounds: Mapping[str, tuple[float, float]] | None = None,
-    ) -> Space:
-        from optuna.distributions import CategoricalDistribution
-
-        names = tuple(sorted(space))
-        dists = tuple(space[name] for name in names)
-        choices = np.array(
-            [len(d.choices) if isinstance(d, CategoricalDistribution) else 0 for d in dists]
-        )
-        grid = np.array([_small_grid(d) for d in dists])
-        bounds = bounds or {}
-        on_grid = tuple(
-            grid_bounds(d, bounds[n]) if n in bounds and not k else None
-            for n, d, k in zip(names, dists, choices, strict=True)
-        )
-        return cls(names, dists, choices, grid, on_grid)
-
-    def holds(self, record: Any) -> bool:
-        """Whether a trial is a point of this space: it ran every parameter with these very
-        distributions (not with other choices or another range)."""
-        return all(
-            record.distributions.get(name) == dist
-            for name, dist in zip(self.names, self.dists, strict=True)
-        )
+    gp: GaussianProcess
+    records: list[Record]
+    x: np.ndarray
+    means: np.ndarray  # the posterior mean at each of `records`
+    ranked: np.ndarray  # indices of `records`, lowest posterior mean first
 
     @property
-    def categorical(self) -> np.ndarray:
-        return self.choices > 0
-
-    def encode(self, params: Mapping[str, Any]) -> np.ndarray:
-        """The model's input for values that ran: unit coordinates, choice indices."""
-        return np.array(
-            [
-                d.choices.index(params[n]) if k else to_unit(d, params[n])
-                for n, d, k in zip(self.names, self.dists, self.choices, strict=True)
-            ],
-            dtype=float,
-        )
-
-    def encode_positions(self, u: np.ndarray) -> np.ndarray:
-        """The model's input for the values at positions `u` (rows), column by column in
-        numpy: what `encode(values_at(...))` gives, without a Python call per value."""
-        u = np.clip(np.atleast_2d(u), 0.0, 1.0)
-        out = np.empty_like(u)
-        for j, dist in enumerate(self.dists):
-            k = int(self.choices[j])
-            if k:
-                out[:, j] = np.minimum(np.floor(u[:, j] * k), k - 1)
-            else:
-                out[:, j] = _numeric_round_trip(dist, u[:, j], self.bounds[j])
-        return out
-
-    def position(self, params: Mapping[str, Any]) -> np.ndarray:
-        """The unit coordinates of the cells of values that ran."""
-        return np.array(
-            [to_unit(d, params[n]) for n, d in zip(self.names, self.dists, strict=True)]
-        )
+    def best(self) -> Record:
+        return self.records[int(self.ranked[0])]
 
 
-def _numeric_round_trip(
-    dist: BaseDistribution, u: np.ndarray, bounds: tuple[float, float] | None
-) -> np.ndarray:
-    """to_unit(clip_to_bounds(from_unit(dist, u))) for a column of coordinates: the unit
-    coordinate of the value each position runs with (see samplers._space)."""
-    lo, hi, log = unit_edges(dist)
-    raw = lo + u * (hi - lo)
-    if log:
-        raw = np.exp(raw)
-    step = getattr(dist, "step", None)
-    if step is not None:
-        raw = dist.low + np.round((raw - dist.low) / step) * step
-    low, high = bounds if bounds is not None else (dist.low, dist.high)
-    value = np.clip(raw, max(low, dist.low), min(high, dist.high))
-    if hi == lo:
-        return np.full_like(u, 0.5)
-    position = np.log(value) if log else value
-    return np.clip((position - lo) / (hi - lo), 0.0, 1.0)
-
-
-def _small_grid(dist: BaseDistribution) -> int:
-    size = grid_size(dist)
-    return size if size is not None and size <= _GRID_MAX else 0
-
-
-def snap_choices(space: Space, u: np.ndarray) -> np.ndarray:
-    """Positions with each categorical coordinate moved to the centre of its choice's cell."""
-    u = np.array(u, dtype=float)
-    for j in np.flatnonzero(space.categorical):
-        k = space.choices[j]
-        u[..., j] = (np.minimum(np.floor(u[..., j] * k), k - 1) + 0.5) / k
-    return u
-
-
-@dataclass(frozen=True)
-class Particle:
-    """Where a particle is (its latest trial's position and velocity) and what guides it."""
-
-    x: np.ndarray
-    v: np.ndarray
-    own_best: np.ndarray | None  # the position of its personal best, None before it has one
-    holds_best: bool  # its latest trial is the swarm's best: it searches around it instead
-
-
-def swarm_draws(
-    space: Space,
-    particle: Particle,
-    best: np.ndarray,
-    coefficients: SwarmCoefficients,
-    grid_reach: float,
-    search_radius: float,
-    rng: np.random.Generator,
-    n: int,
-) -> np.ndarray:
-    """`n` draws of the particle's swarm update (its random pulls drawn anew for each)."""
-    d = len(space.names)
-    c = coefficients
-    own = particle.x if particle.own_best is None else particle.own_best
-    r1, r2 = rng.random((n, d)), rng.random((n, d))
-    jitter = search_radius * (2 * rng.random((n, d)) - 1) if particle.holds_best else 0.0
-    velocity = (
-        c.inertia * particle.v
-        + c.cognitive * r1 * (own - particle.x)
-        + c.social * r2 * (best - particle.x)
-        + jitter
-    )
-    clamp = np.array(
-        [
-            dimension_clamp(c.max_velocity, int(g) or None, grid_reach)
-            for g in np.where(space.categorical, 0, space.grid)
-        ]
-    )
-    x, _ = reflect(particle.x + np.clip(velocity, -clamp, clamp), velocity)
-    # A categorical parameter has no line to move along: it keeps its choice or takes its own
-    # best's or the swarm best's, with the weights of the three terms of the update.
-    for j in np.flatnonzero(space.categorical):
-        weights = np.stack([np.full(n, c.inertia), c.cognitive * r1[:, j], c.social * r2[:, j]])
-        pick = (weights / weights.sum(axis=0)).cumsum(axis=0) > rng.random(n)
-        source = np.argmax(pick, axis=0)
-        x[:, j] = np.choose(source, [particle.x[j], own[j], best[j]])
-    return snap_choices(space, x)
-
-
-def neighbours(space: Space, centre: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
-    """`n` positions near `centre`: a few of its coordinates moved a little.
-
-    Each coordinate moves with probability 2 / d (at least one moves): a continuous one by a
-    normal step of a scale drawn from 0.02 to 0.2 of its range, a grid one by one or two grid
-    points, a categorical one to another choice.
-    """
-    d = len(space.names)
-    out = np.repeat(centre[None, :], n, axis=0)
-    moved = rng.random((n, d)) < min(1.0, 2.0 / d)
-    moved[np.arange(n), rng.integers(d, size=n)] = True
-    scales = _LOCAL_SCALES[rng.integers(len(_LOCAL_SCALES), size=(n, 1))]
-    steps = rng.standard_normal((n, d)) * scales
-    cells = np.where(space.categorical, space.choices, space.grid)
-    for j in range(d):
-        k = int(cells[j])
-        rows = moved[:, j]
-        if space.categorical[j]:
-            current = min(int(centre[j] * k), k - 1)
-            other = (current + rng.integers(1, k, size=n)) % k if k > 1 else np.zeros(n)
-            out[rows, j] = (other[rows] + 0.5) / k
-        elif k > 1:
-            jump = rng.choice([-2, -1, 1, 2], p=[0.15, 0.35, 0.35, 0.15], size=n) / k
-            out[rows, j] = _fold(centre[j] + jump[rows])
-        else:
-            out[rows, j] = _fold(centre[j] + steps[rows, j])
-    return out
-
-
-def _fold(x: np.ndarray) -> np.ndarray:
-    x = np.where(x < 0, -x, x)
-    return np.clip(np.where(x > 1, 2 - x, x), 0.0, 1.0)
-
-
-def anywhere(space: Space, rng: np.random.Generator, n: int) -> np.ndarray:
-    return snap_choices(space, rng.random((n, len(space.names))))
-
-
-def values_at(space: Space, u: np.ndarray, value: Any) -> dict[str, Any]:
-    """The parameter values of position `u`; `value(name, dist, x)` maps one coordinate."""
-    return {
-        name: value(name, dist, float(x))
-        for name, dist, x in zip(space.names, space.dists, u, strict=True)
+def screened_move(
+    swarm: Swarm,
+    view: SwarmView,
+    entropy: int,
+    number: int,
+    space: Mapping[str, BaseDistribution],
+) -> tuple[dict[str, Any], dict[str, Move]] | None:
+    """Trial `number`'s values and its particle's moves; None while no model can be fitted
+    (fewer than two finished trials in this space) or every candidate is barred: the caller
+    then steps as the plain swarm does."""
+    shape = Space.of(space, swarm.bounds)
+    rng = np.random.default_rng([entropy, number, 0x5C2E])
+    inputs, taken = view.encodings(shape)
+    fitted = _fit(view, shape, inputs, rng)
+    if fitted is None:
+        return None
+    particle = number % swarm.size
+    mine = [i for i in fitted.ranked if fitted.records[i].particle == particle]
+    own_best = shape.position(fitted.records[mine[0]].params) if mine else None
+    state = _particle(swarm, view, particle, number, shape, own_best, fitted.best.number)
+    candidates = _candidates(swarm, view, shape, fitted, state, own_best, rng)
+    score = _scorer(swarm, view, shape, fitted, taken)
+    u = _pick(shape, candidates, score)
+    if u is None:
+        return None
+    moves = {
+        name: Move(None, float(u[j]), 0.0)
+        if state is None
+        else Move(float(state.x[j]), float(u[j]), float(u[j] - state.x[j]))
+        for j, name in enumerate(shape.names)
     }
+    return values_at(shape, u, swarm.value), moves
 
 
-def default_value(name: str, dist: BaseDistribution, x: float) -> Any:
-    return from_unit(dist, x)
+def _fit(
+    view: SwarmView, shape: Space, inputs: dict[int, np.ndarray], rng: np.random.Generator
+) -> Fitted | None:
+    data = model_data(view, inputs, rng)
+    if data is None:
+        return None
+    records, y = data
+    x = np.array([inputs[r.number] for r in records])
+    fit = capped(y[: fit_size(len(y))])
+    key = (shape.names, shape.dists, tuple(records[i].number for i in fit), y[fit].tobytes())
+    kernel = cached_kernel(key, lambda: fit_kernel(x[fit], standardise(y[fit]), shape.categorical))
+    use = capped(y)
+    gp = GaussianProcess(x[use], y[use], shape.categorical, kernel)
+    means = gp.mean(x[use])
+    ranked = np.argsort(means, kind="stable")  # bests by the model, not by one draw
+    return Fitted(gp, [records[i] for i in use], x[use], means, ranked)
 
 
-def first_new(keys: Sequence[tuple], seen: set[tuple], order: np.ndarray) -> int | None:
-    """The first index in `order` whose key is neither seen nor repeated earlier in `order`."""
-    taken = set(seen)
-    for i in order:
-        if keys[i] not in taken:
-            return int(i)
-        taken.add(keys[i])
-    return None
+def _candidates(
+    swarm: Swarm,
+    view: SwarmView,
+    shape: Space,
+    fitted: Fitted,
+    state: Particle | None,
+    own_best: np.ndarray | None,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    best_at = shape.position(fitted.best.params)
+    parts = [neighbours(shape, best_at, rng, BEST_NEIGHBOURS), anywhere(shape, rng, ANYWHERE)]
+    for i in fitted.ranked[1 : 1 + TOP_TRIALS]:
+        at = shape.position(fitted.records[i].params)
+        parts.append(neighbours(shape, at, rng, TOP_NEIGHBOURS))
+    if own_best is not None:
+        parts.append(neighbours(shape, own_best, rng, OWN_BEST_NEIGHBOURS))
+    if state is not None:
+        coefficients = swarm.several_coefficients if view.several else swarm.coefficients
+        parts.append(
+            swarm_draws(
+                shape,
+                state,
+                best_at,
+                coefficients,
+                swarm.grid_reach,
+                swarm.search_radius,
+                rng,
+                SWARM_DRAWS,
+            )
+        )
+    return np.vstack(parts)
 
 
-def single_moves(space: Space, u: np.ndarray) -> np.ndarray:
-    """Every position one coordinate away from `u`: another choice, one or two grid points
-    either way, or a continuous step of 1, 3 or 10% of the range."""
-    columns, coordinates = [], []
-    cells = np.where(space.categorical, space.choices, space.grid)
-    for j, k in enumerate(cells):
-        k = int(k)
-        if k > 1:
-            here = min(int(u[j] * k), k - 1)
-            if space.categorical[j]:
-                targets = np.delete(np.arange(k), here)
-            else:
-                targets = here + np.array([-2, -1, 1, 2])
-                targets = targets[(targets >= 0) & (targets < k)]
-            values = (targets + 0.5) / k
-        else:
-            values = _fold(u[j] + np.array(_CLIMB_STEPS))
-        columns.append(np.full(len(values), j))
-        coordinates.append(values)
-    if not columns:
-        return np.empty((0, len(u)))
-    column, coordinate = np.concatenate(columns), np.concatenate(coordinates)
-    rows = np.repeat(u[None, :], len(column), axis=0)
-    rows[np.arange(len(column)), column] = coordinate
-    return rows
+def _scorer(
+    swarm: Swarm, view: SwarmView, shape: Space, fitted: Fitted, taken: set[tuple]
+) -> Callable[[np.ndarray], np.ndarray]:
+    """log EI at positions; -inf where barred (a repeat, or memory above an OOM's half)."""
+    pending = [r for r in view.running() if shape.holds(r)]
+    pending_x = np.array([shape.encode(r.params) for r in pending]) if pending else None
+    if pending_x is not None:
+        taken = taken | {rounded(row) for row in pending_x}
+    posterior = fitted.gp.given(pending_x)
+    # Improvement over the best posterior mean, not over the luckiest draw (docs/sampler.md:
+    # the luckiest draw as the incumbent was worse on 10 of the 15 tables).
+    incumbent = float(fitted.means[fitted.ranked[0]])
+    caps = _memory_caps(swarm, view, shape)
+
+    def score(positions: np.ndarray) -> np.ndarray:
+        encoded = shape.encode_positions(positions)
+        ei = log_expected_improvement(*posterior(encoded), incumbent)
+        rows = map(tuple, np.round(encoded, 9).tolist())  # as `rounded` makes them
+        barred = np.array([row in taken for row in rows], dtype=bool)
+        for j, cap in caps.items():
+            barred |= encoded[:, j] > cap + 1e-9
+        return np.where(barred, -np.inf, ei)
+
+    return score
 
 
-_CLIMB_STEPS = (-0.1, -0.03, -0.01, 0.01, 0.03, 0.1)
-CLIMB_STARTS = 3
-CLIMB_ROUNDS = 5
-
-
-def climb(
-    space: Space,
-    start: np.ndarray,
-    start_score: float,
-    score: Callable[[np.ndarray], np.ndarray],
-    rounds: int,
-) -> tuple[np.ndarray, float]:
-    """Hill-climb `score` from `start` one coordinate at a time (the model's cheap to ask)."""
-    u, best = start, start_score
-    for _ in range(rounds):
-        moves = single_moves(space, u)
-        if not len(moves):
+def _pick(
+    shape: Space, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray | None:
+    """The best position reached by climbing from the best few candidates; None if all barred."""
+    scores = score(candidates)
+    best_u, best_score = None, -np.inf
+    for i in np.argsort(-scores, kind="stable")[:CLIMB_STARTS]:
+        if not np.isfinite(scores[i]):
             break
-        scores = score(moves)
-        i = int(np.argmax(scores))
-        if not scores[i] > best:
-            break
-        u, best = moves[i], float(scores[i])
-    return u, best
+        u, value = climb(shape, candidates[i], float(scores[i]), score, CLIMB_ROUNDS)
+        if value > best_score:
+            best_u, best_score = u, value
+    return best_u
+
+
+def _memory_caps(swarm: Swarm, view: SwarmView, shape: Space) -> dict[int, float]:
+    """Per memory parameter (by column): the coordinate of half the smallest value that ran out
+    of memory, the most a candidate may propose (the plain swarm's back-off, for the whole
+    swarm: the model sees no failed trial)."""
+    caps: dict[int, float] = {}
+    for j, name in enumerate(shape.names):
+        dist = shape.dists[j]
+        if not swarm.is_memory_param(name) or shape.choices[j]:
+            continue
+        failed = [r.params[name] for r in view.out_of_memory() if name in r.params]
+        if failed:
+            half = max(dist.low, min(failed) / 2)
+            caps[j] = to_unit(dist, from_unit(dist, to_unit(dist, half)))
+    return caps
+
+
+def _particle(
+    swarm: Swarm,
+    view: SwarmView,
+    particle: int,
+    number: int,
+    shape: Space,
+    own_best: np.ndarray | None,
+    best_number: int,
+) -> Particle | None:
+    """The particle's place (its latest trial before `number`) and guides; None if it has none."""
+    previous = next(
+        (
+            r
+            for r in reversed(view.particle_records(particle))
+            if r.number < number and all(n in r.moves or n in r.params for n in shape.names)
+        ),
+        None,
+    )
+    if previous is None:
+        return None
+    x, v = np.empty(len(shape.names)), np.zeros(len(shape.names))
+    for j, name in enumerate(shape.names):
+        if name in previous.moves:
+            x[j], v[j] = previous.moves[name]
+        else:  # the value came from elsewhere (an enqueued value): start there at rest
+            x[j] = previous.evaluated(name)
+        if previous.oom and swarm.is_memory_param(name) and name in previous.params:
+            x[j], v[j] = swarm.backed_off(previous, name, x[j], v[j])
+    return Particle(snap_choices(shape, x), v, own_best, previous.number == best_number)
