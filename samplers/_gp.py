@@ -199,15 +199,16 @@ class GaussianProcess:
 
         Each running trial is a fantasy whose value is the model's own mean there (the kriging
         believer): the mean stays what the finished trials say, and only the variance shrinks
-        around the running trials, so workers asking at once do not pile onto one spot. The
-        variance given them is a low-rank update of the finished trials' (no refactoring).
+        around the running trials, so workers asking at once do not pile onto one spot. A
+        fantasy is taken as exact, without the noise of a real observation: then the variance
+        at a running trial is nil and a move keeps away from it (with the noise, 32 trials in
+        flight still gathered; docs/sampler.md). The variance given them is a low-rank update
+        of the finished trials' (no refactoring).
         """
-        noise = self.kernel.noise + _JITTER
         if pending is not None and len(pending):
             vr = self._whiten(self._cross(self.x, pending))
             c_rr = self._cross(pending, pending) - vr.T @ vr
-            c_rr[np.diag_indices_from(c_rr)] += noise
-            chol_rr = linalg.cholesky(c_rr, lower=True, check_finite=False)
+            chol_rr = _cholesky_with_jitter(c_rr, self.kernel.scale)
 
         def posterior(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             x = np.atleast_2d(x)
@@ -223,6 +224,20 @@ class GaussianProcess:
             return mean, np.maximum(variance, 1e-12)
 
         return posterior
+
+
+def _cholesky_with_jitter(matrix: np.ndarray, scale: float) -> np.ndarray:
+    """The lower Cholesky factor of a covariance that may be singular (two running trials at
+    the same point): the smallest jitter, grown tenfold until it factors."""
+    jitter = 1e-6 * scale
+    for _ in range(8):
+        try:
+            return linalg.cholesky(
+                matrix + jitter * np.eye(len(matrix)), lower=True, check_finite=False
+            )
+        except linalg.LinAlgError:
+            jitter *= 10
+    return np.diag(np.sqrt(np.clip(np.diag(matrix), 0, None) + jitter))
 
 
 def log_expected_improvement(mean: np.ndarray, variance: np.ndarray, best: float) -> np.ndarray:

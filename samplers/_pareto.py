@@ -81,3 +81,28 @@ def tournament(crowding: np.ndarray, rng: np.random.Generator) -> int:
         return 0
     a, b = rng.choice(n, size=2, replace=False)
     return int(a if crowding[a] >= crowding[b] else b)
+
+
+def hypervolume_gain(front_points: np.ndarray, reference: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """For two objectives: how much each point of `q` (n, 2) would add to the hypervolume of
+    `front_points` (non-dominated, (k, 2)) up to `reference`; minus how far it is from adding
+    any (the additive epsilon it would need) where it adds nothing.
+
+    The part of q's box that the front already covers is the hypervolume of the front clipped
+    to q (max(f, q) per point), which keeps the front's staircase order, so the whole batch is
+    a few array operations.
+    """
+    q = np.atleast_2d(q)
+    box = np.prod(np.clip(reference - q, 0.0, None), axis=1)
+    if len(front_points) == 0:
+        return box
+    order = np.argsort(front_points[:, 0], kind="stable")
+    f = front_points[order]
+    clipped = np.maximum(f[None, :, :], q[:, None, :])  # (n, k, 2), still a staircase
+    right = np.concatenate([clipped[:, 1:, 0], np.full((len(q), 1), reference[0])], axis=1)
+    widths = np.clip(np.minimum(right, reference[0]) - clipped[:, :, 0], 0.0, None)
+    heights = np.clip(reference[1] - clipped[:, :, 1], 0.0, None)
+    gain = box - np.sum(widths * heights, axis=1)
+    # Where q adds nothing: the smallest shift that would make it not dominated.
+    epsilon = np.min(np.max(q[:, None, :] - f[None, :, :], axis=2), axis=1)
+    return np.where(gain > 1e-12, gain, -np.maximum(epsilon, 0.0))

@@ -26,6 +26,7 @@ from orchestrator.record.optuna_private import (
     study_id_of,
     trial_id_of,
 )
+from samplers._front_screen import front_move
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
 from samplers._lhs import name_key, start_size
 from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
@@ -206,8 +207,9 @@ class PSOSampler(BaseSampler):
             return {}
         screened = None
         if trial.number >= start_size(len(names)):
+            move = front_move if view.several else screened_move
             with _one_blas_thread():
-                screened = screened_move(self._swarm, view, entropy, trial.number, search_space)
+                screened = move(self._swarm, view, entropy, trial.number, search_space)
         if screened is not None:
             params, moves = screened
         else:

@@ -90,10 +90,17 @@ def screened_move(
     particle = number % swarm.size
     mine = [i for i in fitted.ranked if fitted.records[i].particle == particle]
     own_best = shape.position(fitted.records[mine[0]].params) if mine else None
-    state = _particle(swarm, view, particle, number, shape, own_best, fitted.best.number)
-    candidates = _candidates(swarm, view, shape, fitted, state, own_best, rng)
+    state = particle_state(swarm, view, particle, number, shape, own_best, fitted.best.number)
+    tops = [shape.position(fitted.records[i].params) for i in fitted.ranked[: 1 + TOP_TRIALS]]
+    candidates = guided_candidates(swarm, view, shape, tops, state, own_best, rng)
     score = _scorer(swarm, view, shape, fitted, taken)
-    u = _pick(shape, candidates, score)
+    return moved_to(swarm, shape, state, pick(shape, candidates, score))
+
+
+def moved_to(
+    swarm: Swarm, shape: Space, state: Particle | None, u: np.ndarray | None
+) -> tuple[dict[str, Any], dict[str, Move]] | None:
+    """The values at position `u` and the moves that take the particle there."""
     if u is None:
         return None
     moves = {
@@ -123,20 +130,19 @@ def _fit(
     return Fitted(gp, [records[i] for i in use], x[use], means, ranked)
 
 
-def _candidates(
+def guided_candidates(
     swarm: Swarm,
     view: SwarmView,
     shape: Space,
-    fitted: Fitted,
+    tops: list[np.ndarray],
     state: Particle | None,
     own_best: np.ndarray | None,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    best_at = shape.position(fitted.best.params)
-    parts = [neighbours(shape, best_at, rng, BEST_NEIGHBOURS), anywhere(shape, rng, ANYWHERE)]
-    for i in fitted.ranked[1 : 1 + TOP_TRIALS]:
-        at = shape.position(fitted.records[i].params)
-        parts.append(neighbours(shape, at, rng, TOP_NEIGHBOURS))
+    """Every kind of candidate: near the best (`tops[0]`), anywhere, near the next tops, near
+    the particle's own best, and draws of its swarm update towards the best."""
+    parts = [neighbours(shape, tops[0], rng, BEST_NEIGHBOURS), anywhere(shape, rng, ANYWHERE)]
+    parts += [neighbours(shape, at, rng, TOP_NEIGHBOURS) for at in tops[1:]]
     if own_best is not None:
         parts.append(neighbours(shape, own_best, rng, OWN_BEST_NEIGHBOURS))
     if state is not None:
@@ -145,7 +151,7 @@ def _candidates(
             swarm_draws(
                 shape,
                 state,
-                best_at,
+                tops[0],
                 coefficients,
                 swarm.grid_reach,
                 swarm.search_radius,
@@ -160,29 +166,51 @@ def _scorer(
     swarm: Swarm, view: SwarmView, shape: Space, fitted: Fitted, taken: set[tuple]
 ) -> Callable[[np.ndarray], np.ndarray]:
     """log EI at positions; -inf where barred (a repeat, or memory above an OOM's half)."""
-    pending = [r for r in view.running() if shape.holds(r)]
-    pending_x = np.array([shape.encode(r.params) for r in pending]) if pending else None
-    if pending_x is not None:
-        taken = taken | {rounded(row) for row in pending_x}
+    pending_x = running_inputs(view, shape)
     posterior = fitted.gp.given(pending_x)
     # Improvement over the best posterior mean, not over the luckiest draw (docs/sampler.md:
     # the luckiest draw as the incumbent was worse on 10 of the 15 tables).
     incumbent = float(fitted.means[fitted.ranked[0]])
-    caps = _memory_caps(swarm, view, shape)
+    barred = barrier(swarm, view, shape, taken, pending_x)
 
     def score(positions: np.ndarray) -> np.ndarray:
         encoded = shape.encode_positions(positions)
         ei = log_expected_improvement(*posterior(encoded), incumbent)
-        rows = map(tuple, np.round(encoded, 9).tolist())  # as `rounded` makes them
-        barred = np.array([row in taken for row in rows], dtype=bool)
-        for j, cap in caps.items():
-            barred |= encoded[:, j] > cap + 1e-9
-        return np.where(barred, -np.inf, ei)
+        return np.where(barred(encoded), -np.inf, ei)
 
     return score
 
 
-def _pick(
+def running_inputs(view: SwarmView, shape: Space) -> np.ndarray | None:
+    """The model inputs of the running trials of this space (None when there are none)."""
+    pending = [r for r in view.running() if shape.holds(r)]
+    return np.array([shape.encode(r.params) for r in pending]) if pending else None
+
+
+def barrier(
+    swarm: Swarm,
+    view: SwarmView,
+    shape: Space,
+    taken: set[tuple],
+    pending_x: np.ndarray | None,
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Which model inputs a move may not take: a trial run or running, or a memory parameter
+    above half of a size that ran out of memory."""
+    if pending_x is not None:
+        taken = taken | {rounded(row) for row in pending_x}
+    caps = _memory_caps(swarm, view, shape)
+
+    def barred(encoded: np.ndarray) -> np.ndarray:
+        rows = map(tuple, np.round(encoded, 9).tolist())  # as `rounded` makes them
+        out = np.array([row in taken for row in rows], dtype=bool)
+        for j, cap in caps.items():
+            out |= encoded[:, j] > cap + 1e-9
+        return out
+
+    return barred
+
+
+def pick(
     shape: Space, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray]
 ) -> np.ndarray | None:
     """The best position reached by climbing from the best few candidates; None if all barred."""
@@ -213,7 +241,7 @@ def _memory_caps(swarm: Swarm, view: SwarmView, shape: Space) -> dict[int, float
     return caps
 
 
-def _particle(
+def particle_state(
     swarm: Swarm,
     view: SwarmView,
     particle: int,
