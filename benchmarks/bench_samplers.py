@@ -140,9 +140,10 @@ HPO_FAMILIES = {
     "hpolib": ("HPOLib", "val_loss"),
     "nasbench201": ("NASBench201", "val_acc"),
 }
-# pso_fixed_clamp: the swarm with one clamp for every parameter (grid_reach=0), as it was before
-# the clamp of small ordered grids, to measure that change.
-HPO_SAMPLERS = ("pso", "pso_fixed_clamp", "random", "tpe", "tpe_mv", "cmaes", "gp")
+HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp")
+# Results kept from an earlier version, shown beside the others but not run again:
+# pso_before is the plain swarm, before its moves were screened by a model.
+KEPT = ("pso_before",)
 
 
 class Table:
@@ -208,10 +209,6 @@ def make_hpo(name: str, seed: int):
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
-    if name == "pso_fixed_clamp":
-        from samplers import PSOSampler
-
-        return PSOSampler(seed=seed, grid_reach=0)
     return make(name, seed)
 
 
@@ -572,7 +569,12 @@ def main_hpo(argv: list[str]) -> int:
     """`hpo`: regret on the tables, for every sampler, task, seed and number in flight."""
     parser = argparse.ArgumentParser(prog="bench_samplers.py hpo", description=main_hpo.__doc__)
     parser.add_argument("--tasks", nargs="+", default=None, help="family/dataset (default: all)")
-    parser.add_argument("--samplers", nargs="+", default=list(HPO_SAMPLERS), choices=HPO_SAMPLERS)
+    parser.add_argument(
+        "--samplers", nargs="+", default=list(HPO_SAMPLERS), choices=HPO_SAMPLERS + KEPT
+    )
+    parser.add_argument(
+        "--also", nargs="*", default=[], help="more results files (names under results/) to show"
+    )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=100)
     parser.add_argument("--trials", type=int, default=100)
@@ -588,7 +590,7 @@ def main_hpo(argv: list[str]) -> int:
     tasks = args.tasks or hpo_tasks()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = []
-    for sampler in args.samplers:
+    for sampler in (s for s in args.samplers if s not in KEPT):
         slow = sampler in args.slow
         for k in [8] if slow else args.in_flight:
             for seed in seeds[: args.slow_seeds] if slow else seeds:
@@ -601,7 +603,10 @@ def main_hpo(argv: list[str]) -> int:
     }
     if not args.render_only:
         _run_jobs(_hpo_job, jobs, args.processes, out, done)
-    table = render_hpo(_read_results(out), tasks, args)
+    results = _read_results(out)
+    for name in args.also:
+        results += _read_results(RESULTS / f"{name}.jsonl")
+    table = render_hpo(results, tasks, args)
     print(table)
     (RESULTS / f"{args.out}.md").write_text(table)
     return 0
@@ -610,8 +615,11 @@ def main_hpo(argv: list[str]) -> int:
 def render_hpo(results: list[dict], tasks: list[str], args) -> str:
     command = " ".join(["python benchmarks/bench_samplers.py", *sys.argv[1:]])
     lines = [f"Command: `{command}`", ""]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     for k in args.in_flight:
-        mine = [r for r in results if r["in_flight"] == k and r["task"] in tasks]
+        mine = [
+            r for r in results if r["in_flight"] == k and r["task"] in tasks and r["seed"] in seeds
+        ]
         samplers = [s for s in args.samplers if any(r["sampler"] == s for r in mine)]
         if not samplers:
             continue
@@ -675,6 +683,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timing-sizes", nargs="*", type=int, default=[1000, 3000, 10000])
     parser.add_argument("--processes", type=int, default=1, help="runs in parallel")
     parser.add_argument("--out", default="samplers", help="results file name (no extension)")
+    parser.add_argument(
+        "--keep",
+        default=None,
+        help="a results file of an earlier run (name under results/): its samplers are shown "
+        "beside these, a sampler run again as NAME_before",
+    )
     args = parser.parse_args(argv)
 
     import optuna
@@ -699,14 +713,23 @@ def main(argv: list[str] | None = None) -> int:
     best: dict[tuple[str, int, str], list[float]] = {}
     for (sampler, function, dim, _seed, _, _), value in results:
         best.setdefault((function, dim, sampler), []).append(value)
+    shown = list(args.samplers)
+    if args.keep:
+        kept = json.loads((RESULTS / f"{args.keep}.json").read_text())["best"]
+        for key, values in kept.items():
+            function, dim, sampler = key.split("/")
+            name = f"{sampler}_before" if sampler in args.samplers else sampler
+            if function in args.functions and int(dim) in args.dims:
+                best[(function, int(dim), name)] = values
+                shown += [name] if name not in shown else []
     medians = {key: statistics.median(values) for key, values in best.items()}
 
-    timings: dict[str, dict[int, tuple[float, float]]] = {}
+    timings: dict[str, dict[int, tuple[float, float, float]]] = {}
     for sampler in args.samplers:
         for size in args.timing_sizes:
             timings.setdefault(sampler, {})[size] = time_per_trial(sampler, size)
 
-    table = render(args, medians, timings, quality_seconds)
+    table = render(args, shown, medians, timings, quality_seconds)
     print(table)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.md").write_text(table)
@@ -722,8 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def render(args, medians, timings, quality_seconds: float) -> str:
-    samplers = args.samplers
+def render(args, samplers: list[str], medians, timings, quality_seconds: float) -> str:
     command = " ".join(["python benchmarks/bench_samplers.py", *sys.argv[1:]])
     lines = [
         f"Command: `{command}`",

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from samplers._moves import Move, Swarm
 
 # How optimistic a candidate's point is: the mean less this many standard deviations.
-OPTIMISM = 1.0
+OPTIMISM = 0.3
 
 
 def front_move(

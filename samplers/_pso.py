@@ -26,12 +26,10 @@ from orchestrator.record.optuna_private import (
     study_id_of,
     trial_id_of,
 )
-from samplers._front_screen import front_move
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
 from samplers._lhs import name_key, start_size
 from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
 from samplers._moves import Swarm
-from samplers._screen import screened_move
 from samplers._space import clip_to_bounds
 from samplers._swarm import SwarmCoefficients
 
@@ -207,6 +205,11 @@ class PSOSampler(BaseSampler):
             return {}
         screened = None
         if trial.number >= start_size(len(names)):
+            # The model's modules (and scipy's solvers, 0.3 s to import) load at the first
+            # screened move: a short study, or a trial of the start, never needs them.
+            from samplers._front_screen import front_move
+            from samplers._screen import screened_move
+
             move = front_move if view.several else screened_move
             with _one_blas_thread():
                 screened = move(self._swarm, view, entropy, trial.number, search_space)
