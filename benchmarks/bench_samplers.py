@@ -468,7 +468,9 @@ def main_mo(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench_samplers.py mo", description=main_mo.__doc__)
     tasks = [t for t in hpo_tasks() if t.startswith("hpobench/")] + ["synthetic/vram"]
     parser.add_argument("--tasks", nargs="+", default=tasks)
-    parser.add_argument("--samplers", nargs="+", default=list(MO_SAMPLERS), choices=MO_SAMPLERS)
+    parser.add_argument(
+        "--samplers", nargs="+", default=list(MO_SAMPLERS), choices=MO_SAMPLERS + KEPT
+    )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=100)
     parser.add_argument("--trials", type=int, default=100)
@@ -484,6 +486,7 @@ def main_mo(argv: list[str]) -> int:
         for seed in seeds
         for t in args.tasks
         for s in args.samplers
+        if s not in KEPT
     ]
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{args.out}.jsonl"
@@ -502,17 +505,19 @@ def main_mo(argv: list[str]) -> int:
 def render_mo(results: list[dict], args) -> str:
     command = " ".join(["python benchmarks/bench_samplers.py", *sys.argv[1:]])
     volume: dict[tuple[str, str], list[float]] = {}
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
     for r in results:
-        if r["in_flight"] == args.in_flight and r["task"] in args.tasks:
+        if r["in_flight"] == args.in_flight and r["task"] in args.tasks and r["seed"] in seeds:
             volume.setdefault((r["task"], r["sampler"]), []).append(r["hypervolume"])
     samplers = [s for s in args.samplers if any(k[1] == s for k in volume)]
+    counts = ", ".join(f"{s} {len(volume.get((args.tasks[0], s), []))}" for s in samplers)
     lines = [
         f"Command: `{command}`",
         "",
-        f"Mean hypervolume at {args.trials} trials, {args.in_flight} in flight, over "
-        f"{args.seeds} seeds; higher is better. HPOBench: (accuracy, log time) as a share of "
+        f"Mean hypervolume at {args.trials} trials, {args.in_flight} in flight, over seeds: "
+        f"{counts}; higher is better. HPOBench: (accuracy, log time) as a share of "
         "the whole table's front; synthetic/vram: (loss, VRAM) in a fixed box, out-of-memory "
-        "trials failed. **Bold**: the best of the row.",
+        "trials failed. **Bold**: the best of the row (kept results of earlier versions aside).",
         "",
         "| task | " + " | ".join(samplers) + " |",
         "|---|" + "---:|" * len(samplers),
@@ -522,7 +527,7 @@ def render_mo(results: list[dict], args) -> str:
         row = [
             statistics.fmean(volume[(task, s)]) if (task, s) in volume else None for s in samplers
         ]
-        high = max(v for v in row if v is not None)
+        high = max(v for v, s in zip(row, samplers, strict=True) if v is not None and s not in KEPT)
         firsts += task.startswith("hpobench/") and row[samplers.index("pso")] == high
         cells = ["" if v is None else (f"**{v:.4f}**" if v == high else f"{v:.4f}") for v in row]
         lines.append(f"| {task} | " + " | ".join(cells) + " |")

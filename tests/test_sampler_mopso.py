@@ -140,3 +140,25 @@ def test_out_of_memory_still_backs_off_the_batch_size_with_several_objectives() 
     ]
     assert after_oom, "the seed gives no out-of-memory trial: pick another"
     assert all(n.params["batch_size"] <= t.params["batch_size"] / 2 for t, n in after_oom)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10_000))
+def test_the_hypervolume_gain_is_what_a_point_adds_to_the_front(seed: int) -> None:
+    from optuna._hypervolume import compute_hypervolume
+
+    from samplers._pareto import hypervolume_gain
+
+    rng = np.random.default_rng(seed)
+    points = rng.random((12, 2))
+    members = points[front(points)]
+    reference = np.array([1.2, 1.3])
+    q = rng.random((6, 2))
+    gain = hypervolume_gain(members, reference, q)
+    base = compute_hypervolume(members, reference)
+    for point, got in zip(q, gain, strict=True):
+        added = compute_hypervolume(np.vstack([members, point]), reference) - base
+        if added > 1e-12:
+            assert got == pytest.approx(added, abs=1e-9)
+        else:  # adds nothing: scored by how far it is from adding any
+            assert got <= 0
