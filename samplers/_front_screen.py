@@ -78,7 +78,7 @@ def front_move(
     state = particle_state(swarm, view, particle, number, shape, own_best, records[leader].number)
     candidates = guided_candidates(swarm, view, shape, tops, state, own_best, rng)
     score = _scorer(swarm, view, shape, gps, means, pending_x, taken)
-    return moved_to(swarm, shape, state, pick(shape, candidates, score))
+    return moved_to(swarm, shape, state, pick(shape, candidates, score), rng)
 
 
 def x_at(shape: Space, record: Record) -> np.ndarray:

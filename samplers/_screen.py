@@ -94,15 +94,27 @@ def screened_move(
     tops = [shape.position(fitted.records[i].params) for i in fitted.ranked[: 1 + TOP_TRIALS]]
     candidates = guided_candidates(swarm, view, shape, tops, state, own_best, rng)
     score = _scorer(swarm, view, shape, fitted, taken)
-    return moved_to(swarm, shape, state, pick(shape, candidates, score))
+    return moved_to(swarm, shape, state, pick(shape, candidates, score), rng)
 
 
 def moved_to(
-    swarm: Swarm, shape: Space, state: Particle | None, u: np.ndarray | None
+    swarm: Swarm,
+    shape: Space,
+    state: Particle | None,
+    u: np.ndarray | None,
+    rng: np.random.Generator,
 ) -> tuple[dict[str, Any], dict[str, Move]] | None:
-    """The values at position `u` and the moves that take the particle there."""
+    """The values at position `u` and the moves that take the particle there.
+
+    Each continuous coordinate moves by the trial's own offset of at most 0.001 of its range:
+    two workers asking at the same moment see the same trials, and may climb to the same point
+    before either's values are stored (a neighbour of the best that switched one choice keeps
+    the best's floats); with the offset they still run different configurations.
+    """
     if u is None:
         return None
+    continuous = (shape.choices == 0) & (shape.grid == 0)
+    u = np.where(continuous, np.clip(u + rng.uniform(-1e-3, 1e-3, len(u)), 0.0, 1.0), u)
     moves = {
         name: Move(None, float(u[j]), 0.0)
         if state is None
