@@ -256,8 +256,8 @@ def time_per_trial(
     The study is filled with `size` complete trials at random points; for PSOSampler they carry
     the particle records its own trials would have, so it rebuilds a real swarm of that size.
     Warm: one sampler object (`study.optimize`). Cold: a new sampler object per trial, as each
-    trial process builds one. Fresh: also nothing kept by the process (the swarm's model fitted
-    anew), as the first trial of a new process.
+    trial process builds one. Fresh: also nothing kept by the process (for the swarm: every
+    trial read and its model fitted anew), as the first trial of a new process.
     """
     import optuna
     from optuna.distributions import FloatDistribution
@@ -287,9 +287,10 @@ def time_per_trial(
 
     def one_trial(new_sampler: bool = False, forget: bool = False) -> float:
         if forget and sampler == "pso":
-            from samplers import _gp
+            from samplers import _gp, _history, _pso
 
-            _gp._KERNELS.clear()
+            _gp._KERNELS.clear()  # what a new process has not fitted or read yet
+            _pso._HISTORY = _history.History()
         start = time.perf_counter()
         if new_sampler:
             study.sampler = make(sampler, 0)
@@ -779,7 +780,7 @@ def render(args, samplers: list[str], medians, timings, quality_seconds: float) 
             "in ms, with the study already holding N trials. Warm: one sampler object for "
             "every trial (`study.optimize`). Cold: a new sampler object per trial, as each trial "
             "process of the orchestrator builds one. Fresh: a new object in a new process (for "
-            "PSO: its model's kernel fitted anew, where a warm process reuses the last fit).",
+            "PSO: every trial read and its model fitted anew; a warm process keeps both).",
             "",
             "| sampler | "
             + " | ".join(f"warm, {size:,} | cold, {size:,} | fresh, {size:,}" for size in sizes)

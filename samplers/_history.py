@@ -233,10 +233,11 @@ class SwarmView:
         with finished.lock:
             by_number, keys, done = finished.encoded.get(key, ({}, set(), 0))
             records = list(finished.by_id.values())[done:]
-            for record in records:
-                if shape.holds(record):
-                    by_number[record.number] = encoded = shape.encode(record.params)
-                    keys.add(rounded(encoded))
+            points = [r for r in records if shape.holds(r)]
+            if points:
+                encoded = shape.encode_many([r.params for r in points])
+                by_number.update(zip((r.number for r in points), encoded, strict=True))
+                keys.update(map(tuple, np.round(encoded, 9).tolist()))  # as `rounded` makes
             finished.encoded[key] = (by_number, keys, done + len(records))
             return dict(by_number), set(keys)
 
