@@ -170,3 +170,4 @@ def test_a_spool_folder_that_cannot_be_written_is_said_at_start(sqlite_url, tmp_
     assert ran.returncode == 0, ran.stderr
     said = [line for line in ran.stderr.splitlines() if "is not writable" in line]
     assert len(said) == 1 and str(folder) in said[0] and "--log-dir" in said[0], ran.stderr
+    assert "(a file is in its place)" in said[0], said

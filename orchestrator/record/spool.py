@@ -141,6 +141,8 @@ def unwritable(folder: Path) -> str | None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as error:
+        if folder.exists() and not folder.is_dir():
+            return "a file is in its place"
         return error.strerror or str(error)
     return None
 
