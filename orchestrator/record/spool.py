@@ -106,7 +106,8 @@ def done(folder: Path, trial_id: int) -> None:
 
 def _lock(fd: int, *, wait: bool) -> bool:
     """Lock the open file `fd` for this process: whether it got the lock (without `wait`, False
-    when another process holds it). Where there are no file locks (not POSIX), always True."""
+    when another process holds it). Where there are no file locks (not POSIX, a filesystem
+    without them), always True: keeping the outcome matters more than the lock."""
     try:
         import fcntl
     except ImportError:
@@ -115,6 +116,8 @@ def _lock(fd: int, *, wait: bool) -> bool:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         return False
+    except OSError:
+        return True  # a filesystem without locks (some NFS): the entry is kept all the same
     return True
 
 
