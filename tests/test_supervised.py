@@ -187,11 +187,19 @@ def test_objective_is_pruned_after_a_poor_first_epoch():
     assert list(study._storage.get_trial(trial._trial_id).intermediate_values) == [0]
 
 
+def _day(index: int) -> str:
+    import datetime
+
+    return (datetime.date(2024, 1, 1) + datetime.timedelta(days=index)).isoformat()
+
+
 def test_prices_from_a_csv_file(tmp_path):
     from adapters.envs.prices import synthetic_prices
 
     path = tmp_path / "prices.csv"
-    rows = "\n".join(f"2024-01-01,{price:.6f}" for price in synthetic_prices(600, seed=3))
+    rows = "\n".join(  # one price a day: a date twice is refused
+        f"{_day(i)},{price:.6f}" for i, price in enumerate(synthetic_prices(600, seed=3))
+    )
     path.write_text("date,close\n" + rows + "\n")
     options = parse_options(tft.adapter, {"data": str(path)})
     losses: list[float] = []
@@ -237,7 +245,9 @@ def test_bad_size_options_are_user_errors():
 def write_prices(path: Path, count: int) -> Path:
     from adapters.envs.prices import synthetic_prices
 
-    rows = "\n".join(f"2024-01-01,{price:.6f}" for price in synthetic_prices(count, seed=3))
+    rows = "\n".join(
+        f"{_day(i)},{price:.6f}" for i, price in enumerate(synthetic_prices(count, seed=3))
+    )
     path.write_text("date,close\n" + rows + "\n")
     return path
 

@@ -69,39 +69,23 @@ def synthetic_prices(length: int = 10_000, *, seed: int = 0, regime: str = "mixe
 
 
 def load_prices(path: str | Path) -> np.ndarray:
-    """The `close` column of a CSV file as float64 prices, in file order.
+    """The `close` column of a CSV file as float64 prices, in date order when the file has a
+    date column (`adapters.envs.price_dates`: sorted, repeated dates refused), else file order.
 
     Any problem is a UserError naming the file and what is wrong with it: a missing file, no
     header or no `close` column, a value that is not a number, a price that is not positive,
-    or fewer than `MIN_CSV_PRICES` rows.
+    a date that is not one or appears twice, or fewer than `MIN_CSV_PRICES` rows.
     """
     import numpy as np
+
+    from adapters.envs.price_dates import in_date_order
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"price file {path} does not exist: give a CSV with a `close` column")
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            columns = [name.strip().lower() for name in (reader.fieldnames or [])]
-            if "close" not in columns:
-                found = ", ".join(columns) if columns else "no header"
-                raise UserError(f"price file {path} has no `close` column (found: {found})")
-            key = (reader.fieldnames or [])[columns.index("close")]
-            values: list[float] = []
-            for row_number, row in enumerate(reader, start=2):
-                text = (row.get(key) or "").strip()
-                try:
-                    value = float(text)
-                except ValueError:
-                    raise UserError(
-                        f"price file {path}, line {row_number}: close {text!r} is not a number"
-                    ) from None
-                if not math.isfinite(value) or value <= 0.0:
-                    raise UserError(
-                        f"price file {path}, line {row_number}: close {text!r} must be a positive price"
-                    )
-                values.append(value)
+            values, moments, column = _read_rows(csv.DictReader(handle), path)
     except UnicodeDecodeError:
         raise UserError(f"price file {path} is not a UTF-8 text CSV") from None
     except csv.Error as error:
@@ -111,4 +95,43 @@ def load_prices(path: str | Path) -> np.ndarray:
             f"price file {path} has {len(values)} prices; at least {MIN_CSV_PRICES} are needed "
             "to train on one part and score on a later part"
         )
+    if column is not None:
+        values = in_date_order(values, moments, path=path, column=column)
     return np.asarray(values, dtype=np.float64)
+
+
+def _read_rows(
+    reader: csv.DictReader[str], path: Path
+) -> tuple[list[float], list[tuple[int, float, str]], str | None]:
+    """Each row's close price and, when the header has a date column, its (line, moment, text);
+    and that column's name."""
+    from adapters.envs.price_dates import date_column, moment
+
+    columns = [name.strip().lower() for name in (reader.fieldnames or [])]
+    if "close" not in columns:
+        found = ", ".join(columns) if columns else "no header"
+        raise UserError(f"price file {path} has no `close` column (found: {found})")
+    key = (reader.fieldnames or [])[columns.index("close")]
+    column = date_column(columns)
+    date_key = None if column is None else (reader.fieldnames or [])[columns.index(column)]
+    values: list[float] = []
+    moments: list[tuple[int, float, str]] = []
+    for row_number, row in enumerate(reader, start=2):
+        text = (row.get(key) or "").strip()
+        try:
+            value = float(text)
+        except ValueError:
+            raise UserError(
+                f"price file {path}, line {row_number}: close {text!r} is not a number"
+            ) from None
+        if not math.isfinite(value) or value <= 0.0:
+            raise UserError(
+                f"price file {path}, line {row_number}: close {text!r} must be a positive price"
+            )
+        values.append(value)
+        if date_key is not None and column is not None:
+            when = row.get(date_key) or ""
+            moments.append(
+                (row_number, moment(when, path=path, line=row_number, column=column), when)
+            )
+    return values, moments, column

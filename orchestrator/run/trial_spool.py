@@ -78,7 +78,7 @@ def kept_until_told(
             reports=list(result.reports),
         )
         try:
-            spool.keep(folder, kept)
+            spool.keep(folder, kept, hold=True)  # no start on this host delivers it meanwhile
         except OSError as error:  # a full or read-only disk: tell the study without it
             logger.warning("trial %d: cannot keep its outcome on disk: %s", trial.number, error)
             folder = None
@@ -87,7 +87,9 @@ def kept_until_told(
             result.flush()
         yield
     except StorageUnreachable:
-        raise  # the entry stays for the next start on this host
+        if folder is not None:
+            spool.release(folder, trial_id_of(trial))  # the entry stays for the next start here
+        raise
     except BaseException:
         if folder is not None:
             spool.done(folder, trial_id_of(trial))

@@ -6,7 +6,9 @@ CUDA: it only imports, and importing torch does not initialise CUDA; each proces
 and starts CUDA after the fork, as a spawned one does. Where there is no fork server (not POSIX),
 or `ORCHESTRATOR_TRIAL_START=spawn` says so, each process is spawned and imports everything
 itself. A forked process takes the environment and the working directory its supervisor has
-when it starts the process, not those of the server's start.
+when it starts the process, not those of the server's start. Neither has the study database's
+URL ($ORCHESTRATOR_STORAGE, with its password) in its environment: the user's code runs there,
+and the URL comes in the process's first message instead (`trial_environment`).
 
 For an adapter that uses no torch (`uses_torch = False`) the server leaves torch out: 1.5 s of
 CPU a command saves. One server serves a whole process, so a later study that trains with torch
@@ -20,7 +22,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -133,12 +135,41 @@ def started_here(environ: dict[str, str], cwd: str, target: Any, *args: Any) -> 
     target(*args)
 
 
+def trial_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a trial process gets: its supervisor's, less the study database's URL.
+    A trial process gets the URL in its first message (`WorkerConfig`), never from its
+    environment: the user's code runs there, and an objective that prints or logs its
+    environment would put a password in its trial log, where `logs` shows it."""
+    from orchestrator.record.storage_url import STORAGE_ENV
+
+    return {key: value for key, value in environ.items() if key != STORAGE_ENV}
+
+
+@contextlib.contextmanager
+def _storage_url_hidden() -> Iterator[None]:
+    """This process's environment without the database's URL while a process is started from it:
+    a spawned process and the fork server are new programs that take the environment as it is
+    when they start (and keep it in /proc/PID/environ, which clearing `os.environ` later would
+    not change). Put back after."""
+    from orchestrator.record.storage_url import STORAGE_ENV
+
+    hidden = os.environ.pop(STORAGE_ENV, None)
+    try:
+        yield
+    finally:
+        if hidden is not None:
+            os.environ[STORAGE_ENV] = hidden
+
+
 def start_process(context: Any, target: Any, *args: Any) -> BaseProcess:
-    """Start `target(*args)` in a trial process of `context`, with this process's environment."""
+    """Start `target(*args)` in a trial process of `context`, with this process's environment
+    less the database's URL (`trial_environment`)."""
+    environ = trial_environment(os.environ)
     process = context.Process(
-        target=started_here, args=(dict(os.environ), os.getcwd(), target, *args), daemon=False
+        target=started_here, args=(environ, os.getcwd(), target, *args), daemon=False
     )
-    process.start()
+    with _storage_url_hidden():  # the fork server may start here, on the first process
+        process.start()
     return process
 
 
@@ -146,7 +177,8 @@ def start_fork_server_now() -> None:
     """Start the fork server without waiting for its imports, and end it at this process's exit."""
     from multiprocessing import forkserver, util
 
-    forkserver.ensure_running()
+    with _storage_url_hidden():
+        forkserver.ensure_running()
     if not _stop_at_exit:
         _stop_at_exit.append(util.Finalize(None, _stop_fork_server, exitpriority=1))
 
