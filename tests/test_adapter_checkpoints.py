@@ -1,6 +1,7 @@
-"""DQN and PPO go on from a checkpoint: the state saved after an epoch is read back as the
-store reads it (`torch.load(weights_only=True)`), and a run that loads it trains only the epochs
-after it, with its weights, optimiser, replay (DQN) and counts where they were."""
+"""DQN, PPO and the forecaster go on from a checkpoint: the state saved after an epoch is read
+back as the store reads it (`torch.load(weights_only=True)`), and a run that loads it trains only
+the epochs after it, with its weights, optimiser, replay (DQN) and counts where they were. The
+forecaster, which has no environment to reset, reports exactly what an unbroken run reports."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from adapters import _rl, _rl_checkpoint, dqn, ppo
+from adapters import _rl, _rl_checkpoint, dqn, ppo, tft
+from adapters.base import parse_options
 from orchestrator.record import checkpoints as stored
 
 CPU = torch.device("cpu")
@@ -69,3 +71,25 @@ def test_dqn_keeps_the_newest_transitions_of_its_replay_with_their_priorities():
     assert sorted(fresh.table[:, 0].tolist()) == sorted(replay.table[:, 0].tolist())
     assert torch.isclose(fresh.block_sum.sum(), replay.block_sum.sum())
     assert fresh.max_weight == replay.max_weight
+
+
+def test_the_forecaster_resumed_reports_what_an_unbroken_run_reports():
+    torch.set_num_threads(1)
+    tiny = {"learning_rate": 3e-3, "batch_size": 64, "width": 16, "depth": 1, "dropout": 0.1,
+            "window": 16, "weight_decay": 1e-4}  # fmt: skip
+    options = parse_options(tft.adapter, {})
+
+    def train(epochs: int, handle: MemoryHandle) -> tuple[float, list[tuple[int, float]]]:
+        reports: list[tuple[int, float]] = []
+        value = tft.adapter.train(
+            tiny, epochs=epochs, device=CPU, options=options,
+            report=lambda e, v: reports.append((e, v)), checkpoint=handle,
+        )  # fmt: skip
+        return value, reports
+
+    whole_value, whole = train(3, MemoryHandle())
+    first = MemoryHandle()
+    train(1, first)
+    value, resumed = train(3, MemoryHandle(first.saved))
+    assert resumed == whole[1:]
+    assert value == whole_value
