@@ -54,6 +54,8 @@ def optimize(
     swarm_size: int = StudySpec.swarm_size,
     epochs: int = 1,
     max_retries: int = StudySpec.max_retries,
+    checkpoint_every: int = StudySpec.checkpoint_every,
+    artifacts: str | None = None,
     **host: Any,
 ) -> optuna.Study:
     """Run `objective(trial, device)` until the study holds `n_trials` trials; the study.
@@ -67,6 +69,9 @@ def optimize(
     trial measures (orchestrator.record.objectives). `sampler` and `pruner` are names or Optuna
     objects (pickled for the trial processes); `callbacks` are called as
     `callback(study, frozen_trial)` in this process for every trial that finishes.
+    An objective of three arguments, `objective(trial, device, checkpoint)`, gets the trial's
+    checkpoint handle, saved every `checkpoint_every` epochs (0: never) where `artifacts` says
+    (default: beside an SQLite file; docs/checkpoints.md).
     `host` takes the flags `run` has about this host, by their Python names: concurrency,
     timeout, trial_timeout, grace, sim_memory_scale, log_dir, quiet (default: progress on
     stderr when stderr is a terminal, quiet otherwise), recycle_after, fresh_process, ...
@@ -74,6 +79,7 @@ def optimize(
     from adapters.objective import objective_ref
 
     ref = objective_ref(objective)
+    _check_checkpoints(checkpoint_every, artifacts)
     names, all_directions = _objectives(objectives, directions, metric=metric, direction=direction)
     spec = StudySpec(
         adapter=ref,
@@ -89,6 +95,8 @@ def optimize(
         seed=seed,
         swarm_size=swarm_size,
         max_retries=max_retries,
+        checkpoint_every=checkpoint_every,
+        artifacts=artifacts,
         **_sampler_and_pruner(sampler, pruner),
     )
     check_spec(spec)
@@ -153,6 +161,16 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     elif not isinstance(pruner, str):
         raise ValueError(f"pruner={pruner!r}: give a pruner's name or an Optuna pruner")
     return fields
+
+
+def _check_checkpoints(every: int, artifacts: str | None) -> None:
+    from orchestrator.record.checkpoints import location_problem
+
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(f"checkpoint_every={every!r} must be a whole number of epochs, 0: never")
+    problem = None if artifacts is None else location_problem(artifacts)
+    if problem:
+        raise ValueError(f"artifacts={artifacts!r} {problem}")
 
 
 def check_spec(spec: StudySpec) -> None:

@@ -2,8 +2,9 @@
 
 `--option oom_epoch=K --option oom_batch_above=B`: a trial whose batch size is above B raises
 torch's CUDA out-of-memory error as it starts epoch K, as a model whose activations grow with
-the batch does once its longest sequences come. The pool's OOM policy re-queues it alone with
-half the batch; the re-run goes on from the trial's last checkpoint (docs/checkpoints.md).
+the batch does once its longest sequences come. The pool's OOM policy re-queues it (alone on
+the GPU with half the batch; crowded, as it is, for a quieter moment); the re-run, which never
+runs out of memory, goes on from the trial's last checkpoint (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class OomAtEpochAdapter(SyntheticAdapter):
         report: Any,
         checkpoint: Any = None,
     ) -> float:
-        too_big = 0 < int(options["oom_batch_above"]) < int(params["batch_size"])
+        first_run = getattr(checkpoint, "source", None) is None  # a re-run names its trial
+        too_big = first_run and 0 < int(options["oom_batch_above"]) < int(params["batch_size"])
         if too_big:  # imported before training: loading torch holds the interpreter for seconds
             import torch  # noqa: F401
 

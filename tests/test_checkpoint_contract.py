@@ -145,3 +145,24 @@ def test_an_artifacts_url_with_credentials_is_refused():
     assert stored.location_problem("ftp://host/x") is not None
     assert stored.location_problem("/shared/ckpt") is None
     assert stored.location_problem("s3://bucket") is None
+
+
+def test_an_optimize_objective_gets_the_handle_and_a_segment_of_it_ends_at_its_epoch(sqlite_url):
+    import orchestrator
+    from tests.checkpoint_objective import objective
+
+    def optimize(trials: int) -> optuna.Study:
+        return orchestrator.optimize(
+            objective, n_trials=trials, storage=sqlite_url, gpus="sim:24576", epochs=3,
+            pruner="none", sampler="random", concurrency=1,
+        )  # fmt: skip
+
+    study = optimize(1)
+    first = study.trials[0]
+    assert first.user_attrs["checkpoint"]["epoch"] == 2
+    study.enqueue_trial(first.params, user_attrs={"train_until_epoch": 1})
+    study = optimize(2)
+    segment = study.trials[1]
+    assert segment.state == optuna.trial.TrialState.COMPLETE
+    assert sorted(segment.intermediate_values) == [0, 1]
+    assert segment.value == pytest.approx(first.intermediate_values[1])
