@@ -54,8 +54,6 @@ def optimize(
     swarm_size: int = StudySpec.swarm_size,
     epochs: int = 1,
     max_retries: int = StudySpec.max_retries,
-    checkpoint_every: int = StudySpec.checkpoint_every,
-    artifacts: str | None = None,
     **host: Any,
 ) -> optuna.Study:
     """Run `objective(trial, device)` until the study holds `n_trials` trials; the study.
@@ -69,9 +67,6 @@ def optimize(
     trial measures (orchestrator.record.objectives). `sampler` and `pruner` are names or Optuna
     objects (pickled for the trial processes); `callbacks` are called as
     `callback(study, frozen_trial)` in this process for every trial that finishes.
-    An objective of three arguments, `objective(trial, device, checkpoint)`, gets the trial's
-    checkpoint handle, saved every `checkpoint_every` epochs (0: never) where `artifacts` says
-    (default: beside an SQLite file; docs/checkpoints.md).
     `host` takes the flags `run` has about this host, by their Python names: concurrency,
     timeout, trial_timeout, grace, sim_memory_scale, log_dir, quiet (default: progress on
     stderr when stderr is a terminal, quiet otherwise), recycle_after, fresh_process, ...
@@ -79,7 +74,6 @@ def optimize(
     from adapters.objective import objective_ref
 
     ref = objective_ref(objective)
-    _check_checkpoints(checkpoint_every, artifacts)
     names, all_directions = _objectives(objectives, directions, metric=metric, direction=direction)
     spec = StudySpec(
         adapter=ref,
@@ -95,8 +89,6 @@ def optimize(
         seed=seed,
         swarm_size=swarm_size,
         max_retries=max_retries,
-        checkpoint_every=checkpoint_every,
-        artifacts=artifacts,
         **_sampler_and_pruner(sampler, pruner),
     )
     check_spec(spec)
@@ -163,14 +155,19 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     return fields
 
 
-def _check_checkpoints(every: int, artifacts: str | None) -> None:
+def _with_checkpoints(spec: StudySpec, host: dict[str, Any]) -> StudySpec:
+    """The spec with `checkpoint_every` and `artifacts`, when given among the keyword
+    arguments (docs/checkpoints.md: an objective of three arguments gets the trial's handle)."""
     from orchestrator.record.checkpoints import location_problem
 
+    every = host.pop("checkpoint_every", spec.checkpoint_every)
+    artifacts = host.pop("artifacts", spec.artifacts)
     if not isinstance(every, int) or isinstance(every, bool) or every < 0:
         raise ValueError(f"checkpoint_every={every!r} must be a whole number of epochs, 0: never")
     problem = None if artifacts is None else location_problem(artifacts)
     if problem:
         raise ValueError(f"artifacts={artifacts!r} {problem}")
+    return spec.updated(checkpoint_every=every, artifacts=artifacts)
 
 
 def check_spec(spec: StudySpec) -> None:
@@ -247,6 +244,7 @@ def _run(
     from orchestrator.launch import execute, open_for_trials
     from orchestrator.record.storage_url import parse_url, resolve_storage_url
 
+    spec = _with_checkpoints(spec, host)
     settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
     check_host_options(settings)
     url = resolve_storage_url(storage)
