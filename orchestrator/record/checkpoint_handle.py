@@ -24,6 +24,8 @@ from orchestrator.record import checkpoints as stored
 from orchestrator.record.optuna_private import storage_of, trial_id_of
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import optuna
 
 # Checkpoints a trial keeps while it runs: the latest, and the one before it, which a process
@@ -66,6 +68,7 @@ class CheckpointHandle:
         self.resumed_epoch: int | None = None  # the epoch of the state `load` returned
         self._reported: dict[int, float] = {}
         self.unnamed: list[str] = []  # written during an outage, not yet named by the trial
+        self.on_saved: Callable[[], None] = lambda: None  # after each save (the trial runner's)
 
     # --- the adapter's side ---------------------------------------------------------------
 
@@ -95,6 +98,7 @@ class CheckpointHandle:
         if self.due(epoch):
             self._write(epoch, state)
         self._maybe_stop(epoch)
+        self.on_saved()
 
     # --- the trial runner's side ------------------------------------------------------------
 

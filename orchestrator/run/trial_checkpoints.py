@@ -76,11 +76,20 @@ def takes_checkpoint(train: Callable[..., Any]) -> bool:
 def reporting_to(
     handle: CheckpointHandle, report: Callable[[int, float], None], saves: bool
 ) -> Any:
-    """`report`, which also ends the trial once `train_until_epoch` was reported (and saved)."""
+    """`report`, which also ends the trial once `train_until_epoch` was reported (and saved).
+
+    Between an epoch's report and its checkpoint a stop waits (it comes at the save): a trial
+    stopped there would lose an epoch it had finished."""
+    from orchestrator.run.trial_signals import hold_stop, release_stop
 
     def report_epoch(epoch: int, value: float) -> None:
+        release_stop()  # the adapter did not save the last epoch held for: wait no longer
         report(epoch, value)
+        if saves and handle.due(epoch):
+            hold_stop()
         handle.reported(epoch, value, saves=saves)
+
+    handle.on_saved = release_stop
 
     for name in ("flush",):  # the reporter's extras stay reachable
         if hasattr(report, name):
