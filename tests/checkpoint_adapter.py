@@ -33,22 +33,36 @@ class OomAtEpochAdapter(SyntheticAdapter):
         too_big = first_run and 0 < int(options["oom_batch_above"]) < int(params["batch_size"])
         if too_big:  # imported before training: loading torch holds the interpreter for seconds
             import torch  # noqa: F401
-
-        def reporting(epoch: int, value: float) -> None:
-            report(epoch, value)
-            if too_big and epoch + 1 == int(options["oom_epoch"]):
-                import torch
-
-                raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised by the test adapter)")
-
         return super().train(
             params,
             epochs=epochs,
             device=device,
             options=options,
-            report=reporting,
-            checkpoint=checkpoint,
+            report=report,
+            checkpoint=_OomAfter(checkpoint, int(options["oom_epoch"])) if too_big else checkpoint,
         )
+
+
+class _OomAfter:
+    """The trial's handle, raising CUDA's OOM error once epoch K - 1 is reported and saved."""
+
+    def __init__(self, handle: Any, oom_epoch: int) -> None:
+        self.handle, self.oom_epoch = handle, oom_epoch
+        self.source = getattr(handle, "source", None)
+
+    def load(self) -> Any:
+        return None if self.handle is None else self.handle.load()
+
+    def due(self, epoch: int) -> bool:
+        return self.handle is not None and self.handle.due(epoch)
+
+    def save(self, epoch: int, state: dict[str, Any]) -> None:
+        if self.handle is not None:
+            self.handle.save(epoch, state)
+        if epoch + 1 == self.oom_epoch:
+            import torch
+
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (raised by the test adapter)")
 
 
 adapter = OomAtEpochAdapter()
