@@ -9,7 +9,8 @@ of two; so it is refused with one line naming what differs, unless the user asks
 
 What may change on any resume, because it says how much is run and how, not what a trial means:
 the budget (`--trials`), how often a lost or OOM'd trial is re-run (`--max-retries`), where
-trials are tracked (`--mlflow-uri`), and the memory model an adapter's options declare (it tells
+trials are tracked (`--mlflow-uri`), how often and where trials are checkpointed
+(`--checkpoint-every`, `--artifacts`), and the memory model an adapter's options declare (it tells
 admission how many trials fit at once, never what a trial computes).
 
 `differences` is pure; `check_stored` and `record_update` read and write the study's attributes.
