@@ -155,6 +155,21 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     return fields
 
 
+def _with_checkpoints(spec: StudySpec, host: dict[str, Any]) -> StudySpec:
+    """The spec with `checkpoint_every` and `artifacts`, when given among the keyword
+    arguments (docs/checkpoints.md: an objective of three arguments gets the trial's handle)."""
+    from orchestrator.record.checkpoints import location_problem
+
+    every = host.pop("checkpoint_every", spec.checkpoint_every)
+    artifacts = host.pop("artifacts", spec.artifacts)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ValueError(f"checkpoint_every={every!r} must be a whole number of epochs, 0: never")
+    problem = None if artifacts is None else location_problem(artifacts)
+    if problem:
+        raise ValueError(f"artifacts={artifacts!r} {problem}")
+    return spec.updated(checkpoint_every=every, artifacts=artifacts)
+
+
 def check_spec(spec: StudySpec) -> None:
     """Everything about the spec that can be wrong, found before anything is stored: the
     sampler for this many objectives, the pruner, and settings that must be stored as JSON."""
@@ -229,6 +244,7 @@ def _run(
     from orchestrator.launch import execute, open_for_trials
     from orchestrator.record.storage_url import parse_url, resolve_storage_url
 
+    spec = _with_checkpoints(spec, host)
     settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
     check_host_options(settings)
     url = resolve_storage_url(storage)

@@ -26,6 +26,7 @@ class _Stop:
 
     armed = False
     requested = False
+    holding = False  # armed, but held back until an epoch's checkpoint is saved (hold_stop)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -53,4 +54,20 @@ def interruptible() -> Iterator[None]:
     try:
         yield
     finally:
+        _Stop.armed = _Stop.holding = False
+
+
+def hold_stop() -> None:
+    """From here to `release_stop`, a part a SIGTERM must not cut (an epoch reported and not yet
+    checkpointed): a stop that comes is remembered and raised at the release."""
+    if _Stop.armed:
+        _Stop.armed, _Stop.holding = False, True
+
+
+def release_stop() -> None:
+    if not _Stop.holding:
+        return
+    _Stop.holding, _Stop.armed = False, True
+    if _Stop.requested:
         _Stop.armed = False
+        raise Interrupted(f"stopped by signal {signal.SIGTERM.value}")
