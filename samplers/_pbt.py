@@ -35,6 +35,7 @@ from samplers._pbt_rules import (
     default_interval,
     free_members,
     next_segment,
+    pick_member,
 )
 from samplers._space import from_unit
 
@@ -191,7 +192,7 @@ class PBTSampler(BaseSampler):
                 lost.clear()  # the population has moved on: every member may be free again
                 continue
             rng = np.random.default_rng([entropy, trial.number, attempt])
-            member = int(free[int(rng.integers(len(free)))])
+            member = pick_member(segments, free, rng)
             plan = next_segment(segments, member, settings, rng)
             record = _record(plan)
             storage.set_trial_system_attr(trial_id_of(trial), PLAN_KEY, record)

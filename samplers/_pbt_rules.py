@@ -94,6 +94,23 @@ def free_members(segments: Sequence[Segment], population: int) -> list[int]:
     return [m for m in range(population) if not members.get(m) or members[m][-1].state != "running"]
 
 
+def pick_member(segments: Sequence[Segment], free: Sequence[int], rng: np.random.Generator) -> int:
+    """The free member furthest behind (fewest epochs in its latest complete segment; of those,
+    one whose last segment failed), a tie drawn at random: the population moves on together,
+    and a failed segment is replaced first."""
+    members = by_member(segments)
+
+    def behind(member: int) -> tuple[int, int]:
+        own = members.get(member, [])
+        done = latest_complete(own)
+        failed = bool(own) and own[-1].state == "failed"
+        return (0 if done is None else done.until, 0 if failed else 1)
+
+    first = min(behind(m) for m in free)
+    tied = [m for m in free if behind(m) == first]
+    return int(tied[int(rng.integers(len(tied)))])
+
+
 def quantiles(scores: Mapping[int, float], fraction: float) -> tuple[list[int], list[int]]:
     """(bottom, top) members by score (lower is better), as Ray Tune's PBT splits them: the
     fraction of the members rounded up, at most half of them on each side."""

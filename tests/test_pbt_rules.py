@@ -14,6 +14,7 @@ from samplers._pbt_rules import (
     free_members,
     next_segment,
     perturb,
+    pick_member,
     quantiles,
 )
 
@@ -154,3 +155,16 @@ def test_explore_resamples_with_its_probability_and_keeps_every_value_valid():
 
 def test_default_interval_is_a_quarter_of_the_epochs():
     assert [default_interval(e) for e in (1, 4, 10, 20)] == [1, 1, 3, 5]
+
+
+def test_the_member_furthest_behind_goes_first_and_a_failed_one_before_its_equals():
+    segments = [
+        seg(0, 0, 1.0, until=10, start=5, generation=1),
+        seg(1, 1, 2.0),
+        seg(2, 2, 3.0),
+        seg(3, 2, None, start=5, until=10, generation=1, state="failed"),
+    ]
+    rng = np.random.default_rng(0)
+    assert {pick_member(segments, [0, 1, 2], rng) for _ in range(20)} == {2}
+    assert {pick_member(segments, [0, 1, 3], rng) for _ in range(20)} == {3}  # never ran: 0 epochs
+    assert {pick_member(segments, [0, 1], rng) for _ in range(20)} == {1}
