@@ -131,3 +131,29 @@ def test_made_by_name_with_the_population_from_the_swarm_size():
         make_sampler("pbt", seed=0, n_objectives=2)
     with pytest.raises(ValueError, match="population"):
         PBTSampler(population=1)
+
+
+def test_best_gives_the_winning_lineage_and_the_report_draws_the_population():
+    from orchestrator.record.best_trial import best_lineage
+    from orchestrator.show.report_lineage import lineage_section
+
+    study = optuna.create_study(sampler=PBTSampler(population=3, interval=2, epochs=6, seed=2))
+    saved: dict[int, tuple[int, float]] = {}
+    for _ in range(9):
+        trial = study.ask()
+        study.tell(trial, train_segment(trial, saved))
+    trials = study.get_trials()
+    best = study.best_trial
+    found = best_lineage(trials, best.number)
+    assert found is not None and found["trials"][-1] == best.number
+    assert found["trials"][0] in {
+        t.number for t in trials if t.user_attrs[names.PBT_PARENT] is None
+    }
+    assert found["schedule"][-1]["until"] == 6
+    html_lines = "\n".join(lineage_section(trials, found))
+    assert html_lines.count("<title>trial ") == 9
+    assert "The best lineage" in html_lines
+    plain = optuna.create_study()
+    plain.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert best_lineage(plain.trials, plain.best_trial.number) is None
+    assert lineage_section(plain.trials, None) == []
