@@ -57,7 +57,8 @@ class PBTSampler(BaseSampler):
     **Members and segments.** The population has ``population`` members. Each trial trains one
     member for ``interval`` epochs: from epoch 0 (a fresh member, its params from a Latin
     hypercube over the population) or from its parent's checkpoint (user attribute
-    ``checkpoint_from``, the parent's trial number) up to ``train_until_epoch``. The trial's
+    ``checkpoint_from``, the parent's trial number) up to ``train_until_epoch`` (the last epoch
+    it trains, counted from 0 as reports are). The trial's
     value is the one reported at that epoch. ``pbt_member``, ``pbt_generation``, ``pbt_parent``
     and ``pbt_start_epoch`` say where it sits in its lineage.
 
@@ -146,7 +147,7 @@ class PBTSampler(BaseSampler):
             names.PBT_PARENT: plan.parent,
             names.PBT_START_EPOCH: plan.start,
             names.PBT_EXPLOITED: plan.exploited,
-            names.TRAIN_UNTIL_EPOCH: plan.until,
+            names.TRAIN_UNTIL_EPOCH: plan.until - 1,  # the last epoch, counted from 0
         }
         if plan.parent is not None:
             attrs[names.CHECKPOINT_FROM] = plan.parent

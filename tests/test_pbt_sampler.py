@@ -29,7 +29,7 @@ def train_segment(trial: optuna.Trial, saved: dict[int, tuple[int, float]], lock
     parent = attrs.get(names.CHECKPOINT_FROM)
     epoch, w = saved[parent] if parent is not None else (0, 0.0)
     assert epoch == attrs[names.PBT_START_EPOCH]
-    while epoch < attrs[names.TRAIN_UNTIL_EPOCH]:
+    while epoch <= attrs[names.TRAIN_UNTIL_EPOCH]:  # counted from 0
         epoch += 1
         w += (1.0 - w) * min(lr, 0.5)
     saved[trial.number] = (epoch, w)
@@ -48,11 +48,11 @@ def check_lineages(study: optuna.Study, interval: int, epochs: int) -> None:
             p = trials[parent].user_attrs
             assert a[names.CHECKPOINT_FROM] == parent
             assert a[names.PBT_GENERATION] == p[names.PBT_GENERATION] + 1
-            assert a[names.PBT_START_EPOCH] == p[names.TRAIN_UNTIL_EPOCH]
+            assert a[names.PBT_START_EPOCH] == p[names.TRAIN_UNTIL_EPOCH] + 1
             if not a[names.PBT_EXPLOITED]:
                 assert t.params == trials[parent].params
                 assert a[names.PBT_MEMBER] == p[names.PBT_MEMBER]
-        assert a[names.TRAIN_UNTIL_EPOCH] == min(a[names.PBT_START_EPOCH] + interval, epochs)
+        assert a[names.TRAIN_UNTIL_EPOCH] + 1 == min(a[names.PBT_START_EPOCH] + interval, epochs)
 
 
 def test_a_population_trains_in_segments_and_the_bottom_copies_the_top():
@@ -69,7 +69,9 @@ def test_a_population_trains_in_segments_and_the_bottom_copies_the_top():
     best = study.best_trial
     lineage = lineage_of(best, {t.number: t for t in trials})
     rows = schedule(lineage)
-    assert rows[0]["from"] == 0 and rows[-1]["until"] == best.user_attrs[names.TRAIN_UNTIL_EPOCH]
+    assert (
+        rows[0]["from"] == 0 and rows[-1]["until"] == best.user_attrs[names.TRAIN_UNTIL_EPOCH] + 1
+    )
     assert all(a["until"] == b["from"] for a, b in zip(rows, rows[1:], strict=False))
     assert lineage[-1].number == best.number
 

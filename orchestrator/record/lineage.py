@@ -17,16 +17,25 @@ if TYPE_CHECKING:
 PBT_MEMBER = "pbt_member"  # the population member this segment trains
 PBT_GENERATION = "pbt_generation"  # segments before it in its lineage (0: a fresh start)
 PBT_PARENT = "pbt_parent"  # the trial whose checkpoint it continues (None: a fresh start)
-PBT_START_EPOCH = "pbt_start_epoch"  # epochs its parent had trained
+PBT_START_EPOCH = "pbt_start_epoch"  # epochs its parent had trained (0: none)
 PBT_EXPLOITED = "pbt_exploited"  # True: it copied another member and perturbed its params
 # What the trial runner reads (its checkpoints' contract).
 CHECKPOINT_FROM = "checkpoint_from"
-TRAIN_UNTIL_EPOCH = "train_until_epoch"
+TRAIN_UNTIL_EPOCH = "train_until_epoch"  # the last epoch it trains, counted from 0 as reports are
 CHECKPOINT = "checkpoint"  # {"artifact_id": ..., "epoch": ...}: the trial's latest checkpoint
 
 
 def is_segment(trial: FrozenTrial) -> bool:
     return PBT_GENERATION in trial.user_attrs
+
+
+def epochs_trained(trial: FrozenTrial) -> int:
+    """How many epochs the segment's lineage has trained when it ends: `train_until_epoch` + 1
+    (reports count epochs from 0); for a trial without one, its last report + 1."""
+    until = trial.user_attrs.get(TRAIN_UNTIL_EPOCH)
+    if isinstance(until, int) and not isinstance(until, bool):
+        return until + 1
+    return trial.last_step + 1 if trial.last_step is not None else 0
 
 
 def lineage_of(trial: FrozenTrial, by_number: Mapping[int, FrozenTrial]) -> list[FrozenTrial]:
@@ -50,9 +59,7 @@ def schedule(lineage: Iterable[FrozenTrial]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for segment in lineage:
         start = int(segment.user_attrs.get(PBT_START_EPOCH, 0) or 0)
-        until = segment.user_attrs.get(TRAIN_UNTIL_EPOCH)
-        if not isinstance(until, int):
-            until = segment.last_step + 1 if segment.last_step is not None else start
+        until = epochs_trained(segment)
         params = dict(segment.params)
         if rows and rows[-1]["params"] == params and rows[-1]["until"] == start:
             rows[-1]["until"] = until

@@ -17,7 +17,7 @@ from orchestrator.record.lineage import (
     PBT_MEMBER,
     PBT_PARENT,
     PBT_START_EPOCH,
-    TRAIN_UNTIL_EPOCH,
+    epochs_trained,
     is_segment,
 )
 
@@ -114,8 +114,7 @@ def _start(t: FrozenTrial) -> int:
 
 
 def _until(t: FrozenTrial) -> int:
-    value = t.user_attrs.get(TRAIN_UNTIL_EPOCH)
-    return value if isinstance(value, int) else _start(t)
+    return epochs_trained(t)
 
 
 def _state_colour(t: FrozenTrial) -> str:
