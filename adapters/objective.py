@@ -1,5 +1,8 @@
 """A plain Optuna objective, `objective(trial, device) -> float`, as an adapter.
 
+An objective of three arguments, `objective(trial, device, checkpoint)`, also gets the trial's
+checkpoint handle (docs/checkpoints.md): `checkpoint.load()` and `checkpoint.save(epoch, state)`.
+
 This is how `orchestrator.optimize` runs a function through the GPU pools: the function is
 found again in every trial process by its `module:qualname` (so it must be a module-level
 function of an importable module), and the study's settings carry its memory model and, when it
@@ -81,16 +84,34 @@ class ObjectiveAdapter(BaseAdapter):
         device: torch.device,
         options: Mapping[str, Any],
         report: Report,
+        checkpoint: Any = None,
     ) -> float:
         assert self._trial is not None, "suggest() comes first"
         trial, self._trial = self._trial, None
         from orchestrator.record.objectives import objective_value
 
+        extra = (checkpoint,) if takes_handle(self._objective) else ()
         try:
-            value = self._objective(trial, device)
+            value = self._objective(trial, device, *extra)
         except ValueError as error:
             raise _batch_size_mismatch(error, options) from None
         return objective_value(value)  # type: ignore[return-value]
+
+
+def takes_handle(objective: Objective) -> bool:
+    """Whether the objective takes a third argument, the checkpoint handle: a third positional
+    parameter named `checkpoint` or without a default (one with a default is the user's own)."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(objective).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 3:
+        return False
+    third = positional[2]
+    return third.name == "checkpoint" or third.default is inspect.Parameter.empty
 
 
 # What Optuna says when a parameter is drawn again from an incompatible distribution.

@@ -4,12 +4,19 @@ The value is a shifted quadratic bowl over a few parameters of every kind the sa
 (linear and log floats, a log-scale int `batch_size`, a categorical), so the optimum is known:
 x=1, y=-2, learning_rate=1e-3, batch_size=512, activation="gelu" gives 0. One trial sleeps
 `trial_seconds` in total, split over its epochs, and reports a value per epoch that approaches
-the final one, so pruners have something to work with.
+the final one, so pruners have something to work with; `noise` adds a seeded draw to each.
+
+It checkpoints its epoch and its random generator after each epoch (through the handle,
+docs/checkpoints.md), so a resume can be tried in seconds: a resumed trial reports the curve an
+uninterrupted one would have.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import random
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import (
     BATCH_SIZE_MAX,
     BATCH_SIZE_MIN,
+    SEED_MAX,
     BaseAdapter,
     MemoryModel,
     Range,
@@ -49,9 +57,10 @@ class SyntheticAdapter(BaseAdapter):
     metric = "loss"
     description = "a known quadratic objective with a chosen trial duration and memory model"
     uses_torch = False  # it sleeps: its trial processes need not import torch
-    options = {"trial_seconds": 0.5, "overhead_mb": 500.0, "per_sample_mb": 0.02}
+    options = {"trial_seconds": 0.5, "overhead_mb": 500.0, "per_sample_mb": 0.02, "noise": 0.0}
     option_ranges = {
         "trial_seconds": Range(0, 86_400),  # a sleep: negative is an error, a day is plenty
+        "noise": Range(0),
         "overhead_mb": Range(0),
         "per_sample_mb": Range(0),
     }
@@ -86,15 +95,33 @@ class SyntheticAdapter(BaseAdapter):
         device: str,  # its name: this adapter uses no torch
         options: Mapping[str, Any],
         report: Report,
+        checkpoint: Any = None,
     ) -> float:
         final = synthetic_value(params)
         epochs = max(1, epochs)
         pause = float(options.get("trial_seconds", 0.0)) / epochs
-        for epoch in range(epochs):
+        noise = float(options.get("noise", 0.0))
+        rng = random.Random(params_seed(params))
+        start = 0
+        state = None if checkpoint is None else checkpoint.load()
+        if state is not None:  # go on after the saved epoch, with the generator as it was
+            start = int(state["epoch"]) + 1
+            version, internal, gauss = state["rng"]
+            rng.setstate((version, tuple(internal), gauss))
+        for epoch in range(start, epochs):
             time.sleep(pause)
             # Converges to the final value from above, like a loss curve.
-            report(epoch, final + (epochs - 1 - epoch) / epochs)
+            value = final + (epochs - 1 - epoch) / epochs + noise * rng.gauss(0.0, 1.0)
+            if checkpoint is not None:
+                checkpoint.save(epoch, {"epoch": epoch, "rng": list(rng.getstate())})
+            report(epoch, value)
         return final
+
+
+def params_seed(params: Mapping[str, Any]) -> int:
+    """A seed from the parameters: the same trial draws the same noise on any node."""
+    text = json.dumps(dict(params), sort_keys=True, default=str)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") % SEED_MAX
 
 
 adapter = SyntheticAdapter()

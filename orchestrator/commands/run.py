@@ -18,6 +18,7 @@ from orchestrator.commands._args import (
     study_name,
     whole_number,
 )
+from orchestrator.commands.checkpoint_flags import add_checkpoint_arguments, checkpoint_settings
 from orchestrator.commands.trust_flags import (
     add_confirm_arguments,
     add_repeats_argument,
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_study_arguments(parser)
     _add_search_arguments(parser)
+    add_checkpoint_arguments(parser)
     add_config_argument(parser)
     add_host_arguments(parser)
     add_output_arguments(parser)
@@ -182,13 +184,14 @@ def run_command(args: argparse.Namespace) -> int:
     if callable(check_options):
         check_options(options)
     check_trust_flags(args, adapter)
+    checkpoint_settings(args)  # a refused --artifacts is said before anything is opened
     check_storage_for_workers(url)
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
     mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
 
     spare, storage = open_for_trials(url, uses_torch=uses_torch(adapter))
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
-    spec = spec.updated(mlflow_uri=mlflow_uri)
+    spec = spec.updated(mlflow_uri=mlflow_uri, **checkpoint_settings(args))
     queue = _fitting_queue(queue, existing, spec)
     return plan_and_run(
         url=url,

@@ -30,3 +30,8 @@ FAIL_REASON = "fail_reason"  # why it failed without an error: "nan", "exit", "t
 # A re-run of an earlier trial's parameters (after an OOM, an interruption, a lost process).
 RETRY_OF = "retry_of"
 RETRY_REASON = "retry_reason"
+# Checkpoints (orchestrator/record/checkpoints.py; docs/checkpoints.md has the contract).
+CHECKPOINT = "checkpoint"  # {"artifact_id": str, "epoch": int}: the trial's latest, every save
+CHECKPOINT_FROM = "checkpoint_from"  # a trial number: training starts from its latest checkpoint
+TRAIN_UNTIL_EPOCH = "train_until_epoch"  # train up to this epoch (inclusive), then end COMPLETE
+RESUMED_FROM_EPOCH = "resumed_from_epoch"  # the epoch of the checkpoint training went on from

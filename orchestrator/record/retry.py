@@ -40,6 +40,15 @@ def requeue(
     if max_retries is not None and len(history) > max_retries:
         return False
     fixed = {**trial.params, **(params or {})}
+    # The re-run trains on from the last checkpoint of the trial it replaces, on any node, and
+    # ends where that one was to end.
+    user_attrs = {
+        names.RETRY_OF: trial.number,
+        names.RETRY_REASON: reason,
+        names.CHECKPOINT_FROM: trial.number,
+    }
+    if names.TRAIN_UNTIL_EPOCH in trial.user_attrs:
+        user_attrs[names.TRAIN_UNTIL_EPOCH] = trial.user_attrs[names.TRAIN_UNTIL_EPOCH]
     rerun = optuna.trial.create_trial(
         state=TrialState.WAITING,
         system_attrs={
@@ -47,7 +56,7 @@ def requeue(
             "failed_trial": history[0],
             "retry_history": history,
         },
-        user_attrs={names.RETRY_OF: trial.number, names.RETRY_REASON: reason},
+        user_attrs=user_attrs,
     )
     attempts = 0
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # Every setting of StudySpec is part of what a trial means unless it is named here: a setting
 # added later is guarded from the start.
-CHANGEABLE = frozenset({"trials", "max_retries", "mlflow_uri"})
+CHANGEABLE = frozenset({"trials", "max_retries", "mlflow_uri", "checkpoint_every", "artifacts"})
 # A sampler or pruner object given to `optimize` is stored pickled, and its pickle holds its
 # random state: two equal samplers pickle differently, so the pickles are not compared.
 NOT_COMPARED = frozenset({"sampler_pickle", "pruner_pickle"})

@@ -56,6 +56,10 @@ class StudySpec:
     # Training runs per trial, with the adapter's seed option seed, seed + 1, ...; the trial's
     # value is their mean (adapters/repeats.py). Part of what a trial means: resume keeps it.
     repeats: int = 1
+    # A trial's checkpoint after every N epochs (0: none); where they are kept, None: beside the
+    # SQLite file (orchestrator/record/checkpoints.py). Neither changes what a trial means.
+    checkpoint_every: int = 1
+    artifacts: str | None = None
 
     @property
     def all_directions(self) -> list[str]:

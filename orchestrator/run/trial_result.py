@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from optuna.trial import TrialState
@@ -32,3 +32,4 @@ class RunResult:
     planned_mb: float | None = None
     vram_peak_mb: float | None = None
     concurrency: int | None = None
+    checkpoint: Any = None  # the trial's checkpoint handle (orchestrator/record/checkpoint_handle)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from orchestrator.run.trial_context import TrialContext
 
 from orchestrator.record.trial_attrs import set_user_attrs
+from orchestrator.run.trial_checkpoints import open_handle, tidy
 from orchestrator.run.trial_clock import time_limit
 from orchestrator.run.trial_errors import fail_with, settle
 from orchestrator.run.trial_memory import (
@@ -70,6 +71,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
                 tell(ctx, trial, told)
                 record(ctx, trial, result, lock)
             publish(ctx, trial)
+            tidy_checkpoints(ctx, trial, result, requeued)
     except UpdateFinishedTrialError:
         return _late(trial.number, log_file)
     return TrialOutcome(
@@ -87,6 +89,16 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         log_file=None if log_file is None else str(log_file),
         timed_out=result.timed_out,
     )
+
+
+def tidy_checkpoints(
+    ctx: TrialContext, trial: optuna.Trial, result: RunResult, requeued: bool
+) -> None:
+    """Drop the checkpoints nothing reads again; a store that refuses costs a line, not the trial."""
+    try:
+        tidy(ctx.study, trial, result.checkpoint, result.state.name, requeued)
+    except Exception as error:  # the trial is told already: tidying is best effort
+        logger.warning("trial %d: its checkpoints were not tidied: %s", trial.number, error)
 
 
 def _late(number: int, log_file: Path | None) -> TrialOutcome:
@@ -196,6 +208,7 @@ def run_objective(
                 else unpruned_reporter(trial.number)
             )
             result.flush = report.flush  # run before the result is told (trial_spool)
+            result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage_url)
             with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
                 value = train(
                     ctx,
@@ -203,6 +216,7 @@ def run_objective(
                     trial,
                     params,
                     reporting_memory(ctx, result, channel, noted(result, report)),
+                    result.checkpoint,
                 )
             hold_simulated(ctx, result)  # a model that never reports still held it all
         several = several_values(value)  # an objective of several values returns a sequence

@@ -19,19 +19,41 @@ if TYPE_CHECKING:
 
 
 def train(
-    ctx: TrialContext, spec: StudySpec, trial: optuna.Trial, params: dict[str, Any], report: Any
+    ctx: TrialContext,
+    spec: StudySpec,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    report: Any,
+    checkpoint: Any = None,
 ) -> Any:
     """The adapter's training run; with `--repeats N`, N runs with seeds seed .. seed + N - 1,
     their mean the value the study (and its pruner) sees, each run's score and the spread kept
-    with the trial (adapters/repeats.py)."""
+    with the trial (adapters/repeats.py).
+
+    A single run gets the trial's checkpoint handle when its `train` takes `checkpoint=`; a run
+    stopped at `train_until_epoch` returns the value reported there. Repeated runs train from
+    scratch: N seeds are N states, and a trial's checkpoint is one."""
     if spec.repeats <= 1:
-        return ctx.adapter.train(
-            params,
-            epochs=spec.epochs,
-            device=ctx.training_device(),
-            options=spec.options,
-            report=report,
-        )
+        from orchestrator.record.checkpoint_handle import TrainedUntil
+        from orchestrator.run.trial_checkpoints import reporting_to, takes_checkpoint
+
+        extra: dict[str, Any] = {}
+        saves = checkpoint is not None and takes_checkpoint(ctx.adapter.train)
+        if saves:
+            extra["checkpoint"] = checkpoint
+        if checkpoint is not None:
+            report = reporting_to(checkpoint, report, saves)
+        try:
+            return ctx.adapter.train(
+                params,
+                epochs=spec.epochs,
+                device=ctx.training_device(),
+                options=spec.options,
+                report=report,
+                **extra,
+            )
+        except TrainedUntil as stop:  # train_until_epoch: a segment ends with its last value
+            return stop.value
     from adapters.repeats import train_repeated
 
     runs = train_repeated(
