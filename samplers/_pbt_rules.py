@@ -129,38 +129,49 @@ def next_segment(
 ) -> Plan:
     """The next segment of `member`, which has none running.
 
-    A member with no complete segment starts fresh. One whose lineage reached the last epoch
-    starts a fresh lineage. Otherwise, ranked by the latest complete segment of each member that
-    can still train: in the bottom quantile it exploits a top member (a checkpoint that still has
-    epochs to go) and explores its parameters; anywhere else it continues from its own."""
+    A member with no complete segment starts fresh. The others are ranked by the latest
+    complete segment of each member that can still train (its lineage has epochs to go): in the
+    bottom quantile a member exploits a top one (copies its checkpoint and explores its params);
+    anywhere else it continues from its own checkpoint with its own params. A member whose
+    lineage reached the last epoch takes up the best member that can still train, as an exploit
+    (with workers training at different speeds some lineages finish first, and the budget is
+    better spent on the best lineage than on a fresh start that cannot catch up); when none can,
+    it starts afresh."""
     members = by_member(segments)
     own = members.get(member, [])
     base = latest_complete(own)
     fresh_round = sum(1 for s in own if s.generation == 0 and s.state == "complete")
-    if base is None or base.until >= settings.epochs:
-        return Plan(
-            member, 0, 0, min(settings.interval, settings.epochs), None, None, False, fresh_round
-        )
+    fresh = Plan(
+        member, 0, 0, min(settings.interval, settings.epochs), None, None, False, fresh_round
+    )
+    if base is None:
+        return fresh
     latest = {m: latest_complete(ss) for m, ss in members.items() if m < settings.population}
     scores = {
         m: s.score
         for m, s in latest.items()
         if s is not None and s.score is not None and s.until < settings.epochs
     }
+    if base.until >= settings.epochs:
+        if not scores:
+            return fresh
+        best = min(scores, key=lambda m: (scores[m], m))
+        return _exploit(member, latest[best], settings, rng)
     bottom, top = quantiles(scores, settings.quantile)
-    chosen = base
-    params = dict(base.params)
-    exploited = False
     if member in bottom and top:
-        donor = latest[int(rng.choice(top))]
-        assert donor is not None
-        chosen = donor
-        params = explore(donor.params, donor.distributions, settings, rng)
-        exploited = True
-    until = min(chosen.until + settings.interval, settings.epochs)
-    return Plan(
-        member, chosen.generation + 1, chosen.until, until, chosen.number, params, exploited
-    )
+        return _exploit(member, latest[int(rng.choice(top))], settings, rng)
+    until = min(base.until + settings.interval, settings.epochs)
+    return Plan(member, base.generation + 1, base.until, until, base.number, dict(base.params))
+
+
+def _exploit(
+    member: int, donor: Segment | None, settings: Settings, rng: np.random.Generator
+) -> Plan:
+    """`member` goes on from `donor`'s checkpoint with `donor`'s params explored."""
+    assert donor is not None
+    params = explore(donor.params, donor.distributions, settings, rng)
+    until = min(donor.until + settings.interval, settings.epochs)
+    return Plan(member, donor.generation + 1, donor.until, until, donor.number, params, True)
 
 
 def explore(

@@ -91,12 +91,20 @@ def test_a_member_ranks_by_its_latest_complete_segment_and_failed_ones_retry_fro
     assert (plan.generation, plan.start, plan.until) == (2, 10, 15)
 
 
-def test_the_last_segment_ends_at_the_last_epoch_and_a_finished_lineage_starts_again():
-    settings = Settings(population=2, interval=8, epochs=20)
+def test_the_last_segment_ends_at_the_last_epoch_and_a_finished_lineage_takes_up_the_best():
+    settings = Settings(population=3, interval=8, epochs=20)
     segments = [seg(0, 0, 1.0, start=8, until=16, generation=1), seg(1, 1, 2.0, until=8)]
     assert next_segment(segments, 0, settings, np.random.default_rng(0)).until == 20
-    done = [seg(0, 0, 1.0, start=16, until=20, generation=2), seg(1, 1, 2.0, until=8)]
+    done = [
+        seg(0, 0, 1.0, start=16, until=20, generation=2),
+        seg(1, 1, 3.0, until=8),
+        seg(2, 2, 2.0, until=8),
+    ]
     plan = next_segment(done, 0, settings, np.random.default_rng(0))
+    assert plan.exploited and plan.parent == 2  # the best member that can still train
+    assert (plan.generation, plan.start, plan.until) == (1, 8, 16)
+    all_done = [done[0], seg(1, 1, 3.0, start=8, until=20, generation=1)]
+    plan = next_segment(all_done, 0, settings, np.random.default_rng(0))
     assert plan.parent is None and plan.generation == 0 and plan.until == 8
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record import attr_names
+
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
@@ -19,10 +21,12 @@ PBT_GENERATION = "pbt_generation"  # segments before it in its lineage (0: a fre
 PBT_PARENT = "pbt_parent"  # the trial whose checkpoint it continues (None: a fresh start)
 PBT_START_EPOCH = "pbt_start_epoch"  # epochs its parent had trained (0: none)
 PBT_EXPLOITED = "pbt_exploited"  # True: it copied another member and perturbed its params
-# What the trial runner reads (its checkpoints' contract).
-CHECKPOINT_FROM = "checkpoint_from"
-TRAIN_UNTIL_EPOCH = "train_until_epoch"  # the last epoch it trains, counted from 0 as reports are
-CHECKPOINT = "checkpoint"  # {"artifact_id": ..., "epoch": ...}: the trial's latest checkpoint
+# What the trial runner reads and writes (the checkpoints' contract, docs/checkpoints.md):
+# `train_until_epoch` is the last epoch a segment trains, counted from 0 as reports are.
+CHECKPOINT = attr_names.CHECKPOINT
+CHECKPOINT_FROM = attr_names.CHECKPOINT_FROM
+TRAIN_UNTIL_EPOCH = attr_names.TRAIN_UNTIL_EPOCH
+RESUMED_FROM_EPOCH = attr_names.RESUMED_FROM_EPOCH
 
 
 def is_segment(trial: FrozenTrial) -> bool:
