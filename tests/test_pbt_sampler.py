@@ -159,3 +159,13 @@ def test_best_gives_the_winning_lineage_and_the_report_draws_the_population():
     plain.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
     assert best_lineage(plain.trials, plain.best_trial.number) is None
     assert lineage_section(plain.trials, None) == []
+
+
+def test_run_refuses_pbt_for_an_adapter_without_checkpoints(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    argv = ["run", "--adapter-path", "tests.noisy_adapter:adapter", "--sampler", "pbt"]
+    assert main([*argv, "--storage", url, "--gpus", "sim:24576"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "checkpoints its training" in err[0]

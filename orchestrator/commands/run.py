@@ -243,6 +243,7 @@ def _resolve_spec(
     else:
         spec = _resumed_spec(existing, name, args, adapter, options, label)
     _check_swarm(spec)
+    _check_population(spec, adapter)
     return existing, spec
 
 
@@ -251,6 +252,19 @@ def _check_swarm(spec: StudySpec) -> None:
         raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
     if spec.sampler == "pbt" and spec.swarm_size < 2:
         raise UserError(f"--swarm-size {spec.swarm_size}: a population needs at least 2 members")
+
+
+def _check_population(spec: StudySpec, adapter: Any) -> None:
+    """Population-based training continues members from checkpoints: an adapter whose `train`
+    saves none would train every segment from epoch 0."""
+    from orchestrator.run.trial_checkpoints import takes_checkpoint
+
+    if spec.sampler == "pbt" and not takes_checkpoint(adapter.train):
+        raise UserError(
+            f"--sampler pbt needs an adapter that checkpoints its training, and {adapter.name!r} "
+            "does not (its train takes no checkpoint=, docs/checkpoints.md): choose another "
+            "--sampler"
+        )
 
 
 def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
