@@ -242,8 +242,10 @@ def _resolve_spec(
         spec = _new_spec(args, adapter, options)
     else:
         spec = _resumed_spec(existing, name, args, adapter, options, label)
+    from orchestrator.commands.population import check_population
+
     _check_swarm(spec)
-    _check_population(spec, adapter)
+    check_population(spec, adapter)
     return existing, spec
 
 
@@ -252,19 +254,6 @@ def _check_swarm(spec: StudySpec) -> None:
         raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
     if spec.sampler == "pbt" and spec.swarm_size < 2:
         raise UserError(f"--swarm-size {spec.swarm_size}: a population needs at least 2 members")
-
-
-def _check_population(spec: StudySpec, adapter: Any) -> None:
-    """Population-based training continues members from checkpoints: an adapter whose `train`
-    saves none would train every segment from epoch 0."""
-    from orchestrator.run.trial_checkpoints import takes_checkpoint
-
-    if spec.sampler == "pbt" and not takes_checkpoint(adapter.train):
-        raise UserError(
-            f"--sampler pbt needs an adapter that checkpoints its training, and {adapter.name!r} "
-            "does not (its train takes no checkpoint=, docs/checkpoints.md): choose another "
-            "--sampler"
-        )
 
 
 def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
@@ -285,8 +274,7 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         sampler=args.sampler,
         seed=args.seed if args.seed is not None else draw_seed(),
         swarm_size=args.swarm_size,
-        # Population-based training replaces members itself: a pruner would stop segments
-        # that are about to be continued or copied.
+        # PBT replaces members itself: a pruner would stop segments about to be copied.
         pruner=args.pruner or ("none" if args.sampler == "pbt" else None),
         max_retries=args.max_retries,
         repeats=args.repeats,
