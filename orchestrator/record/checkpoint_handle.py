@@ -65,6 +65,7 @@ class CheckpointHandle:
         self.saved: list[stored.Checkpoint] = []  # this trial's own, oldest first
         self.resumed_epoch: int | None = None  # the epoch of the state `load` returned
         self._reported: dict[int, float] = {}
+        self.unnamed: list[str] = []  # written during an outage, not yet named by the trial
 
     # --- the adapter's side ---------------------------------------------------------------
 
@@ -156,12 +157,34 @@ class CheckpointHandle:
         self._trial._cached_frozen_trial.intermediate_values.update(curve)  # as report keeps it
 
     def _write(self, epoch: int, state: dict[str, Any]) -> None:
-        from orchestrator.record.outage import ride_out
-        from orchestrator.record.trial_attrs import set_user_attrs
+        """Write the file, then name it in the trial's attributes. While the database is away
+        training goes on: the file is kept unnamed, and the next save that is named drops it."""
+        from orchestrator.record.outage import single_attempt
+        from orchestrator.record.outage_errors import is_outage
 
         artifact_id = str(uuid.uuid4())
         self._store.write(artifact_id, io.BytesIO(stored.encode(epoch, state)))
-        meta = {  # Optuna's ArtifactMeta, so its dashboard lists the checkpoint with the trial
+        try:
+            with single_attempt():
+                self._name(artifact_id, epoch)
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            self.unnamed.append(artifact_id)
+            return
+        for unnamed in self.unnamed:
+            stored.remove(self._store, unnamed)
+        self.unnamed.clear()
+        self.saved.append(stored.Checkpoint(self._trial.number, artifact_id, int(epoch)))
+        while len(self.saved) > KEEP:  # only once the new one is named: never none to go on from
+            stored.remove(self._store, self.saved.pop(0).artifact_id)
+
+    def _name(self, artifact_id: str, epoch: int) -> None:
+        """List the artifact with the trial as Optuna does (its dashboard shows it), and make it
+        the trial's `checkpoint`."""
+        from orchestrator.record.trial_attrs import set_user_attrs
+
+        meta = {  # Optuna's ArtifactMeta
             "artifact_id": artifact_id,
             "filename": f"checkpoint-{self._trial.number}-epoch-{epoch}.pt",
             "mimetype": "application/octet-stream",
@@ -169,12 +192,7 @@ class CheckpointHandle:
         }
         storage = storage_of(self._study)
         key = ARTIFACT_PREFIX + artifact_id
-        ride_out(
-            lambda: storage.set_trial_system_attr(trial_id_of(self._trial), key, json.dumps(meta)),
-            what=f"list the checkpoint of trial {self._trial.number}",
+        storage.set_trial_system_attr(trial_id_of(self._trial), key, json.dumps(meta))
+        set_user_attrs(
+            self._trial, {names.CHECKPOINT: {"artifact_id": artifact_id, "epoch": epoch}}
         )
-        attr = {"artifact_id": artifact_id, "epoch": int(epoch)}
-        set_user_attrs(self._trial, {names.CHECKPOINT: attr})
-        self.saved.append(stored.Checkpoint(self._trial.number, artifact_id, int(epoch)))
-        while len(self.saved) > KEEP:  # only once the new one is named: never none to go on from
-            stored.remove(self._store, self.saved.pop(0).artifact_id)

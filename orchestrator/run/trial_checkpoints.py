@@ -104,6 +104,8 @@ def tidy(study: optuna.Study, trial: optuna.Trial, handle: Any, state: str, requ
     for checkpoint in own:
         if checkpoint.artifact_id not in keep:
             stored.remove(store, checkpoint.artifact_id)
+    for artifact_id in handle.unnamed:  # written while the database was away, never named
+        stored.remove(store, artifact_id)
     if own and handle.source is not None:
         _drop_failed_source(study, store, handle.source)
 
