@@ -26,6 +26,7 @@ from orchestrator.record import lineage as names
 from orchestrator.record.optuna_private import storage_of, study_id_of, trial_id_of
 from samplers._lhs import lhs_point
 from samplers._pbt_rules import (
+    KEEP,
     PERTURBATION_FACTORS,
     QUANTILE,
     RESAMPLE_PROBABILITY,
@@ -85,6 +86,9 @@ class PBTSampler(BaseSampler):
         epochs: epochs of a whole lineage; ``None``: the study's stored epochs.
         quantile, resample_probability, factors: the exploit and explore rules (Ray Tune's
             defaults 0.25, 0.25, (1.2, 0.8)).
+        keep: parameters a copied member never perturbs, because they shape the weights its
+            checkpoint holds (by default the built-in adapters' ``hidden_size`` and the usual
+            names of a layer count).
         seed: ``None`` derives one from the study's name and id, so every worker agrees.
         wait_seconds: how often a waiting ask looks for a free member.
     """
@@ -98,6 +102,7 @@ class PBTSampler(BaseSampler):
         quantile: float = QUANTILE,
         resample_probability: float = RESAMPLE_PROBABILITY,
         factors: Sequence[float] = PERTURBATION_FACTORS,
+        keep: Sequence[str] = KEEP,
         seed: int | None = None,
         wait_seconds: float = 0.5,
     ) -> None:
@@ -116,6 +121,7 @@ class PBTSampler(BaseSampler):
         self._interval = interval
         self._epochs = epochs
         self._rules = (float(quantile), float(resample_probability), tuple(map(float, factors)))
+        self._keep = tuple(keep)
         self._seed = seed
         self._salt = 0
         self._wait = float(wait_seconds)

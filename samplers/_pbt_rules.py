@@ -29,6 +29,9 @@ from optuna.distributions import (
 QUANTILE = 0.25
 RESAMPLE_PROBABILITY = 0.25
 PERTURBATION_FACTORS = (1.2, 0.8)
+# Parameters that shape a model's weights: a checkpoint cannot be loaded into another shape, so
+# a copied member keeps its donor's value (the built-in adapters' width is `hidden_size`).
+KEEP = ("hidden_size", "hidden_layers", "num_layers", "n_layers")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Settings:
     quantile: float = QUANTILE
     resample_probability: float = RESAMPLE_PROBABILITY
     factors: tuple[float, ...] = PERTURBATION_FACTORS
+    keep: tuple[str, ...] = KEEP  # never perturbed: they shape the checkpoint
 
 
 def default_interval(epochs: int) -> int:
@@ -182,11 +186,12 @@ def explore(
 ) -> dict[str, Any]:
     """`params` perturbed, one parameter at a time: resampled with `resample_probability`, else
     a number scaled by one of `factors` and a choice moved to a neighbour, always inside its
-    distribution. Parameters whose distribution has one value stay as they are."""
+    distribution. Parameters in `settings.keep`, and those whose distribution has one value,
+    stay as they are."""
     out = dict(params)
     for name in sorted(params):
         dist = distributions.get(name)
-        if dist is None or dist.single():
+        if dist is None or dist.single() or name in settings.keep:
             continue
         if rng.random() < settings.resample_probability:
             out[name] = resample(dist, rng)

@@ -176,3 +176,11 @@ def test_the_member_furthest_behind_goes_first_and_a_failed_one_before_its_equal
     assert {pick_member(segments, [0, 1, 2], rng) for _ in range(20)} == {2}
     assert {pick_member(segments, [0, 1, 3], rng) for _ in range(20)} == {3}  # never ran: 0 epochs
     assert {pick_member(segments, [0, 1], rng) for _ in range(20)} == {1}
+
+
+def test_explore_never_changes_what_shapes_the_checkpoint():
+    dists = {**DISTS, "hidden_size": CategoricalDistribution([64, 128, 256])}
+    params = {"lr": 0.001, "batch_size": 64, "gamma": 0.99, "hidden_size": 128}
+    always = Settings(4, 5, 20, resample_probability=1.0)
+    rng = np.random.default_rng(0)
+    assert {explore(params, dists, always, rng)["hidden_size"] for _ in range(50)} == {128}
