@@ -174,13 +174,16 @@ class RLAdapter(BaseAdapter):
         device: torch.device,
         options: Mapping[str, Any],
         report: Report,
+        checkpoint: Any = None,
     ) -> float:
-        """The validation score; with folds, their mean (reported once per fold, as its step)."""
+        """The validation score; with folds, their mean (reported once per fold, as its step).
+        One task goes on from the trial's checkpoint (adapters/_rl_checkpoint.py); folds, each a
+        run of its own, start afresh."""
         started = time.perf_counter()
         tasks = fold_tasks(options)  # before anything else: bad options fail fast
         metric = tasks[0].metric
         if len(tasks) == 1:
-            run = self._learn(params, tasks[0], epochs, device, options, report)
+            run = self._learn(params, tasks[0], epochs, device, options, report, checkpoint)
             _log_value(metric, run.value, started, "the last epoch's score")
             return run.value
         scores: list[float] = []
@@ -219,6 +222,7 @@ class RLAdapter(BaseAdapter):
         device: torch.device,
         options: Mapping[str, Any],
         report: Report | None,
+        checkpoint: Any = None,
     ) -> Run:
         return self.learn(
             self.config.from_params(params),
@@ -227,4 +231,5 @@ class RLAdapter(BaseAdapter):
             steps_per_epoch=int(options["steps_per_epoch"]),
             device=device,
             report=report,
+            **({} if checkpoint is None else {"checkpoint": checkpoint}),
         )

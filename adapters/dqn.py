@@ -301,8 +301,12 @@ def learn(
     steps_per_epoch: int,
     device: torch.device,
     report: Report | None = None,
+    checkpoint: Any = None,
 ) -> _rl.Run:
-    """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch."""
+    """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch; go on
+    from the `checkpoint` handle's state when it has one (adapters/_rl_checkpoint.py)."""
+    from adapters import _rl_checkpoint
+
     with _rl.training(task, config, device) as (env, generator, run):
         vector_steps = math.ceil(steps_per_epoch / config.num_envs)
         total_steps = epochs * vector_steps * config.num_envs
@@ -318,10 +322,14 @@ def learn(
         # `steps_per_epoch` never scores the untrained network.
         learning_starts = min(config.learning_starts, steps_per_epoch // 4)
         explore_steps = config.exploration_fraction * total_steps
+        nets = {"q": q_net, "target": learner.target_net}
+        state = _rl_checkpoint.restore(
+            checkpoint, nets, optimizer, generator, run, config.learning_rate
+        )
 
         obs = env.reset()
-        update_credit = 0.0
-        for epoch in range(epochs):
+        update_credit = 0.0 if state is None else _rl_checkpoint.refill(replay, state)
+        for epoch in range(0 if state is None else int(state["epoch"]) + 1, epochs):
             for _ in range(vector_steps):
                 epsilon = _rl.linear_schedule(1.0, config.epsilon_end, explore_steps, run.env_steps)
                 action = learner.act(obs, epsilon, env.n_actions)
@@ -342,6 +350,8 @@ def learn(
                     if run.gradient_steps % config.target_update_period == 0:
                         learner.target_net.flat.copy_(q_net.flat)
             _rl.score_epoch(run, task, config, learner.greedy, device, epoch, report)
+            saved = (nets, optimizer, generator, run)
+            _rl_checkpoint.save(checkpoint, epoch, *saved, replay=replay, credit=update_credit)
     return run
 
 

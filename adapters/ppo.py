@@ -219,8 +219,12 @@ def learn(
     steps_per_epoch: int,
     device: torch.device,
     report: Report | None = None,
+    checkpoint: Any = None,
 ) -> _rl.Run:
-    """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch."""
+    """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch; go on
+    from the `checkpoint` handle's state when it has one (adapters/_rl_checkpoint.py)."""
+    from adapters import _rl_checkpoint
+
     with _rl.training(task, config, device) as (env, generator, run):
         net = actor_critic(env.obs_dim, env.n_actions, config.hidden_size, device)
         optimizer = net.optimizer(config.learning_rate, eps=1e-5)
@@ -228,9 +232,15 @@ def learn(
         steps = max(config.rollout_steps, math.ceil(config.batch_size / config.num_envs))
         total_rollouts = max(1, math.ceil(epochs * steps_per_epoch / (steps * config.num_envs)))
 
+        nets = {"net": net}
+        state = _rl_checkpoint.restore(
+            checkpoint, nets, optimizer, generator, run, config.learning_rate
+        )
         obs = env.reset()
-        epoch = 0
-        for rollout_index in range(total_rollouts):
+        epoch = 0 if state is None else int(state["epoch"]) + 1
+        # From the steps already taken: a copied member's rollout length may differ.
+        first = min(total_rollouts - 1, run.env_steps // (steps * config.num_envs))
+        for rollout_index in range(first, total_rollouts):
             if config.anneal_lr:
                 remaining = 1.0 - rollout_index / total_rollouts
                 optimizer.param_groups[0]["lr"] = config.learning_rate * remaining
@@ -241,6 +251,7 @@ def learn(
             last = rollout_index == total_rollouts - 1
             while epoch < epochs and (run.env_steps >= (epoch + 1) * steps_per_epoch or last):
                 _rl.score_epoch(run, task, config, policy, device, epoch, report)
+                _rl_checkpoint.save(checkpoint, epoch, nets, optimizer, generator, run)
                 epoch += 1
     return run
 
