@@ -5,8 +5,8 @@ Each study is a real `python -m orchestrator run` (its own SQLite file and artif
 trial processes, checkpoints), of DQN and PPO on CartPole-v1, Acrobot-v1 and the trading
 environment, for each seed:
 
-- pbt: `--sampler pbt`, a population of P members, lineages of E epochs in segments of I, so
-  P x E / I trials and P x E epochs trained;
+- pbt: `--sampler pbt`, a population of P members, lineages of E epochs in segments of a
+  quarter of E (rounded up), so P x 4 trials and P x E epochs trained;
 - swarm + median: `--sampler pso --pruner median`, the swarm of P particles;
 - hyperband: `--sampler pso --pruner hyperband`.
 
@@ -42,11 +42,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 
-# population, epochs of a lineage, epochs per segment, environment steps per epoch
+# population, epochs of a lineage, environment steps per epoch; a segment is a quarter of the
+# epochs, rounded up (what `run --sampler pbt` does)
 SIZES = {
-    "small": {"population": 4, "epochs": 4, "interval": 1, "steps_per_epoch": 1_000},
-    "medium": {"population": 8, "epochs": 8, "interval": 2, "steps_per_epoch": 5_000},
-    "full": {"population": 16, "epochs": 20, "interval": 4, "steps_per_epoch": 12_000},
+    "small": {"population": 3, "epochs": 4, "steps_per_epoch": 1_000},
+    "medium": {"population": 8, "epochs": 8, "steps_per_epoch": 5_000},
+    "full": {"population": 16, "epochs": 20, "steps_per_epoch": 12_000},
 }
 TASKS = ("CartPole-v1", "Acrobot-v1", "trading")
 ALGOS = ("dqn", "ppo")
@@ -63,9 +64,13 @@ def run_study(
     """One study, run to its end; what it trained and the best value within the equal budget."""
     import optuna
 
+    from orchestrator.record.final_scores import final_scores_of
+    from samplers._pbt_rules import default_interval
+
     population, epochs = size["population"], size["epochs"]
     budget = population * epochs
-    trials = budget // size["interval"] if method == "pbt" else 2 * population
+    interval = default_interval(epochs)
+    trials = population * -(-epochs // interval) if method == "pbt" else 2 * population
     with tempfile.TemporaryDirectory(prefix="bench-pbt-") as folder:
         url = f"sqlite:///{folder}/study.db"
         command = [
@@ -91,10 +96,11 @@ def run_study(
             raise SystemExit(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
         study = optuna.load_study(study_name="bench", storage=url)
         found = within_budget(study.trials, budget, maximize=True)
+        final = final_scores_of(study.user_attrs)  # the study's best, scored by `run` at its end
     return {
         "algo": algo, "task": task, "seed": seed, "method": method, "size": args.size,
         "trials": found["trials"], "epochs": found["epochs"], "best": found["best"],
-        "seconds": round(seconds, 1),
+        "seconds": round(seconds, 1), "final_scores": None if final is None else final.as_dict(),
     }  # fmt: skip
 
 
