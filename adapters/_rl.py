@@ -35,7 +35,7 @@ from adapters._rl_task import suggest_trading as suggest_trading
 from adapters._scoring import EVAL_SEED_OFFSET as EVAL_SEED_OFFSET
 from adapters._scoring import mean_eval_return as mean_eval_return
 from adapters._weights import Weights as Weights
-from adapters.base import BaseAdapter, Report
+from adapters.base import BaseAdapter, Checkpoint, Report
 
 if TYPE_CHECKING:
     import torch
@@ -174,11 +174,10 @@ class RLAdapter(BaseAdapter):
         device: torch.device,
         options: Mapping[str, Any],
         report: Report,
-        checkpoint: Any = None,
+        checkpoint: Checkpoint | None = None,
     ) -> float:
         """The validation score; with folds, their mean (reported once per fold, as its step).
-        One task goes on from the trial's checkpoint (adapters/_rl_checkpoint.py); folds, each a
-        run of its own, start afresh."""
+        One task goes on from the trial's checkpoint; folds (a step is a fold) train afresh."""
         started = time.perf_counter()
         tasks = fold_tasks(options)  # before anything else: bad options fail fast
         metric = tasks[0].metric
@@ -222,8 +221,9 @@ class RLAdapter(BaseAdapter):
         device: torch.device,
         options: Mapping[str, Any],
         report: Report | None,
-        checkpoint: Any = None,
+        checkpoint: Checkpoint | None = None,
     ) -> Run:
+        extra = {} if checkpoint is None else {"checkpoint": checkpoint}
         return self.learn(
             self.config.from_params(params),
             task,
@@ -231,5 +231,5 @@ class RLAdapter(BaseAdapter):
             steps_per_epoch=int(options["steps_per_epoch"]),
             device=device,
             report=report,
-            **({} if checkpoint is None else {"checkpoint": checkpoint}),
+            **extra,
         )

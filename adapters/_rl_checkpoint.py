@@ -1,12 +1,15 @@
-"""What a DQN or PPO checkpoint holds, and how a run goes on from one.
+"""What DQN and PPO keep in a checkpoint, and how a run goes on from one (docs/checkpoints.md).
 
-A checkpoint holds the networks' weights, the optimiser's state, the run's generator and its
-counters (environment and gradient steps, the epoch). DQN also keeps the newest `REPLAY_KEPT`
-transitions of its replay buffer (not all of it: a million transitions of a wide observation are
-hundreds of MB per checkpoint): a resumed run, or a copied population member, trains on at once
-instead of refilling its buffer first; their priorities start anew, at the highest. The
-environments start new episodes. The learning rate is the trial's own, not the checkpoint's, so
-a population-based-training segment that copied another member trains with its explored params.
+Both keep their networks' weights, Adam's state, their random generators (the run's torch
+generator, torch's and NumPy's global ones) and their counts (environment and gradient steps, the
+scores so far). Neither keeps its environments: they are reset when a run goes on, so episodes in
+flight at the checkpoint start again (their n-step window, for DQN, with them). DQN keeps the
+newest `REPLAY_KEPT` transitions of its replay with their priorities, not all of it: a full
+buffer of a million transitions would make every checkpoint hundreds of megabytes, and the
+newest ones are those its current policy made; the rest fills again within an epoch.
+
+A state holds only tensors, numbers and lists, so it is read back with
+`torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
@@ -17,82 +20,170 @@ if TYPE_CHECKING:
     import torch
 
     from adapters._rl import Run
-    from adapters._weights import Weights
+    from adapters.base import Checkpoint
+
+REPLAY_KEPT = 65_536  # transitions of DQN's replay kept in a checkpoint (newest first)
 
 
-def restore(
-    checkpoint: Any,
-    weights: dict[str, Weights],
-    optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
-    run: Run,
-    learning_rate: float,
-) -> dict[str, Any] | None:
-    """Load the trial's checkpoint into the run (None: nothing to load, start at epoch 0)."""
-    state = None if checkpoint is None else checkpoint.load()
-    if state is None:
-        return None
-    for name, net in weights.items():
-        net.flat.data.copy_(state[name].to(net.flat.device))
-    optimizer.load_state_dict(state["optimizer"])
-    for group in optimizer.param_groups:
-        group["lr"] = learning_rate
-    generator.set_state(state["generator"].to(generator.get_state().device))
-    run.env_steps = int(state["env_steps"])
-    run.gradient_steps = int(state["gradient_steps"])
+def randomness(generator: torch.Generator) -> dict[str, Any]:
+    """The run's generator and the global ones, as tensors and lists."""
+    import numpy as np
+    import torch
+
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    return {
+        "generator": generator.get_state(),
+        "torch": torch.get_rng_state(),
+        "numpy": [str(kind), torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss],
+    }
+
+
+def restore_randomness(state: dict[str, Any], generator: torch.Generator) -> None:
+    import numpy as np
+    import torch
+
+    generator.set_state(state["generator"])
+    torch.set_rng_state(state["torch"])
+    kind, keys, position, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+
+
+def counts(run: Run) -> dict[str, Any]:
+    return {
+        "env_steps": run.env_steps,
+        "gradient_steps": run.gradient_steps,
+        "history": list(run.history),
+        "batch_sizes": sorted(run.batch_sizes),
+    }
+
+
+def restore_counts(state: dict[str, Any], run: Run) -> None:
+    run.env_steps, run.gradient_steps = state["env_steps"], state["gradient_steps"]
+    run.history = list(state["history"])
+    run.value = run.history[-1] if run.history else run.value
+    run.batch_sizes.update(state["batch_sizes"])
+
+
+# --- DQN --------------------------------------------------------------------------------------
+
+
+def replay_state(replay: Any) -> dict[str, Any]:
+    """The newest transitions of a replay buffer, oldest first, with their priority weights."""
+    import torch
+
+    kept = min(replay.size, REPLAY_KEPT)
+    newest = (replay.position - kept + torch.arange(kept)) % replay.capacity
+    rows = newest.to(replay.table.device)
+    state: dict[str, Any] = {"table": replay.table.index_select(0, rows).cpu()}
+    if replay.alpha > 0:
+        state["weight"] = replay.weight.index_select(0, rows).cpu()
+        state["max_weight"] = replay.max_weight.cpu()
     return state
 
 
-REPLAY_KEPT = 100_000
+def restore_replay(replay: Any, state: dict[str, Any]) -> None:
+    """Fill an empty replay buffer with a saved one's transitions (as many as it holds)."""
+    table = state["table"][-replay.capacity :]
+    kept = len(table)
+    replay.table[:kept] = table.to(replay.table.device)
+    replay.position, replay.size = kept % replay.capacity, kept
+    if replay.alpha > 0 and kept:
+        if "weight" in state:
+            replay.weight[:kept] = state["weight"][-kept:].to(replay.weight.device)
+            replay.max_weight = state["max_weight"].to(replay.weight.device)
+        else:  # saved by a uniform replay (a PBT member copied one): the highest priority
+            replay.weight[:kept] = replay.max_weight
+        replay._resum(slice(0, kept))
 
 
-def replay_rows(replay: Any) -> torch.Tensor:
-    """The newest `REPLAY_KEPT` transitions of a replay buffer, oldest first (on the CPU)."""
+def save_dqn(
+    checkpoint: Checkpoint | None, epoch: int, learner: Any, run: Run, update_credit: float
+) -> None:
+    if checkpoint is None or not checkpoint.due(epoch):
+        return
+    checkpoint.save(
+        epoch,
+        {
+            "epoch": epoch,
+            "q_net": learner.q_net.flat.detach().cpu(),
+            "target_net": learner.target_net.flat.detach().cpu(),
+            "optimizer": learner.optimizer.state_dict(),
+            "replay": replay_state(learner.replay),
+            "randomness": randomness(learner.generator),
+            "counts": counts(run),
+            "update_credit": update_credit,
+        },
+    )
+
+
+def resume_dqn(checkpoint: Checkpoint | None, learner: Any, run: Run) -> tuple[int, float]:
+    """(the epoch to start at, the gradient steps owed) after loading the latest state, if any."""
     import torch
 
-    size, position, table = replay.size, replay.position, replay.table
-    if size < replay.capacity:
-        rows = table[:size]
-    else:
-        rows = torch.cat((table[position:], table[:position]))
-    return rows[-REPLAY_KEPT:].detach().cpu().clone()
+    state = None if checkpoint is None else checkpoint.load()
+    if state is None:
+        return 0, 0.0
+    with torch.no_grad():
+        learner.q_net.flat.copy_(state["q_net"])
+        learner.target_net.flat.copy_(state["target_net"])
+    learner.optimizer.load_state_dict(state["optimizer"])
+    restore_replay(learner.replay, state["replay"])
+    restore_randomness(state["randomness"], learner.generator)
+    restore_counts(state["counts"], run)
+    return int(state["epoch"]) + 1, float(state["update_credit"])
 
 
-def refill(replay: Any, state: dict[str, Any]) -> float:
-    """Add a DQN state's saved transitions to a new buffer, in order (its capacity and priority
-    may differ); the state's credit of gradient steps."""
-    rows = state["replay"].to(replay.table.device)
-    d = replay.obs_dim
-    for chunk in rows[-replay.capacity :].split(4096):
-        obs, next_obs = chunk[:, :d], chunk[:, d : 2 * d]
-        action, ret, discount = chunk[:, 2 * d], chunk[:, 2 * d + 1], chunk[:, 2 * d + 2]
-        replay.add(obs, action, ret, next_obs, discount)
-    return float(state["credit"])
+# --- PPO --------------------------------------------------------------------------------------
 
 
-def save(
-    checkpoint: Any,
+def save_ppo(
+    checkpoint: Checkpoint | None,
     epoch: int,
-    weights: dict[str, Weights],
+    rollout_index: int,
+    net: Any,
     optimizer: torch.optim.Optimizer,
     generator: torch.Generator,
     run: Run,
-    replay: Any = None,
-    **extra: Any,
 ) -> None:
-    """Save the run as it is after `epoch` when the handle says it is due (with DQN's `replay`
-    buffer's newest transitions)."""
     if checkpoint is None or not checkpoint.due(epoch):
         return
-    state = {name: net.flat.detach().cpu().clone() for name, net in weights.items()}
-    if replay is not None:
-        state["replay"] = replay_rows(replay)
-    state.update(
-        optimizer=optimizer.state_dict(),
-        generator=generator.get_state().cpu(),
-        env_steps=run.env_steps,
-        gradient_steps=run.gradient_steps,
-        epoch=epoch,
-        **extra,
+    checkpoint.save(
+        epoch,
+        {
+            "epoch": epoch,
+            "rollout_index": rollout_index,
+            "net": net.flat.detach().cpu(),
+            "optimizer": optimizer.state_dict(),
+            "randomness": randomness(generator),
+            "counts": counts(run),
+        },
     )
-    checkpoint.save(epoch, state)
+
+
+def resume_ppo(
+    checkpoint: Checkpoint | None,
+    net: Any,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    run: Run,
+) -> tuple[int, int]:
+    """(the next rollout, the next epoch) after loading the latest state; (0, 0) from scratch."""
+    import torch
+
+    state = None if checkpoint is None else checkpoint.load()
+    if state is None:
+        return 0, 0
+    with torch.no_grad():
+        net.flat.copy_(state["net"])
+    optimizer.load_state_dict(state["optimizer"])
+    restore_randomness(state["randomness"], generator)
+    restore_counts(state["counts"], run)
+    return int(state["rollout_index"]) + 1, int(state["epoch"]) + 1
+
+
+def own_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
+    """After a load, the trial's own learning rate: the optimiser's state brings the saved one,
+    and a population-based-training member that copied another trains with its explored rate
+    (the same rate, for a re-run of one trial)."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate

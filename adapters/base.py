@@ -5,6 +5,7 @@ convenience, not a requirement. The orchestrator calls `suggest` to draw a trial
 (this is where the search space is declared), then `train` with those parameters on the trial's
 device. `train` calls `report(epoch, value)` once per epoch, which may raise `optuna.TrialPruned`,
 and returns the value to optimise. Nothing between `suggest` and `train` changes `batch_size`.
+A `train` that also takes `checkpoint` gets the trial's `Checkpoint` handle (docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -101,6 +102,18 @@ class InputFile:
 
 
 OptionCheck = Range | InputFile
+
+
+class Checkpoint(Protocol):
+    """The trial's checkpoint handle (orchestrator/record/checkpoint_handle.py): `load()` the
+    state to go on from (None: start at epoch 0), `save(epoch, state)` after an epoch, written
+    when `due(epoch)`."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, epoch: int, state: dict[str, Any]) -> None: ...
+
+    def due(self, epoch: int) -> bool: ...
 
 
 @runtime_checkable

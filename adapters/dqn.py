@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from adapters import _rl
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Report
+from adapters import _rl, _rl_checkpoint
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Report
 
 if TYPE_CHECKING:
     import optuna
@@ -301,12 +301,10 @@ def learn(
     steps_per_epoch: int,
     device: torch.device,
     report: Report | None = None,
-    checkpoint: Any = None,
+    checkpoint: Checkpoint | None = None,
 ) -> _rl.Run:
     """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch; go on
-    from the `checkpoint` handle's state when it has one (adapters/_rl_checkpoint.py)."""
-    from adapters import _rl_checkpoint
-
+    from the latest checkpoint, and save one after each epoch (adapters/_rl_checkpoint.py)."""
     with _rl.training(task, config, device) as (env, generator, run):
         vector_steps = math.ceil(steps_per_epoch / config.num_envs)
         total_steps = epochs * vector_steps * config.num_envs
@@ -322,14 +320,11 @@ def learn(
         # `steps_per_epoch` never scores the untrained network.
         learning_starts = min(config.learning_starts, steps_per_epoch // 4)
         explore_steps = config.exploration_fraction * total_steps
-        nets = {"q": q_net, "target": learner.target_net}
-        state = _rl_checkpoint.restore(
-            checkpoint, nets, optimizer, generator, run, config.learning_rate
-        )
 
         obs = env.reset()
-        update_credit = 0.0 if state is None else _rl_checkpoint.refill(replay, state)
-        for epoch in range(0 if state is None else int(state["epoch"]) + 1, epochs):
+        start, update_credit = _rl_checkpoint.resume_dqn(checkpoint, learner, run)
+        _rl_checkpoint.own_learning_rate(optimizer, config.learning_rate)
+        for epoch in range(start, epochs):
             for _ in range(vector_steps):
                 epsilon = _rl.linear_schedule(1.0, config.epsilon_end, explore_steps, run.env_steps)
                 action = learner.act(obs, epsilon, env.n_actions)
@@ -350,8 +345,7 @@ def learn(
                     if run.gradient_steps % config.target_update_period == 0:
                         learner.target_net.flat.copy_(q_net.flat)
             _rl.score_epoch(run, task, config, learner.greedy, device, epoch, report)
-            saved = (nets, optimizer, generator, run)
-            _rl_checkpoint.save(checkpoint, epoch, *saved, replay=replay, credit=update_credit)
+            _rl_checkpoint.save_dqn(checkpoint, epoch, learner, run, update_credit)
     return run
 
 

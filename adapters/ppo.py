@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from adapters import _rl
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Report
+from adapters import _rl, _rl_checkpoint
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Report
 
 if TYPE_CHECKING:
     import optuna
@@ -219,12 +219,10 @@ def learn(
     steps_per_epoch: int,
     device: torch.device,
     report: Report | None = None,
-    checkpoint: Any = None,
+    checkpoint: Checkpoint | None = None,
 ) -> _rl.Run:
     """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch; go on
-    from the `checkpoint` handle's state when it has one (adapters/_rl_checkpoint.py)."""
-    from adapters import _rl_checkpoint
-
+    from the latest checkpoint, and save one after each epoch (adapters/_rl_checkpoint.py)."""
     with _rl.training(task, config, device) as (env, generator, run):
         net = actor_critic(env.obs_dim, env.n_actions, config.hidden_size, device)
         optimizer = net.optimizer(config.learning_rate, eps=1e-5)
@@ -232,14 +230,20 @@ def learn(
         steps = max(config.rollout_steps, math.ceil(config.batch_size / config.num_envs))
         total_rollouts = max(1, math.ceil(epochs * steps_per_epoch / (steps * config.num_envs)))
 
-        nets = {"net": net}
-        state = _rl_checkpoint.restore(
-            checkpoint, nets, optimizer, generator, run, config.learning_rate
-        )
         obs = env.reset()
-        epoch = 0 if state is None else int(state["epoch"]) + 1
-        # From the steps already taken: a copied member's rollout length may differ.
-        first = min(total_rollouts - 1, run.env_steps // (steps * config.num_envs))
+        first, epoch = _rl_checkpoint.resume_ppo(checkpoint, net, optimizer, generator, run)
+        _rl_checkpoint.own_learning_rate(optimizer, config.learning_rate)
+        if epoch:  # from the steps taken: a copied PBT member's rollout length may differ
+            first = run.env_steps // (steps * config.num_envs)
+        scored = functools.partial(
+            _score_epochs, run, task, config, policy, device, epochs, steps_per_epoch, report
+        )
+
+        def saver(index: int) -> Any:  # a checkpoint after an epoch scored after rollout `index`
+            return lambda e: _rl_checkpoint.save_ppo(
+                checkpoint, e, index, net, optimizer, generator, run
+            )
+
         for rollout_index in range(first, total_rollouts):
             if config.anneal_lr:
                 remaining = 1.0 - rollout_index / total_rollouts
@@ -247,13 +251,33 @@ def learn(
             rollout, obs = collect(net, env, obs, steps, generator)
             run.env_steps += steps * config.num_envs
             update(config, net, optimizer, rollout, generator, run)
-            # An epoch ends once the run has taken its share of environment steps.
             last = rollout_index == total_rollouts - 1
-            while epoch < epochs and (run.env_steps >= (epoch + 1) * steps_per_epoch or last):
-                _rl.score_epoch(run, task, config, policy, device, epoch, report)
-                _rl_checkpoint.save(checkpoint, epoch, nets, optimizer, generator, run)
-                epoch += 1
+            epoch = scored(epoch, last, saver(rollout_index))
+        if first >= total_rollouts:  # resumed after the last rollout: only its scores remain
+            scored(epoch, True, saver(total_rollouts - 1))
     return run
+
+
+def _score_epochs(
+    run: _rl.Run,
+    task: _rl.Task,
+    config: PPOConfig,
+    policy: Any,
+    device: torch.device,
+    epochs: int,
+    steps_per_epoch: int,
+    report: Report | None,
+    epoch: int,
+    last: bool,
+    save: Any,
+) -> int:
+    """Score (and checkpoint) every epoch the run has taken its share of environment steps
+    for (all that are left after the last rollout); returns the next epoch."""
+    while epoch < epochs and (run.env_steps >= (epoch + 1) * steps_per_epoch or last):
+        _rl.score_epoch(run, task, config, policy, device, epoch, report)
+        save(epoch)
+        epoch += 1
+    return epoch
 
 
 class PPOAdapter(_rl.RLAdapter):

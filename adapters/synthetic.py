@@ -112,9 +112,9 @@ class SyntheticAdapter(BaseAdapter):
             time.sleep(pause)
             # Converges to the final value from above, like a loss curve.
             value = final + (epochs - 1 - epoch) / epochs + noise * rng.gauss(0.0, 1.0)
+            report(epoch, value)  # first: a checkpoint's epoch is always one the trial reported
             if checkpoint is not None:
                 checkpoint.save(epoch, {"epoch": epoch, "rng": list(rng.getstate())})
-            report(epoch, value)
         return final
 
 

@@ -14,12 +14,13 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from adapters import trial_log
+from adapters import _tft_checkpoint, trial_log
 from adapters.base import (
     BATCH_SIZE_MAX,
     BATCH_SIZE_MIN,
     SEED_MAX,
     BaseAdapter,
+    Checkpoint,
     InputFile,
     MemoryModel,
     Range,
@@ -150,6 +151,7 @@ class SupervisedForecasterAdapter(BaseAdapter):
         device: torch.device,
         options: Mapping[str, Any],
         report: Report,
+        checkpoint: Checkpoint | None = None,
     ) -> float:
         import torch
 
@@ -181,8 +183,8 @@ class SupervisedForecasterAdapter(BaseAdapter):
         train_starts = torch.as_tensor(train_starts, device=device)
         val_starts = torch.as_tensor(val_starts, device=device)
         steps = steps_per_epoch(len(train_starts), batch_size)
-        best, best_epoch = math.inf, 0
-        for epoch in range(max(1, epochs)):
+        best, best_epoch, start = _tft_checkpoint.resume(checkpoint, model, step, stream)
+        for epoch in range(start, max(1, epochs)):
             model.train()
             for _ in range(steps):
                 step(*batch(train_starts[stream.take(batch_size).to(device)]))
@@ -196,6 +198,7 @@ class SupervisedForecasterAdapter(BaseAdapter):
             if value < best:
                 best, best_epoch = value, epoch
             report(epoch, value)
+            _tft_checkpoint.save(checkpoint, epoch, model, step, stream, (best, best_epoch))
         how = f"the best epoch's score, step {best_epoch}"
         trial_log.write(trial_log.value_line(self.metric, best, time.perf_counter() - started, how))
         return best

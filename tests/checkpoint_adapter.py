@@ -29,6 +29,8 @@ class OomAtEpochAdapter(SyntheticAdapter):
         checkpoint: Any = None,
     ) -> float:
         too_big = 0 < int(options["oom_batch_above"]) < int(params["batch_size"])
+        if too_big:  # imported before training: loading torch holds the interpreter for seconds
+            import torch  # noqa: F401
 
         def reporting(epoch: int, value: float) -> None:
             report(epoch, value)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import optuna
@@ -84,6 +85,8 @@ def test_a_study_keeps_only_the_best_trials_final_weights(tmp_path):
     files = list((tmp_path / "s-artifacts").iterdir())
     assert [f.name for f in files] == [best.user_attrs["checkpoint"]["artifact_id"]]
     assert best.user_attrs["checkpoint"]["epoch"] == EPOCHS - 1
+    shown = run_cli("best", "--storage", f"sqlite:///{tmp_path}/s.db", cwd=tmp_path)
+    assert json.loads(shown.stdout)["weights"] == str(files[0]), shown.stdout
 
 
 def test_when_a_handle_saves():

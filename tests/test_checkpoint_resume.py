@@ -132,3 +132,27 @@ def test_an_outage_past_the_bound_then_a_resume_goes_on_from_the_checkpoints(tmp
         assert stopped, [t.state for t in study.trials]  # in flight when the bound passed
         for trial in stopped:
             assert assert_resumed(trial, _rerun_of(study, trial.number)) >= 1
+
+
+def test_a_frozen_trial_stopped_as_it_wakes_is_re_run_once(sqlite_url):
+    """Failed as lost while frozen, its re-run queued then; stopped by a preemption as it wakes,
+    it must not queue a second re-run of itself."""
+    runner = start_cli(
+        "run", "synthetic", "--trials", "1", "--epochs", str(EPOCHS), "--option",
+        "trial_seconds=30", "--concurrency", "1", "--pruner", "none", "--sampler", "random",
+        "--gpus", "sim:24576", "--grace", "1", "--storage", sqlite_url,
+    )  # fmt: skip
+
+    def training():
+        trial = _study(sqlite_url).trials[0]
+        return trial.user_attrs["pid"] if trial.intermediate_values else None
+
+    pid = _wait_for("trial 0 training", training)
+    os.kill(pid, signal.SIGSTOP)
+    _wait_for("its re-run", lambda: len(_study(sqlite_url).trials) > 1)
+    runner.send_signal(signal.SIGTERM)  # the worker: its trials in flight are stopped
+    time.sleep(3)  # past --grace: the frozen process has its stop waiting when it wakes
+    os.kill(pid, signal.SIGCONT)
+    _, stderr = runner.communicate(timeout=300)
+    study = _study(sqlite_url)
+    assert len([t for t in study.trials if t.user_attrs.get("retry_of") == 0]) == 1, stderr

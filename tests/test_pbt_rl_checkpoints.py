@@ -35,15 +35,16 @@ class Handle:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "changed"),
+    ("algorithm", "base", "changed"),
     [
-        (dqn, {"learning_rate": 3e-4, "buffer_size": 20_000, "batch_size": 32}),
-        (ppo, {"learning_rate": 1e-3, "rollout_steps": 64}),  # another rollout length
+        (dqn, {}, {"learning_rate": 3e-4, "buffer_size": 20_000, "batch_size": 32, "per_alpha": 0}),
+        # Another rollout length: it goes on from the steps taken, not the donor's rollouts.
+        (ppo, {"rollout_steps": 16}, {"learning_rate": 1e-3, "rollout_steps": 24}),
     ],
 )
-def test_a_run_goes_on_from_a_checkpoint_with_other_params(algorithm, changed):
+def test_a_run_goes_on_from_a_checkpoint_with_other_params(algorithm, base, changed):
     task = _rl.load_task({"env": "CartPole-v1"})
-    config = dataclasses.replace(algorithm.adapter.config(), batch_size=32, hidden_size=32)
+    config = dataclasses.replace(algorithm.adapter.config(), batch_size=32, hidden_size=32, **base)
     first, reports = Handle(), []
     algorithm.learn(
         config, task, epochs=3, steps_per_epoch=200, device=CPU,
@@ -57,6 +58,6 @@ def test_a_run_goes_on_from_a_checkpoint_with_other_params(algorithm, changed):
         report=lambda e, v: reports.append(e), checkpoint=went_on,
     )  # fmt: skip
     assert reports == [1, 2]  # it went on at the next epoch
-    assert run.env_steps > state["env_steps"] >= 200  # the counters came along
+    assert run.env_steps > state["counts"]["env_steps"] >= 200  # the counters came along
     assert run.value == run.value  # a number, not NaN
     assert sorted(went_on.saved) == [1, 2]

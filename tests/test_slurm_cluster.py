@@ -2,7 +2,8 @@
 
 One cluster for the module (two nodes, two GPU GRES each, simulated devices standing in for the
 allotted GPUs); each test has a PostgreSQL database of its own, a study of the synthetic adapter
-with short trials, and submits it with `python -m orchestrator slurm --study NAME`.
+with short trials, and submits it with `python -m orchestrator slurm --study NAME`. A trial stopped
+by `scancel` or a node set DOWN is re-run from its last checkpoint, kept in a folder both share.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ def cluster():
         yield started
 
 
-def make_study(url: str, name: str, *, trials: int, seconds: float) -> None:
+def make_study(
+    url: str,
+    name: str,
+    *,
+    trials: int,
+    seconds: float,
+    epochs: int = 2,
+    artifacts: str | None = None,
+) -> None:
     import optuna
 
     from orchestrator.record.migrate import open_storage
@@ -39,11 +48,12 @@ def make_study(url: str, name: str, *, trials: int, seconds: float) -> None:
     spec = StudySpec.new(
         adapter="synthetic",
         trials=trials,
-        epochs=2,
+        epochs=epochs,
         direction="minimize",
         sampler="random",
         pruner="none",
         options={"trial_seconds": seconds},
+        artifacts=artifacts,  # a folder both nodes share: checkpoints (docs/checkpoints.md)
     )
     save_spec(study, spec)
     storage.engine.dispose()
@@ -128,6 +138,49 @@ def wait_for_a_trial_on_task(folder: Path, study: str, job: str, task: int) -> N
     )
 
 
+def wait_for_a_checkpoint(url: str, study: str) -> None:
+    """Until a running trial has saved a checkpoint (epoch 0 or later)."""
+
+    def saved() -> bool:
+        import optuna
+
+        from orchestrator.record.storage import create_storage
+
+        storage = create_storage(url)
+        try:
+            trials = optuna.load_study(study_name=study, storage=storage).get_trials()
+        finally:
+            storage.engine.dispose()
+        return any(t.state.name == "RUNNING" and "checkpoint" in t.user_attrs for t in trials)
+
+    wait_until("a running trial's checkpoint", saved, timeout=120, every=0.3)
+
+
+def assert_reruns_resumed(url: str, study: str, epochs: int) -> int:
+    """Every stopped trial that had saved a checkpoint was re-run from it, its curve carried
+    over; returns how many were."""
+    import optuna
+
+    from orchestrator.record.storage import create_storage
+
+    storage = create_storage(url)
+    try:
+        trials = optuna.load_study(study_name=study, storage=storage).get_trials()
+    finally:
+        storage.engine.dispose()
+    resumed = 0
+    for stopped in (t for t in trials if t.state.name == "FAIL" and "checkpoint" in t.user_attrs):
+        saved = stopped.user_attrs["checkpoint"]["epoch"]
+        rerun = next(t for t in trials if t.user_attrs.get("retry_of") == stopped.number)
+        if rerun.state.name == "FAIL":  # stopped again: its own re-run goes on from it
+            continue
+        assert rerun.user_attrs.get("resumed_from_epoch") == saved, (stopped, rerun)
+        assert sorted(rerun.intermediate_values) == list(range(epochs)), rerun
+        assert rerun.intermediate_values[saved] == stopped.intermediate_values[saved]
+        resumed += 1
+    return resumed
+
+
 def assert_budget_exact(url: str, study: str, trials: int, logs: list[str]) -> Counter:
     states = trial_states(url, study)
     assert states["COMPLETE"] == trials, (states, logs)
@@ -169,9 +222,13 @@ def test_two_nodes_share_one_study_and_its_exact_budget(cluster, postgres_url, t
 def test_a_cancelled_task_requeues_its_trial_for_the_other_node(
     cluster, postgres_url, tmp_path
 ) -> None:
-    make_study(postgres_url, "cancel", trials=4, seconds=12.0)  # scancel lands mid-trial
+    # scancel lands mid-trial, after a checkpoint: the re-run on the other node goes on from it.
+    make_study(
+        postgres_url, "cancel", trials=4, seconds=12.0, epochs=4, artifacts=str(tmp_path / "ckpt")
+    )
     job = submit(cluster, postgres_url, "cancel", tmp_path)
     wait_for_a_trial_on_task(tmp_path, "cancel", job, 0)
+    wait_for_a_checkpoint(postgres_url, "cancel")
     cluster.run("scancel", f"{job}_0")
     finish(cluster, job, tmp_path, "cancel")
     cancelled, other = (task_log(tmp_path, "cancel", job, task) for task in range(2))
@@ -181,14 +238,18 @@ def test_a_cancelled_task_requeues_its_trial_for_the_other_node(
     assert "the task ends with status 0" in cancelled, cancelled
     assert sum(states.values()) > 4, states  # the stopped trial ended, its parameters ran again
     assert "done: 4/4 trials" in other, other  # finished elsewhere
+    assert assert_reruns_resumed(postgres_url, "cancel", 4) >= 1
 
 
 def test_a_node_that_goes_down_comes_back_and_the_budget_stays_exact(
     cluster, postgres_url, tmp_path
 ) -> None:
-    make_study(postgres_url, "down", trials=4, seconds=12.0)
+    make_study(
+        postgres_url, "down", trials=4, seconds=12.0, epochs=4, artifacts=str(tmp_path / "ckpt")
+    )
     job = submit(cluster, postgres_url, "down", tmp_path)  # a task takes a node's two GPUs
     wait_for_a_trial_on_task(tmp_path, "down", job, 0)
+    wait_for_a_checkpoint(postgres_url, "down")
     first = task_log(tmp_path, "down", job, 0).splitlines()[0]
     node = re.search(r" on (\w+):", first)[1]
     cluster.set_node(node, "down")
@@ -214,3 +275,4 @@ def test_a_node_that_goes_down_comes_back_and_the_budget_stays_exact(
     assert_budget_exact(postgres_url, "down", 4, logs)
     rows = worker_rows(postgres_url, "down")
     assert any(r.slurm_job == task and r.slurm_restarts == 1 for r in rows), rows
+    assert assert_reruns_resumed(postgres_url, "down", 4) >= 1

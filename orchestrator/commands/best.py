@@ -82,6 +82,9 @@ def best_command(args: argparse.Namespace) -> int:
         scores = _stored_scores(storage, name)
     best, about = _chosen(storage, name, detail.best, scores)
     params = best.params
+    weights = _weights(storage, name, best)
+    if weights is not None:
+        about += f"; its final weights: {weights}"
     if args.format == "text":
         from orchestrator.show.final_scores_text import final_score_lines
 
@@ -96,6 +99,7 @@ def best_command(args: argparse.Namespace) -> int:
             "value": best.value,
             "params": params,
             "final_scores": None if scores is None else scores.as_dict(),
+            "weights": weights,
         }
         if detail.lineage is not None and best.number == detail.best.number:
             record["lineage"] = detail.lineage  # population-based training: params over epochs
@@ -142,6 +146,24 @@ def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:
         f"(mean {first.mean:.6g}); the study's best value was trial #{best.number}'s "
         f"{best.value:.6g}"
     )
+
+
+def _weights(storage: Any, name: str, best: Any) -> str | None:
+    """Where the trial's final checkpoint is kept (docs/checkpoints.md), if it still is."""
+    import optuna
+
+    from orchestrator.record.checkpoints import study_location, where
+
+    saved = best.user_attrs.get("checkpoint")
+    if not isinstance(saved, dict) or not isinstance(saved.get("artifact_id"), str):
+        return None
+    location = study_location(optuna.load_study(study_name=name, storage=storage))
+    if location is None:
+        return None
+    path = where(location, saved["artifact_id"])
+    if "://" not in path and not Path(path).is_file():
+        return None  # dropped: a better trial's weights replaced it
+    return path
 
 
 def _stored_scores(storage: Any, name: str) -> Any:

@@ -99,7 +99,7 @@ def where(location: str, artifact_id: str) -> str:
     scheme, sep, rest = location.partition("://")
     if sep and scheme in ("s3", "gs"):
         return f"{scheme}://{rest.strip('/')}/{artifact_id}"
-    return str(Path(rest if sep else location) / artifact_id)
+    return str((Path(rest if sep else location) / artifact_id).absolute())
 
 
 def study_location(study: optuna.Study) -> str | None:

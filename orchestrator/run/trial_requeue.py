@@ -14,6 +14,7 @@ from orchestrator.record.optuna_private import storage_of, trial_id_of
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
     from orchestrator.record.study import StudySpec
     from orchestrator.run.trial_context import TrialContext
@@ -39,7 +40,9 @@ def requeue_if_interrupted(
     from orchestrator.run.oom_policy import retry_after_oom
 
     if result.timed_out:  # its retries count, like an OOM's
-        frozen = storage_of(ctx.study).get_trial(trial_id_of(trial))
+        frozen = _still_running(ctx, trial)
+        if frozen is None:
+            return False
         return requeue(ctx.study, frozen, max_retries=spec.max_retries, reason="timeout")
     if not (result.oom or result.interrupted):
         return False
@@ -58,7 +61,9 @@ def requeue_if_interrupted(
             return False
         if retry.batch_size is not None:
             retry_params = {names.BATCH_SIZE: retry.batch_size}
-    frozen = storage_of(ctx.study).get_trial(trial_id_of(trial))
+    frozen = _still_running(ctx, trial)
+    if frozen is None:
+        return False
     return requeue(
         ctx.study,
         frozen,
@@ -66,3 +71,13 @@ def requeue_if_interrupted(
         params=retry_params,
         reason=reason,
     )
+
+
+def _still_running(ctx: TrialContext, trial: optuna.Trial) -> FrozenTrial | None:
+    """The trial as stored, or None when it was failed as lost while its process was frozen
+    (its heartbeat went stale): the study queued its re-run then, and a second one would run
+    the same trial twice."""
+    from optuna.trial import TrialState
+
+    frozen = storage_of(ctx.study).get_trial(trial_id_of(trial))
+    return frozen if frozen.state == TrialState.RUNNING else None
