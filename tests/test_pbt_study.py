@@ -40,7 +40,9 @@ def _wait_for_study(url: str, timeout: float = 120) -> None:
 
 
 def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_path):
-    common = ("--storage", postgres_url, "--concurrency", "2")
+    # The run takes one trial at a time, so the worker, however long it takes to start on a
+    # busy machine, still finds segments to train.
+    common = ("--storage", postgres_url)
     first = start_cli(
         "run",
         "synthetic",
@@ -57,13 +59,18 @@ def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_
         "--artifacts",
         str(tmp_path / "artifacts"),
         "--option",
-        "trial_seconds=4",
+        "trial_seconds=3",
         "--gpus",
         "sim:24576",
+        "--concurrency",
+        "1",
         *common,
     )
     _wait_for_study(postgres_url)
-    second = run_cli("worker", "--study", "pbt", "--gpus", "sim:81920", *common, timeout=400)
+    second = run_cli(
+        "worker", "--study", "pbt", "--gpus", "sim:81920", "--concurrency", "2", *common,
+        timeout=400,
+    )  # fmt: skip
     out, err = first.communicate(timeout=400)
     assert first.returncode == 0, err
     assert second.returncode == 0, second.stderr
