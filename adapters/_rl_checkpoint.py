@@ -88,8 +88,11 @@ def restore_replay(replay: Any, state: dict[str, Any]) -> None:
     replay.table[:kept] = table.to(replay.table.device)
     replay.position, replay.size = kept % replay.capacity, kept
     if replay.alpha > 0 and kept:
-        replay.weight[:kept] = state["weight"][-kept:].to(replay.weight.device)
-        replay.max_weight = state["max_weight"].to(replay.weight.device)
+        if "weight" in state:
+            replay.weight[:kept] = state["weight"][-kept:].to(replay.weight.device)
+            replay.max_weight = state["max_weight"].to(replay.weight.device)
+        else:  # saved by a uniform replay (a PBT member copied one): the highest priority
+            replay.weight[:kept] = replay.max_weight
         replay._resum(slice(0, kept))
 
 
@@ -176,3 +179,11 @@ def resume_ppo(
     restore_randomness(state["randomness"], generator)
     restore_counts(state["counts"], run)
     return int(state["rollout_index"]) + 1, int(state["epoch"]) + 1
+
+
+def own_learning_rate(optimizer: torch.optim.Optimizer, learning_rate: float) -> None:
+    """After a load, the trial's own learning rate: the optimiser's state brings the saved one,
+    and a population-based-training member that copied another trains with its explored rate
+    (the same rate, for a re-run of one trial)."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate

@@ -323,6 +323,7 @@ def learn(
 
         obs = env.reset()
         start, update_credit = _rl_checkpoint.resume_dqn(checkpoint, learner, run)
+        _rl_checkpoint.own_learning_rate(optimizer, config.learning_rate)
         for epoch in range(start, epochs):
             for _ in range(vector_steps):
                 epsilon = _rl.linear_schedule(1.0, config.epsilon_end, explore_steps, run.env_steps)

@@ -232,6 +232,9 @@ def learn(
 
         obs = env.reset()
         first, epoch = _rl_checkpoint.resume_ppo(checkpoint, net, optimizer, generator, run)
+        _rl_checkpoint.own_learning_rate(optimizer, config.learning_rate)
+        if epoch:  # from the steps taken: a copied PBT member's rollout length may differ
+            first = run.env_steps // (steps * config.num_envs)
         scored = functools.partial(
             _score_epochs, run, task, config, policy, device, epochs, steps_per_epoch, report
         )

@@ -1,6 +1,7 @@
-"""Samplers: a particle swarm shared by every worker through the storage, and Optuna's own.
+"""Samplers: a particle swarm and population-based training, each shared by every worker
+through the storage, and Optuna's own.
 
-    from samplers import PSOSampler, SAMPLER_NAMES, bounded, make_sampler
+    from samplers import PBTSampler, PSOSampler, SAMPLER_NAMES, bounded, make_sampler
 
 Names are imported on first use, so importing this package does not import Optuna.
 """
@@ -17,6 +18,7 @@ from typing import Any
 # Each public name, once: the module it is imported from on first use.
 _WHERE = {
     "PSOSampler": "samplers._pso",
+    "PBTSampler": "samplers._pbt",
     "BoundedSampler": "samplers._bounded",
     "bounded": "samplers._bounded",
     "make_sampler": "samplers._factory",

@@ -9,9 +9,9 @@ if TYPE_CHECKING:
     from optuna.samplers import BaseSampler
 
 # Every name `make_sampler` knows, the default first: the one list (`run --sampler` offers it).
-SAMPLER_NAMES = ("pso", "tpe", "random", "qmc", "cmaes", "nsga2", "grid")
+SAMPLER_NAMES = ("pso", "tpe", "random", "qmc", "cmaes", "nsga2", "grid", "pbt")
 # The samplers that model a single objective only: asked for more, they refuse.
-SINGLE_OBJECTIVE_ONLY = ("qmc", "cmaes")
+SINGLE_OBJECTIVE_ONLY = ("qmc", "cmaes", "pbt")
 
 
 def make_sampler(
@@ -34,6 +34,7 @@ def make_sampler(
     a slot counter). QMC is the exception: its points come from one shared (scrambled) sequence,
     so it keeps `seed` as it is and the offset only seeds its fallback. "grid" needs `grid`, the
     values of each parameter (Optuna's GridSampler, which every process walks without repeats).
+    "pbt" is population-based training of `swarm_size` members, shared as the swarm is.
     """
     import optuna
 
@@ -42,6 +43,8 @@ def make_sampler(
     _check(name, n_objectives, grid)
     if name == "pso":
         return _swarm(seed, swarm_size, bounds)
+    if name == "pbt":
+        return bounded(_population(seed, swarm_size), bounds)
     own_seed = None if seed is None else (seed + independent_seed_offset) % 2**32
     if name == "tpe":
         # Constant liar, as Optuna advises for parallel workers; it works for several
@@ -82,6 +85,15 @@ def _swarm(
 
     sized = {} if swarm_size is None else {"swarm_size": swarm_size}
     return PSOSampler(seed=seed, bounds=bounds, **sized)
+
+
+def _population(seed: int | None, swarm_size: int | None) -> BaseSampler:
+    """Population-based training (`samplers._pbt`) of `swarm_size` members; like the swarm it
+    draws from `seed` and the trial number, and keeps its population in the storage."""
+    from samplers._pbt import PBTSampler
+
+    sized = {} if swarm_size is None else {"population": swarm_size}
+    return PBTSampler(seed=seed, **sized)
 
 
 def _check(name: str, n_objectives: int, grid: Mapping[str, Sequence[Any]] | None) -> None:

@@ -179,7 +179,8 @@ def add_swarm_size_argument(parser: argparse.ArgumentParser) -> None:
         "--swarm-size",
         type=whole_number("--swarm-size", high=100_000, example=StudySpec.swarm_size),
         metavar="N",
-        help="particles in the swarm: the most trials one GPU runs at once "
+        help="particles in the swarm (members of a --sampler pbt population): the most "
+        "trials one GPU runs at once "
         f"(default {StudySpec.swarm_size})",
     )
 

@@ -90,6 +90,7 @@ def best_command(args: argparse.Namespace) -> int:
 
         text = "".join(f"{key}: {value}\n" for key, value in params.items())
         text += "".join(f"{line}\n" for line in (final_score_lines(scores) if scores else []))
+        text += "".join(f"{line}\n" for line in _lineage_lines(detail.lineage, best.number))
     elif args.format == "yaml":
         text = format_params(params, args.format)
     else:
@@ -100,8 +101,26 @@ def best_command(args: argparse.Namespace) -> int:
             "final_scores": None if scores is None else scores.as_dict(),
             "weights": weights,
         }
+        if detail.lineage is not None and best.number == detail.best.number:
+            record["lineage"] = detail.lineage  # population-based training: params over epochs
         text = json.dumps(record, indent=2) + "\n"
     return _write(args, text, about)
+
+
+def _lineage_lines(lineage: dict[str, Any] | None, number: int) -> list[str]:
+    """Population-based training: the winning lineage's schedule and where its weights are."""
+    if lineage is None or lineage["trials"][-1] != number:
+        return []
+    from orchestrator.record.lineage import schedule_text
+
+    weights = lineage["weights"]
+    where = "no checkpoint saved" if weights is None else json.dumps(weights)
+    lines = [f"lineage (trials {', '.join(map(str, lineage['trials']))}):"]
+    return [
+        *lines,
+        *(f"  {line}" for line in schedule_text(lineage["schedule"])),
+        f"weights: {where}",
+    ]
 
 
 def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:

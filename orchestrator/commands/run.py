@@ -103,7 +103,8 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sampler",
         choices=SAMPLER_NAMES,
-        help=f"{StudySpec.sampler} (default) or one of Optuna's samplers",
+        help=f"{StudySpec.sampler} (default), pbt (population-based training, "
+        "--swarm-size members; docs/pbt.md) or one of Optuna's samplers",
     )
     parser.add_argument(
         "--seed",
@@ -241,13 +242,18 @@ def _resolve_spec(
         spec = _new_spec(args, adapter, options)
     else:
         spec = _resumed_spec(existing, name, args, adapter, options, label)
+    from orchestrator.commands.population import check_population
+
     _check_swarm(spec)
+    check_population(spec, adapter)
     return existing, spec
 
 
 def _check_swarm(spec: StudySpec) -> None:
     if spec.sampler == "pso" and spec.swarm_size < 2:
         raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
+    if spec.sampler == "pbt" and spec.swarm_size < 2:
+        raise UserError(f"--swarm-size {spec.swarm_size}: a population needs at least 2 members")
 
 
 def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
@@ -268,7 +274,8 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         sampler=args.sampler,
         seed=args.seed if args.seed is not None else draw_seed(),
         swarm_size=args.swarm_size,
-        pruner=args.pruner,
+        # PBT replaces members itself: a pruner would stop segments about to be copied.
+        pruner=args.pruner or ("none" if args.sampler == "pbt" else None),
         max_retries=args.max_retries,
         repeats=args.repeats,
     )

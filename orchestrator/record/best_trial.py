@@ -103,3 +103,21 @@ def pareto_front(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> li
         if not dominated and not repeated:
             front.append(trial)
     return front
+
+
+def best_lineage(trials: Iterable[FrozenTrial], best: int | None) -> dict | None:
+    """The lineage of trial `best` when it is a segment of population-based training (None
+    otherwise): its segments' numbers, its schedule of params over epochs, and where its
+    weights are (its latest checkpoint, or None when it saved none)."""
+    from orchestrator.record.lineage import is_segment, lineage_of, schedule, weights_of
+
+    by_number = {t.number: t for t in trials}
+    trial = by_number.get(best) if best is not None else None
+    if trial is None or not is_segment(trial):
+        return None
+    chain = lineage_of(trial, by_number)
+    return {
+        "trials": [t.number for t in chain],
+        "schedule": schedule(chain),
+        "weights": weights_of(trial),
+    }

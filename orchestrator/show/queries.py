@@ -206,7 +206,7 @@ def study_detail(
 ) -> StudyDetail:
     """Everything `status --study`, `best` and `report` show about one study (`trials`: its
     trials, when the caller has read them already)."""
-    from orchestrator.record.best_trial import directions_of
+    from orchestrator.record.best_trial import best_lineage, directions_of
     from orchestrator.record.study import (
         count_trials,
         load_existing_study,
@@ -228,6 +228,7 @@ def study_detail(
         lines = plan_lines(rows) + measured_lines(storage, adapter, (r.gpu for r in rows))
     direction = direction_of(directions)
     count = count_trials(trials)
+    best = best_of(trials, direction)
     return StudyDetail(
         name=name,
         adapter=adapter,
@@ -238,7 +239,7 @@ def study_detail(
         states=states_of(trials),
         counted=count.counted,
         retried=count.retried,
-        best=best_of(trials, direction),
+        best=best,
         workers=workers_seen,
         concurrency_events=events,
         ooms=oom_events(trials, retried_trial_numbers(trials)),
@@ -246,6 +247,7 @@ def study_detail(
         vram_by_gpu=vram_by_gpu(rows),
         memory_lines=lines,
         directions=directions,
+        lineage=best_lineage(trials, best.number if best else None),
     )
 
 

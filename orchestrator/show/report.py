@@ -69,6 +69,7 @@ def write_report(
     from orchestrator.show.final_scores_text import final_scores_section
     from orchestrator.show.gpu_timeline import cpu_only_note
     from orchestrator.show.report_charts import plotly_charts
+    from orchestrator.show.report_lineage import lineage_section
     from orchestrator.show.report_pngs import write_pngs
     from orchestrator.show.report_trials import CSV_NAME, trial_table, write_csv
     from orchestrator.show.run_facts import objective_names, run_facts
@@ -88,6 +89,7 @@ def write_report(
     top = ["<section class='summary'>", *summary_html(detail, facts, names, front)]
     top.append(final_scores_section(study.user_attrs))  # validation, test, baselines
     top += [*vram_html(detail, cpu_only_note(detail.vram)), "</section>"]
+    top += lineage_section(trials, detail.lineage)  # population-based training only
     page.write_text(render_page(detail, charts, pngs, table, csv, top=top), encoding="utf-8")
     notes = [f"{chart.title}: {chart.note}" for chart in charts if chart.figure is None]
     return ReportFiles(page=page, pngs=pngs, notes=notes, csv=csv)

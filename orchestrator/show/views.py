@@ -148,6 +148,8 @@ class StudyDetail:
     vram_by_gpu: list[GpuVram] = field(default_factory=list)
     memory_lines: list[MemoryLine] = field(default_factory=list)
     directions: list[str] = field(default_factory=list)  # one per objective
+    # Population-based training: the best trial's lineage (record/best_trial.best_lineage).
+    lineage: dict[str, Any] | None = None
 
 
 # --- pure shaping ------------------------------------------------------------------------------

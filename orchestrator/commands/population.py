@@ -1,0 +1,23 @@
+"""What `run --sampler pbt` checks before anything is stored."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+
+if TYPE_CHECKING:
+    from orchestrator.record.study import StudySpec
+
+
+def check_population(spec: StudySpec, adapter: Any) -> None:
+    """Population-based training continues members from checkpoints: an adapter whose `train`
+    saves none would train every segment from epoch 0."""
+    from orchestrator.run.trial_checkpoints import takes_checkpoint
+
+    if spec.sampler == "pbt" and not takes_checkpoint(adapter.train):
+        raise UserError(
+            f"--sampler pbt needs an adapter that checkpoints its training, and {adapter.name!r} "
+            "does not (its train takes no checkpoint=, docs/checkpoints.md): choose another "
+            "--sampler"
+        )
