@@ -169,6 +169,7 @@ def check_spec(spec: StudySpec) -> None:
             seed=spec.seed,
             swarm_size=spec.swarm_size,
             n_objectives=len(spec.all_directions),
+            grid=spec.grid,
         )
     pruner_for(spec)
     try:

@@ -66,7 +66,9 @@ def test_logs_for_a_trial_that_is_not_there_is_one_line(tmp_path):
 def test_where_logs_go(tmp_path):
     assert default_log_dir("sqlite:////data/runs/dqn.db") == Path("/data/runs/dqn-logs")
     assert default_log_dir("postgresql://u@h/db", cwd=tmp_path) == tmp_path / "orchestrator-logs"
-    assert trial_log_path("/logs", "my study/1", 3) == Path("/logs/my_study_1/trial-3.log")
+    assert trial_log_path("/logs", "dqn-l4", 3) == Path("/logs/dqn-l4/trial-3.log")
+    odd = trial_log_path("/logs", "my study/1", 3)
+    assert odd.parent.parent == Path("/logs") and odd.parent.name.startswith("my_study_1-")
     log = tmp_path / "t.log"
     log.write_text("one\n\ntwo\nthree\n")
     assert last_lines(log, 2) == ["two", "three"]

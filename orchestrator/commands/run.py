@@ -181,6 +181,8 @@ def run_command(args: argparse.Namespace) -> int:
     if callable(check_options):
         check_options(options)
     check_trust_flags(args, adapter)
+    objectives_of(args, adapter, options)  # the directions and the grid, before any database
+    grid_of(args, adapter, options)
     check_storage_for_workers(url)
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
     mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
@@ -188,6 +190,7 @@ def run_command(args: argparse.Namespace) -> int:
     spare, storage = open_for_trials(url, uses_torch=uses_torch(adapter))
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
     spec = spec.updated(mlflow_uri=mlflow_uri)
+    _check_spec(spec)
     queue = _fitting_queue(queue, existing, spec)
     return plan_and_run(
         url=url,
@@ -199,6 +202,16 @@ def run_command(args: argparse.Namespace) -> int:
         open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue, args),
         selection=selection_of(args),
     )
+
+
+def _check_spec(spec: StudySpec) -> None:
+    """The sampler for this many objectives, the pruner: said before the study is stored."""
+    from orchestrator.api import check_spec
+
+    try:
+        check_spec(spec)
+    except ValueError as error:
+        raise UserError(str(error)) from None
 
 
 def _fitting_queue(
@@ -253,11 +266,12 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
     from orchestrator.planning.workloads import workload_class
     from orchestrator.record.study import StudySpec, draw_seed
 
-    grid = grid_of(args, adapter)  # --sampler grid: its budget is one walk of the grid
+    grid = grid_of(args, adapter, options)  # --sampler grid: its budget is one walk of the grid
+    grid_trials = grid.pop("trials", 0)
     return StudySpec.new(
         adapter=args.adapter_path or adapter.name,
         adapter_path=bool(args.adapter_path),
-        trials=args.trials or grid.pop("trials", 0) or int(getattr(adapter, "default_trials", 20)),
+        trials=args.trials or grid_trials or int(getattr(adapter, "default_trials", 20)),
         epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
         options=options,
         **objectives_of(args, adapter, options),

@@ -57,7 +57,9 @@ def _path(folder: Path, trial_id: int) -> Path:
 
 def keep(folder: Path, kept: Kept) -> Path:
     """Write `kept` whole; its path."""
-    folder.mkdir(parents=True, exist_ok=True)
+    from orchestrator.record.trial_logs import private_folder
+
+    private_folder(folder)  # 0700, as the trial logs beside it
     path = _path(folder, kept.trial_id)
     partial = path.with_suffix(".partial")
     with open(partial, "w") as out:
