@@ -1,4 +1,4 @@
-"""A plain Optuna objective, `objective(trial, device) -> float`, as an adapter.
+"""A plain Optuna objective, `objective(trial, device) -> float` or `objective(trial)`, as an adapter.
 
 This is how `orchestrator.optimize` runs a function through the GPU pools: the function is
 found again in every trial process by its `module:qualname` (so it must be a module-level
@@ -62,6 +62,7 @@ class ObjectiveAdapter(BaseAdapter):
         self.metric = metric
         self.workload_class = "supervised"
         self._trial: optuna.Trial | None = None  # the one trial this process runs now
+        self._takes_device = takes_device(objective)
 
     def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:
         return MemoryModel(float(options["overhead_mb"]), float(options["per_sample_mb"]))
@@ -87,10 +88,25 @@ class ObjectiveAdapter(BaseAdapter):
         from orchestrator.record.objectives import objective_value
 
         try:
-            value = self._objective(trial, device)
+            value = self._objective(trial, device) if self._takes_device else self._objective(trial)
         except ValueError as error:
             raise _batch_size_mismatch(error, options) from None
         return objective_value(value)  # type: ignore[return-value]
+
+
+def takes_device(objective: Objective) -> bool:
+    """Whether the objective is `objective(trial, device)`; `objective(trial)`, as Optuna users
+    write it, picks its own device (the trial process's is the one CUDA_VISIBLE_DEVICES left)."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(objective).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C function: assume the documented form
+        return True
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in parameters if p.kind in kinds]
+    spread = any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters)
+    return spread or len(positional) >= 2
 
 
 # What Optuna says when a parameter is drawn again from an incompatible distribution.

@@ -243,6 +243,7 @@ def plan_and_run(
     open_study: Callable[[], optuna.Study],
     spare: list[Any] | None = None,
     selection: Selection | None = None,
+    callbacks: Sequence[Callable[..., None]] = (),
 ) -> int:
     """What `run` and `worker` end with: plan this host, open the study (only once the plan
     fits, so a model that fits no GPU stores nothing), run it, print the result; the exit status.
@@ -267,6 +268,7 @@ def plan_and_run(
         options=options,
         open_study=open_and_keep,
         spare=spare,
+        callbacks=callbacks,
     )
     if selection is not None and opened and not outcome.interrupted:
         from orchestrator.selection import finish_study

@@ -18,13 +18,14 @@ from orchestrator.commands._args import (
     study_name,
     whole_number,
 )
+from orchestrator.commands.run_checks import check_spec, check_swarm, checked_options
 from orchestrator.commands.trust_flags import (
     add_confirm_arguments,
     add_repeats_argument,
-    check_trust_flags,
     selection_of,
 )
 from orchestrator.errors import UserError
+from orchestrator.first_failures import watch_first_trials
 from orchestrator.objective_flags import add_objective_arguments, grid_of, objectives_of
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     import adapters
-    from adapters.base import parse_options, uses_torch
+    from adapters.base import uses_torch
     from orchestrator.enqueue import planned_queue
     from orchestrator.host_options import (
         HostOptions,
@@ -169,20 +170,7 @@ def run_command(args: argparse.Namespace) -> int:
     url = resolve_storage_url(args.storage)
     parse_url(url)
     adapter = adapters.resolve(args.adapter_path or args.adapter, is_path=bool(args.adapter_path))
-    raw_options = list(args.option)
-    for flag in ("env", "data"):
-        value = getattr(args, flag)
-        if value is not None:
-            if flag not in (getattr(adapter, "options", {}) or {}):
-                raise UserError(f"adapter {adapter.name!r} takes no --{flag}")
-            raw_options.append(f"{flag}={value}")
-    options = parse_options(adapter, raw_options)
-    check_options = getattr(adapter, "check_options", None)
-    if callable(check_options):
-        check_options(options)
-    check_trust_flags(args, adapter)
-    objectives_of(args, adapter, options)  # the directions and the grid, before any database
-    grid_of(args, adapter, options)
+    options = checked_options(args, adapter)
     check_storage_for_workers(url)
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
     mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
@@ -190,7 +178,7 @@ def run_command(args: argparse.Namespace) -> int:
     spare, storage = open_for_trials(url, uses_torch=uses_torch(adapter))
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
     spec = spec.updated(mlflow_uri=mlflow_uri)
-    _check_spec(spec)
+    check_spec(spec)
     queue = _fitting_queue(queue, existing, spec)
     return plan_and_run(
         url=url,
@@ -201,17 +189,8 @@ def run_command(args: argparse.Namespace) -> int:
         spare=spare,
         open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue, args),
         selection=selection_of(args),
+        callbacks=[watch_first_trials(existing, spec, args.study or adapter.name)],
     )
-
-
-def _check_spec(spec: StudySpec) -> None:
-    """The sampler for this many objectives, the pruner: said before the study is stored."""
-    from orchestrator.api import check_spec
-
-    try:
-        check_spec(spec)
-    except ValueError as error:
-        raise UserError(str(error)) from None
 
 
 def _fitting_queue(
@@ -251,13 +230,8 @@ def _resolve_spec(
         spec = _new_spec(args, adapter, options)
     else:
         spec = _resumed_spec(existing, name, args, adapter, options, label)
-    _check_swarm(spec)
+    check_swarm(spec)
     return existing, spec
-
-
-def _check_swarm(spec: StudySpec) -> None:
-    if spec.sampler == "pso" and spec.swarm_size < 2:
-        raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
 
 
 def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
@@ -332,7 +306,7 @@ def _resumed_spec(
         repeats=args.repeats,
         options={**spec.options, **typed_now},
     )
-    _check_swarm(wanted)  # a value no study takes is said as such, not as a drift
+    check_swarm(wanted)  # a value no study takes is said as such, not as a drift
     drifts = differences(spec, wanted)
     if drifts and not args.update_settings:
         raise UserError(drift_message(name, drifts))  # before anything starts or is stored
