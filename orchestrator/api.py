@@ -128,10 +128,11 @@ def _objectives(
     metric: str,
     direction: str,
 ) -> tuple[list[str], list[str]]:
-    from orchestrator.record.objectives import parse_names, plan_objectives
+    from orchestrator.record.objectives import check_directions, parse_names, plan_objectives
 
-    if isinstance(directions, str):
+    if isinstance(directions, str) or (directions is not None and not list(directions)):
         raise ValueError(f"directions={directions!r}: give a list, as in ['maximize', 'minimize']")
+    check_directions([direction])  # a ValueError naming it when it is neither
     if isinstance(objectives, str):
         objectives = parse_names(objectives, "objectives")
     return plan_objectives(objectives, directions, metric=metric, direction=direction)

@@ -137,7 +137,8 @@ def input_file(flag: str, what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         problem = InputFile(what).problem(text) if text else f"is empty: give {what}"
         if problem:
-            raise argparse.ArgumentTypeError(f"{flag} {text} {problem}")
+            shown = text if text.isprintable() else repr(text)  # one line, whatever was typed
+            raise argparse.ArgumentTypeError(f"{flag} {shown} {problem}")
         return text
 
     return parse
