@@ -57,9 +57,7 @@ def _typed_actions() -> list[tuple[str, argparse.Action]]:
     found = []
     for name, sub in commands.choices.items():
         for action in sub._actions:
-            if callable(action.type) or (action.choices is not None and not action.option_strings):
-                found.append((name, action))
-            elif action.choices is not None:
+            if callable(action.type) or action.choices is not None:
                 found.append((name, action))
     return found
 
@@ -116,9 +114,19 @@ HANDLER_CASES: list[tuple[str, ...]] = [
     *[
         (*RUN, "--option", option)
         for option in (
-            "trial_seconds", "=1", "trial_seconds=abc", "trial_seconds=nan", "trial_seconds=-1",
-            "trial_seconds=1e400", "bogus=1", "overhead_mb=inf", "per_sample_mb=1e308",
-            "per_sample_mb=-1", "overhead_mb=1e9", "trial_seconds=", " =1",
+            "trial_seconds",
+            "=1",
+            "trial_seconds=abc",
+            "trial_seconds=nan",
+            "trial_seconds=-1",
+            "trial_seconds=1e400",
+            "bogus=1",
+            "overhead_mb=inf",
+            "per_sample_mb=1e308",
+            "per_sample_mb=-1",
+            "overhead_mb=1e9",
+            "trial_seconds=",
+            " =1",
         )
     ],  # fmt: skip
     *[("plan", "synthetic", "--option", option) for option in ("bogus=1", "overhead_mb=nan", "x")],
@@ -237,7 +245,11 @@ def test_there_are_at_least_300_malformed_inputs_and_every_command_gets_some():
 
 
 def test_every_flag_s_malformed_values_are_one_line_exit_2(
-    template, tmp_path, monkeypatch, capsys, isolated_environment  # noqa: F811
+    template,
+    tmp_path,
+    monkeypatch,
+    capsys,
+    isolated_environment,  # noqa: F811
 ):
     folder = tmp_path / "study"
     shutil.copytree(template, folder)
@@ -245,7 +257,11 @@ def test_every_flag_s_malformed_values_are_one_line_exit_2(
 
 
 def test_inputs_only_the_command_can_judge_are_one_line_exit_2(
-    template, tmp_path, monkeypatch, capsys, isolated_environment  # noqa: F811
+    template,
+    tmp_path,
+    monkeypatch,
+    capsys,
+    isolated_environment,  # noqa: F811
 ):
     folder = tmp_path / "study"
     shutil.copytree(template, folder)
@@ -301,7 +317,7 @@ def test_the_api_refuses_each_malformed_argument_in_one_line_before_storing(
             message = str(error)
             if "\n" in message or not message or "HostOptions" in message:
                 wrong.append(f"{arguments!r}: {message!r}")
-        except Exception as error:  # noqa: BLE001  (anything else is what this test finds)
+        except Exception as error:  # anything else is what this test finds
             wrong.append(f"{arguments!r}: {type(error).__name__}: {error}")
         else:
             wrong.append(f"{arguments!r}: accepted")
