@@ -320,10 +320,12 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     is not refused because of it."""
     import optuna
 
+    from orchestrator.record.settings_attrs import show_settings
     from orchestrator.record.study import save_spec, set_metric_names
 
     if existing is not None:
         save_spec(existing, spec)
+        show_settings(existing, spec)  # one user attribute per setting, for optuna-dashboard
         set_metric_names(existing, spec)
         return existing
     study = optuna.create_study(
@@ -331,6 +333,7 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     )
     try:
         save_spec(study, spec)
+        show_settings(study, spec)
         set_metric_names(study, spec)
     except BaseException:
         if not study.trials:

@@ -24,6 +24,10 @@ def _stored(url: str) -> list[str]:
 def test_a_one_argument_objective_runs_as_in_optuna(sqlite_url):
     study = orchestrator.optimize(api_failing.one_argument, n_trials=3, storage=sqlite_url, **FAST)
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 3
+    # optuna-dashboard shows each setting as a user attribute of its own, not one JSON string.
+    assert study.user_attrs["setting: trials"] == 3
+    assert study.user_attrs["setting: pruner"] == "none"
+    assert study.user_attrs["option: overhead_mb"] == 0.0
 
 
 def test_the_first_error_is_raised_with_its_own_type_and_the_run_stops(sqlite_url):

@@ -330,6 +330,7 @@ def _store(
     import optuna
 
     from orchestrator.enqueue import enqueue
+    from orchestrator.record.settings_attrs import show_settings
     from orchestrator.record.study import load_spec, save_spec
 
     update_settings = bool(args and args.update_settings)
@@ -344,6 +345,7 @@ def _store(
         # its own and was given none, joins that one's sequence instead of refusing a drift.
         spec = dataclasses.replace(spec, seed=stored.seed)
     save_spec(study, spec, update_settings=update_settings)
+    show_settings(study, spec)  # one user attribute per setting, for optuna-dashboard
     enqueue(study, queue)
     return study
 
