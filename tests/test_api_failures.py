@@ -9,6 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 import orchestrator
+from orchestrator.record.storage_url import normalize_url
 from tests import api_failing
 
 FAST = {"gpus": "sim:24576", "pruner": "none", "concurrency": 1}
@@ -30,11 +31,13 @@ def test_a_one_argument_objective_runs_as_in_optuna(sqlite_url):
     assert study.user_attrs["option: overhead_mb"] == 0.0
 
 
-def test_the_first_error_is_raised_with_its_own_type_and_the_run_stops(sqlite_url):
+def test_the_first_error_is_raised_with_its_own_type_and_the_run_stops(storage_url):
     with pytest.raises(api_failing.NotConverging, match="loss went to nan at step 0") as raised:
-        orchestrator.optimize(api_failing.always_raises, n_trials=6, storage=sqlite_url, **FAST)
+        orchestrator.optimize(api_failing.always_raises, n_trials=6, storage=storage_url, **FAST)
     assert any("trial 0 raised this" in note for note in raised.value.__notes__)
-    study = optuna.load_study(study_name="tests.api_failing:always_raises", storage=sqlite_url)
+    study = optuna.load_study(
+        study_name="tests.api_failing:always_raises", storage=normalize_url(storage_url)
+    )
     assert len([t for t in study.trials if t.state == TrialState.FAIL]) < 6  # it stopped
 
 
