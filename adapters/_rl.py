@@ -204,11 +204,13 @@ class RLAdapter(BaseAdapter):
         epochs: int,
         device: torch.device,
         options: Mapping[str, Any],
+        report: Report | None = None,
     ) -> dict[str, float]:
         """The selected trial's test score: trained again on everything before the test part,
-        then scored once on it (a part no trial has seen)."""
+        then scored once on it (a part no trial has seen). `report(epoch, score)` after each
+        epoch, as a trial reports: how the run is getting on, not a figure to choose by."""
         task = test_task(options)
-        return {"test": self._learn(params, task, epochs, device, options, None).value}
+        return {"test": self._learn(params, task, epochs, device, options, report).value}
 
     def baselines(self, options: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         return baselines(options)

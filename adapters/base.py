@@ -90,6 +90,14 @@ class InputFile:
         if not value:
             return None
         path = Path(value)
+        try:
+            path.stat()
+        except OSError as error:  # missing, or a name the file system refuses (too long, NUL)
+            if isinstance(error, FileNotFoundError):
+                return f"does not exist: give {self.what}"
+            return f"cannot be used ({error.strerror or error}): give {self.what}"
+        except ValueError:  # an embedded NUL character
+            return f"is not a file name: give {self.what}"
         if path.is_dir():
             return (
                 f"is a directory: give {self.what} (a file inside it, e.g. {path / 'prices.csv'})"

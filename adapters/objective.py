@@ -1,4 +1,4 @@
-"""A plain Optuna objective, `objective(trial, device) -> float`, as an adapter.
+"""A plain Optuna objective, `objective(trial, device) -> float` or `objective(trial)`, as an adapter.
 
 An objective of three arguments, `objective(trial, device, checkpoint)`, also gets the trial's
 checkpoint handle (docs/checkpoints.md): `checkpoint.load()` and `checkpoint.save(epoch, state)`.
@@ -65,6 +65,7 @@ class ObjectiveAdapter(BaseAdapter):
         self.metric = metric
         self.workload_class = "supervised"
         self._trial: optuna.Trial | None = None  # the one trial this process runs now
+        self._takes_device = takes_device(objective)
 
     def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:
         return MemoryModel(float(options["overhead_mb"]), float(options["per_sample_mb"]))
@@ -92,10 +93,25 @@ class ObjectiveAdapter(BaseAdapter):
 
         extra = (checkpoint,) if takes_handle(self._objective) else ()
         try:
-            value = self._objective(trial, device, *extra)
+            if self._takes_device:
+                value = self._objective(trial, device, *extra)
+            else:
+                value = self._objective(trial)
         except ValueError as error:
             raise _batch_size_mismatch(error, options) from None
         return objective_value(value)  # type: ignore[return-value]
+
+
+def _positional(objective: Objective) -> list | None:
+    """The objective's positional parameters; None for a builtin or C function."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(objective).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p for p in parameters if p.kind in kinds or p.kind == p.VAR_POSITIONAL]
 
 
 def takes_handle(objective: Objective) -> bool:
@@ -103,15 +119,21 @@ def takes_handle(objective: Objective) -> bool:
     parameter named `checkpoint` or without a default (one with a default is the user's own)."""
     import inspect
 
-    try:
-        parameters = list(inspect.signature(objective).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in _positional(objective) or () if p.kind != p.VAR_POSITIONAL]
     if len(positional) < 3:
         return False
     third = positional[2]
     return third.name == "checkpoint" or third.default is inspect.Parameter.empty
+
+
+def takes_device(objective: Objective) -> bool:
+    """Whether the objective is `objective(trial, device)`; `objective(trial)`, as Optuna users
+    write it, picks its own device (the trial process's is the one CUDA_VISIBLE_DEVICES left)."""
+    positional = _positional(objective)
+    if positional is None:  # a builtin or C function: assume the documented form
+        return True
+    spread = any(p.kind == p.VAR_POSITIONAL for p in positional)
+    return spread or len(positional) >= 2
 
 
 # What Optuna says when a parameter is drawn again from an incompatible distribution.

@@ -7,19 +7,27 @@ would run. The command line is `python -m orchestrator`.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from orchestrator.own_packages import ForeignPackage, load_own_packages
 
-try:
-    load_own_packages()  # before anything imports `adapters`, `samplers` or `migrations`
-except ForeignPackage as error:
-    if sys.argv and sys.argv[0] == "-m":  # `python -m orchestrator`: one line, not a traceback
-        sys.stderr.write(f"error: {error}\n")
-        raise SystemExit(2) from None
-    raise
+_COMMAND = bool(sys.argv) and sys.argv[0] == "-m"  # `python -m orchestrator`, not an import
+if _COMMAND:  # Ctrl-C or SIGTERM while the imports below run: one line, not a traceback
+    from orchestrator import interrupts
 
-from orchestrator.api import optimize, plan
+    interrupts.install()
+
+with interrupts.stopped_quietly() if _COMMAND else contextlib.nullcontext():
+    try:
+        load_own_packages()  # before anything imports `adapters`, `samplers` or `migrations`
+    except ForeignPackage as error:
+        if _COMMAND:  # one line, not a traceback
+            sys.stderr.write(f"error: {error}\n")
+            raise SystemExit(2) from None
+        raise
+
+    from orchestrator.api import optimize, plan
 
 __version__ = "0.1.0"
 __all__ = ["optimize", "plan", "__version__"]

@@ -1,3 +1,9 @@
-from orchestrator.cli import main
+"""`python -m orchestrator`: the command line, stopped by Ctrl-C or SIGTERM in one line."""
 
-raise SystemExit(main())
+from orchestrator.interrupts import stopped_quietly
+
+with stopped_quietly():
+    from orchestrator.cli import main
+
+    status = main()
+raise SystemExit(status)

@@ -23,9 +23,11 @@ objective's module is importable there. It returns the `optuna.Study`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.api_checks import check_arguments
+from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
 from orchestrator.record.study import StudySpec
 
 if TYPE_CHECKING:
@@ -54,46 +56,46 @@ def optimize(
     swarm_size: int = StudySpec.swarm_size,
     epochs: int = 1,
     max_retries: int = StudySpec.max_retries,
+    catch: Iterable[type[Exception]] | type[Exception] = (),
     **host: Any,
 ) -> optuna.Study:
-    """Run `objective(trial, device)` until the study holds `n_trials` trials; the study.
+    """Run `objective(trial, device)` or `objective(trial)` until the study holds `n_trials`.
 
     `memory_model` is (overhead MB, MB per sample): what one trial needs on a GPU at a batch
     size, which admission counts by; `batch_sizes` is the (low, high) range the objective draws
     "batch_size" from (log scale), drawn before it runs so the trial is admitted by its bytes.
-    `epochs` is what pruners take as the resource (Hyperband), when the objective reports one
-    value per epoch. `directions` (one per value the objective returns) makes a study of several
+    `epochs`: the pruners' resource, when the objective reports once per epoch. `directions` (one per value the objective returns) makes a study of several
     objectives; `objectives` names them and may add "vram_peak_mb" and "seconds", which every
     trial measures (orchestrator.record.objectives). `sampler` and `pruner` are names or Optuna
-    objects (pickled for the trial processes); `callbacks` are called as
-    `callback(study, frozen_trial)` in this process for every trial that finishes.
-    `host` takes the flags `run` has about this host, by their Python names: concurrency,
-    timeout, trial_timeout, grace, sim_memory_scale, log_dir, quiet (default: progress on
-    stderr when stderr is a terminal, quiet otherwise), recycle_after, fresh_process, ...
+    objects; `callbacks` are called as `callback(study, frozen_trial)` here for every trial
+    that finishes. The objective's first error is raised here unless it is one of `catch`
+    (orchestrator.first_failures). `host`: `run`'s flags about this host by their Python
+    names (concurrency, timeout, log_dir, quiet: progress when stderr is a terminal, ...).
     """
     from adapters.objective import objective_ref
 
     ref = objective_ref(objective)
+    caught = check_arguments(
+        n_trials=n_trials, epochs=epochs, max_retries=max_retries, swarm_size=swarm_size,
+        seed=seed, study_name=study_name, memory_model=memory_model, batch_sizes=batch_sizes,
+        catch=catch,
+    )  # fmt: skip
     names, all_directions = _objectives(objectives, directions, metric=metric, direction=direction)
+    several = len(all_directions) > 1
     spec = StudySpec(
-        adapter=ref,
-        adapter_path=True,
-        objective=True,
-        metric=metric,
-        trials=n_trials,
-        epochs=epochs,
-        direction=all_directions[0],
-        directions=all_directions if len(all_directions) > 1 else None,
-        objectives=names if len(names) > 1 else None,
-        options=_options(memory_model, batch_sizes),
-        seed=seed,
-        swarm_size=swarm_size,
-        max_retries=max_retries,
-        **_sampler_and_pruner(sampler, pruner),
-    )
+        adapter=ref, adapter_path=True, objective=True, metric=metric, trials=n_trials,
+        epochs=epochs, direction=all_directions[0],
+        directions=all_directions if several else None, objectives=names if several else None,
+        options=_options(memory_model, batch_sizes), seed=seed, swarm_size=swarm_size,
+        max_retries=max_retries, **_sampler_and_pruner(sampler, pruner),
+    )  # fmt: skip
     check_spec(spec)
     name = study_name or default_study_name(objective)
-    return _run(spec, name, storage, gpus, host, list(callbacks))
+    first = RaiseAtFirstFailure(caught, getattr(objective, "__module__", None))
+    try:  # the objective's error is raised outside the pools, once they have stopped
+        return _run(spec, name, storage, gpus, host, [first, *callbacks])
+    except ObjectiveRaised as raised:
+        raise raised.error from None
 
 
 def _options(memory_model: tuple[float, float], batch_sizes: tuple[int, int] | None) -> dict:
@@ -126,10 +128,11 @@ def _objectives(
     metric: str,
     direction: str,
 ) -> tuple[list[str], list[str]]:
-    from orchestrator.record.objectives import parse_names, plan_objectives
+    from orchestrator.record.objectives import check_directions, parse_names, plan_objectives
 
-    if isinstance(directions, str):
+    if isinstance(directions, str) or (directions is not None and not list(directions)):
         raise ValueError(f"directions={directions!r}: give a list, as in ['maximize', 'minimize']")
+    check_directions([direction])  # a ValueError naming it when it is neither
     if isinstance(objectives, str):
         objectives = parse_names(objectives, "objectives")
     return plan_objectives(objectives, directions, metric=metric, direction=direction)
@@ -140,6 +143,7 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     import optuna
 
     from orchestrator.record.optuna_objects import pickled, sampler_label
+    from orchestrator.record.study import PRUNERS
 
     fields: dict[str, Any] = {"sampler": sampler, "pruner": pruner}
     if isinstance(sampler, optuna.samplers.BaseSampler):
@@ -150,8 +154,8 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     if isinstance(pruner, optuna.pruners.BasePruner):
         fields["pruner"] = type(pruner).__name__
         fields["pruner_pickle"] = pickled(pruner, "pruner")
-    elif not isinstance(pruner, str):
-        raise ValueError(f"pruner={pruner!r}: give a pruner's name or an Optuna pruner")
+    elif not isinstance(pruner, str) or pruner not in PRUNERS:
+        raise ValueError(f"pruner={pruner!r}: give an Optuna pruner or one of {', '.join(PRUNERS)}")
     return fields
 
 
@@ -184,6 +188,7 @@ def check_spec(spec: StudySpec) -> None:
             seed=spec.seed,
             swarm_size=spec.swarm_size,
             n_objectives=len(spec.all_directions),
+            grid=spec.grid,
         )
     pruner_for(spec)
     try:
@@ -232,10 +237,14 @@ def _run(
     callbacks: list[Callable[..., None]],
 ) -> Any:
 
+    from dataclasses import fields
+    from os import PathLike
+
     import optuna
 
     from adapters.base import uses_torch
     from adapters.study_adapter import resolve_adapter
+    from orchestrator.api_checks import check_host, said_as_api
     from orchestrator.host_options import (
         HostOptions,
         check_host_options,
@@ -245,11 +254,15 @@ def _run(
     from orchestrator.record.storage_url import parse_url, resolve_storage_url
 
     spec = _with_checkpoints(spec, host)
-    settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
-    check_host_options(settings)
-    url = resolve_storage_url(storage)
-    parse_url(url)
-    check_storage_for_workers(url)
+    check_host({"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(HostOptions)))
+    if isinstance(host.get("log_dir"), PathLike):
+        host["log_dir"] = str(host["log_dir"])
+    with said_as_api():
+        settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
+        check_host_options(settings)
+        url = resolve_storage_url(storage)
+        parse_url(url)
+        check_storage_for_workers(url)
     adapter = resolve_adapter(spec)  # the objective imports here, or says why not
     spare, opened = open_for_trials(url, uses_torch=uses_torch(adapter))
     existing, spec = _resume(opened, name, spec)
@@ -323,10 +336,12 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     is not refused because of it."""
     import optuna
 
+    from orchestrator.record.settings_attrs import show_settings
     from orchestrator.record.study import save_spec, set_metric_names
 
     if existing is not None:
         save_spec(existing, spec)
+        show_settings(existing, spec)  # one user attribute per setting, for optuna-dashboard
         set_metric_names(existing, spec)
         return existing
     study = optuna.create_study(
@@ -334,6 +349,7 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     )
     try:
         save_spec(study, spec)
+        show_settings(study, spec)
         set_metric_names(study, spec)
     except BaseException:
         if not study.trials:

@@ -23,6 +23,7 @@ from orchestrator.commands import (
 )
 from orchestrator.commands._args import Parser
 from orchestrator.errors import UserError
+from orchestrator.interrupts import Terminated, say
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -115,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         print(redact(f"error: {error}"), file=sys.stderr)
         return error.exit_status
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as stop:
+        return say(stop)
     except BrokenPipeError:
         # The reader went away (`status --json | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

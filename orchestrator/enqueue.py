@@ -40,6 +40,10 @@ def read_params_file(path: str) -> list[dict[str, Any]]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise UserError(f"cannot read --enqueue {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise UserError(
+            f"--enqueue {path} is not a text file: give a YAML file of parameters"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:

@@ -284,6 +284,23 @@ def _sim_size_problems(gpus: str) -> list[str]:
     return problems
 
 
+def check_model_fits_a_gpu(adapter: object, options: dict) -> None:
+    """A memory model that needs more than any GPU holds at the smallest batch size (a typo such
+    as per_sample_mb=1e308) is refused here: on a host without a GPU nothing would say so."""
+    from adapters.base import BATCH_SIZE_MIN, memory_model_of
+
+    model = memory_model_of(adapter, options)
+    smallest = int(options.get("batch_size_min") or BATCH_SIZE_MIN)
+    need = model.planned_mb(smallest)
+    if not need <= MAX_SIM_MB:  # NaN too
+        raise UserError(
+            f"adapter {getattr(adapter, 'name', '?')!r}: one trial at batch size {smallest} needs "
+            f"{need:,.0f} MB by its memory model ({model.model_overhead_mb:g} MB + "
+            f"{model.per_sample_mb:g} MB per sample), more than any GPU holds: check its "
+            "overhead_mb and per_sample_mb"
+        )
+
+
 def check_log_dir(log_dir: str) -> None:
     """--log-dir must be a folder this user can write in (made if missing): else every trial
     process would fail to open its log and be re-run as lost. What this check makes it removes,

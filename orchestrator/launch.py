@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -243,6 +244,7 @@ def plan_and_run(
     open_study: Callable[[], optuna.Study],
     spare: list[Any] | None = None,
     selection: Selection | None = None,
+    callbacks: Sequence[Callable[..., None]] = (),
 ) -> int:
     """What `run` and `worker` end with: plan this host, open the study (only once the plan
     fits, so a model that fits no GPU stores nothing), run it, print the result; the exit status.
@@ -267,6 +269,7 @@ def plan_and_run(
         options=options,
         open_study=open_and_keep,
         spare=spare,
+        callbacks=callbacks,
     )
     if selection is not None and opened and not outcome.interrupted:
         from orchestrator.selection import finish_study
@@ -274,7 +277,11 @@ def plan_and_run(
         final = finish_study(opened[-1], spec, adapter, selection)  # Ctrl-C: `best --confirm`
         outcome = dataclasses.replace(outcome, final=final)
     print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=options.json)
-    return 130 if outcome.interrupted else 0
+    if not outcome.interrupted:
+        return 0
+    from orchestrator.run import pool_signals
+
+    return 128 + (pool_signals.first_signal or signal.SIGINT)  # 130 for Ctrl-C, 143 for SIGTERM
 
 
 def execute(

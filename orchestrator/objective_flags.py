@@ -52,7 +52,16 @@ def objectives_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any
             direction=adapter.direction,
         )
     except ValueError as error:
-        raise UserError(str(error).replace("objectives ", "--objectives ", 1)) from None
+        message = str(error)  # plan_objectives speaks of `objectives`, the API's word
+        if message.startswith("objectives "):
+            message = "--" + message
+        raise UserError(message) from None
+    returned = _values_returned(adapter)
+    if directions is not None and len(directions) != len(returned):
+        raise UserError(
+            f"--directions {args.directions}: adapter {adapter.name!r} returns "
+            f"{len(returned)} value(s) ({'/'.join(returned)}): give one direction for each"
+        )
     several = len(all_directions) > 1
     return {
         "direction": all_directions[0],
@@ -61,9 +70,20 @@ def objectives_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any
     }
 
 
-def grid_of(args: argparse.Namespace, adapter: Any) -> dict:
+def _values_returned(adapter: Any) -> list[str]:
+    """The directions of the values the adapter's objective returns: its `directions` when it
+    declares several, else its one `direction` (an Adapter's `train` returns one float)."""
+    declared = getattr(adapter, "directions", None)
+    if declared:
+        return [str(d) for d in declared]
+    return [str(adapter.direction)]
+
+
+def grid_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> dict:
     """The spec's grid (and, when --trials is not typed, the budget of one walk of it) for
-    `--sampler grid`; --grid without it is refused."""
+    `--sampler grid`; --grid without it is refused, and so is a value outside the adapter's
+    search space (before anything is stored: GridSampler would only find it in each trial)."""
+    from orchestrator.enqueue import checked_params, search_space
     from orchestrator.record.grid import full_grid, grid_size, parse_grid
 
     if args.sampler != "grid":
@@ -76,4 +96,8 @@ def grid_of(args: argparse.Namespace, adapter: Any) -> dict:
         raise UserError(str(error)) from None
     if not grid:
         raise UserError("--sampler grid needs --grid NAME=V1,V2 (or a grid table in --config)")
+    space = search_space(adapter, options)
+    for name, values in grid.items():
+        if name in space:  # a default that is no searched parameter is passed as it is
+            grid[name] = [checked_params({name: v}, space, "--grid")[name] for v in values]
     return {"grid": grid, "trials": args.trials or grid_size(grid)}

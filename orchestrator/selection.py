@@ -16,8 +16,11 @@ baselines gives what it has. The result is stored with the study (`record/final_
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import statistics
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -107,8 +110,28 @@ def finish_study(
     return scores
 
 
-def _ignore(step: int, value: float) -> None:
-    """A report that prunes nothing: re-runs are not trials of the study."""
+def progress(what: str, epochs: int, metric: str) -> Callable[[int, float], None]:
+    """A report that prunes nothing (re-runs are not trials of the study) and says, epoch by
+    epoch, how the run is getting on: the test run trains as long as a trial, and a silent
+    half hour looks like a hang."""
+    import time
+
+    started = time.monotonic()
+
+    def report(step: int, value: float) -> None:
+        seconds = time.monotonic() - started
+        logger.info(
+            "%s: epoch %d/%d, %s %.4g (%.0f s)", what, step + 1, epochs, metric, value, seconds
+        )
+
+    return report
+
+
+@contextlib.contextmanager
+def _no_trial_log() -> Iterator[None]:
+    """An adapter writes each report to its trial's log (stdout); here the progress line says it."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def _spread(values: list[float]) -> tuple[float, float]:
@@ -161,20 +184,25 @@ def confirm(
     from adapters.repeats import seeded
 
     confirmed = []
+    from adapters import metric_name
+
+    metric = str(metric_name(adapter, spec.options))
     for trial in top_trials(trials, spec.direction, top):
         values = _runs_of(trial)[:seeds]
-        values += [
-            float(
-                adapter.train(
-                    trial.params,
-                    epochs=spec.epochs,
-                    device=device,
-                    options=seeded(spec.options, offset),
-                    report=_ignore,
+        for offset in range(len(values), seeds):
+            what = f"confirming trial #{trial.number}, seed {offset + 1}/{seeds}"
+            with _no_trial_log():
+                values.append(
+                    float(
+                        adapter.train(
+                            trial.params,
+                            epochs=spec.epochs,
+                            device=device,
+                            options=seeded(spec.options, offset),
+                            report=progress(what, spec.epochs, metric),
+                        )
+                    )
                 )
-            )
-            for offset in range(len(values), seeds)
-        ]
         mean, std = _spread(values)
         confirmed.append(Confirmed(trial.number, float(trial.value), values, mean, std))
         logger.info("trial #%d confirmed on %d seeds: %.4g +- %.3g", trial.number, seeds, mean, std)
@@ -197,6 +225,34 @@ def _still_current(study: optuna.Study, spec: StudySpec, selection: Selection) -
     return stored if same_trials and same_ask else None
 
 
+def _test_score(
+    adapter: Any, spec: StudySpec, selected: FrozenTrial, device: Any, offset: int, runs: int
+) -> float:
+    """One test run of the selected trial, its progress said as a trial's (when the adapter's
+    final_scores takes a report)."""
+    import inspect
+
+    from adapters import metric_name
+    from adapters.repeats import seeded
+
+    kwargs: dict[str, Any] = {}
+    if "report" in inspect.signature(adapter.final_scores).parameters:
+        what = f"test run of trial #{selected.number}" + (
+            f", seed {offset + 1}/{runs}" if runs > 1 else ""
+        )
+        metric = str(metric_name(adapter, spec.options))
+        kwargs["report"] = progress(what, spec.epochs, metric)
+    with _no_trial_log():
+        scores = adapter.final_scores(
+            selected.params,
+            epochs=spec.epochs,
+            device=device,
+            options=seeded(spec.options, offset),
+            **kwargs,
+        )
+    return float(scores["test"])
+
+
 def score_selection(
     study: optuna.Study,
     spec: StudySpec,
@@ -207,7 +263,6 @@ def score_selection(
     seeds: int = DEFAULT_CONFIRM_SEEDS,
 ) -> FinalScores | None:
     """Steps 1-3 of the module's docstring; None while no trial has completed."""
-    from adapters.repeats import seeded
 
     trials = study.get_trials(deepcopy=False)
     if not top_trials(trials, spec.direction, 1):
@@ -223,13 +278,7 @@ def score_selection(
     test_values: list[float] = []
     if callable(getattr(adapter, "final_scores", None)):
         for offset in range(runs):
-            scores = adapter.final_scores(
-                selected.params,
-                epochs=spec.epochs,
-                device=device,
-                options=seeded(spec.options, offset),
-            )
-            test_values.append(float(scores["test"]))
+            test_values.append(_test_score(adapter, spec, selected, device, offset, runs))
     baselines = (
         adapter.baselines(spec.options) if callable(getattr(adapter, "baselines", None)) else {}
     )

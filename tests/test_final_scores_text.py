@@ -41,8 +41,8 @@ def _outcome(**changes) -> Outcome:
 def test_run_ends_with_validation_test_and_buy_and_hold_side_by_side():
     lines = outcome_lines(_outcome(final=SCORES), metric="sharpe", as_json=False)
     assert lines[-1] == (
-        "sharpe: validation 1.26 +- 0.24 over 2 seeds (trial #7), test 0.41 +- 0.3, "
-        "buy-and-hold 0.63 / 0.85"
+        "sharpe: validation 1.26 +- 0.24 over 2 seeds (trial #7), test 0.41 +- 0.3; "
+        "buy-and-hold: validation 0.63, test 0.85"
     )
     assert outcome_lines(_outcome(), metric="sharpe", as_json=False)[-1] == "  gamma = 0.9"
 

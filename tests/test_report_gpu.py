@@ -119,6 +119,11 @@ def test_slice_contour_and_the_gpu_charts_are_drawn(ran):
         assert str(Path("report") / f"{name}.png") in ran["printed"]
     assert "pair by pair (on this page only, no PNG" in page  # the contour's PNG costs too much
     figures = _figures(page)
+    slice_ = next(f for f in figures if f["layout"]["title"]["text"] == "Slice Plot")
+    assert "width" not in slice_["layout"]  # it takes the page's width (Optuna's: 300 px a panel)
+    axes = [v for k, v in slice_["layout"].items() if k.startswith("xaxis")]
+    assert len(axes) >= 5 and all(axis["nticks"] == 4 for axis in axes)
+    assert any(axis.get("type") == "log" and axis["tickformat"] == "~s" for axis in axes)
     timeline = next(f for f in figures if f["layout"]["title"]["text"].startswith("Trials on each"))
     bars = {int(t[1:]) for trace in timeline["data"] for t in trace["text"]}
     assert bars == {t.number for t in ran["study"].trials}  # every trial, once, as a bar

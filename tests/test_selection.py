@@ -66,8 +66,18 @@ def test_confirmation_reruns_the_top_trials_on_more_seeds_and_tests_the_first(
     assert "buy-and-hold" in text
 
 
-def test_without_confirmation_only_the_best_is_tested_once(study_and_spec):
+def test_without_confirmation_only_the_best_is_tested_once(study_and_spec, caplog, capsys):
     study, spec = study_and_spec
-    scores = score_selection(study, spec, dqn.adapter, CPU, top=0)
+    with caplog.at_level("INFO", logger="orchestrator.selection"):
+        scores = score_selection(study, spec, dqn.adapter, CPU, top=0)
     assert scores.confirmed == [] and len(scores.test_values) == 1
     assert scores.selected_trial == study.best_trial.number
+    # The test run says how it gets on, epoch by epoch, as a trial does (not in silence).
+    said = [r.getMessage() for r in caplog.records]
+    best = study.best_trial.number
+    for epoch in range(1, spec.epochs + 1):
+        assert any(
+            m.startswith(f"test run of trial #{best}: epoch {epoch}/{spec.epochs}, sharpe ")
+            for m in said
+        ), said
+    assert capsys.readouterr().out == ""  # the adapter's log lines stay out of the result

@@ -158,7 +158,20 @@ def test_a_job_that_cannot_be_submitted_is_refused_saying_what_to_give(values, s
         ),
         (
             ["--study", "nosuch", "--nodes", "1", "--gpus-per-node", "1", "--dry-run"],
-            "no study database at",
+            "no storage for the nodes",
+        ),
+        (
+            [
+                "synthetic",
+                "--nodes",
+                "1",
+                "--gpus-per-node",
+                "1",
+                "--dry-run",
+                "--storage",
+                "sqlite:///x.db",
+            ],
+            "--storage is an SQLite file: workers on several nodes need a database server",
         ),
     ],
 )
@@ -175,7 +188,7 @@ def test_submitting_needs_a_database_server_in_the_environment(tmp_path) -> None
     args = ["slurm", "synthetic", "--nodes", "1", "--gpus-per-node", "1"]
     unset = run_cli(*args, cwd=tmp_path)
     assert unset.returncode == 2
-    assert f"{STORAGE_ENV} is not set" in unset.stderr
+    assert "no storage for the nodes: give --storage" in unset.stderr
     on_sqlite = run_cli(*args, cwd=tmp_path, env=cli_env(**{STORAGE_ENV: "sqlite:///x.db"}))
     assert on_sqlite.returncode == 2
     assert "database server" in on_sqlite.stderr
@@ -190,8 +203,12 @@ def test_submitting_needs_a_database_server_in_the_environment(tmp_path) -> None
 
 
 def test_dry_run_prints_a_script_bash_accepts(tmp_path) -> None:
-    done = run_cli("slurm", "synthetic", "--nodes", "2", "--gpus-per-node", "2", "--dry-run")
+    done = run_cli(
+        "slurm", "synthetic", "--nodes", "2", "--gpus-per-node", "2", "--dry-run",
+        "--storage", SECRET,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert "s3cr3t" not in done.stdout and "db.example" not in done.stdout  # never in the script
     assert done.stdout.startswith("#!/bin/bash\n")
     assert sbatch_lines(done.stdout)["gres"] == "gpu:2"
     assert subprocess.run(["bash", "-n"], input=done.stdout, text=True).returncode == 0
@@ -203,7 +220,7 @@ def test_a_task_stopped_by_sigterm_ends_0_once_its_worker_has_left(tmp_path) -> 
     stub = tmp_path / "python"
     stub.write_text(
         "#!/bin/bash\n"
-        "trap 'echo worker: re-queued; exit 130' TERM\n"
+        "trap 'echo worker: re-queued; exit 143' TERM\n"
         "echo worker: running\n"
         "while true; do sleep 0.1; done\n"
     )
@@ -225,5 +242,26 @@ def test_a_task_stopped_by_sigterm_ends_0_once_its_worker_has_left(tmp_path) -> 
     assert task.returncode == 0, out
     assert "SIGTERM received" in out
     assert "worker: re-queued" in out
-    assert "worker exited with status 130" in out
+    assert "worker exited with status 143" in out
     assert "the task ends with status 0" in out
+
+
+def test_storage_given_as_a_flag_reaches_sbatch_in_its_environment_only(tmp_path) -> None:
+    """`slurm --storage URL` as every command takes it: sbatch gets it in ORCHESTRATOR_STORAGE
+    (which it exports to the tasks), and neither the script nor the output holds it."""
+    sbatch = tmp_path / "sbatch"
+    sbatch.write_text(
+        f'#!/bin/bash\ncat > "{tmp_path}/script"\n'
+        f'echo "${{{STORAGE_ENV}}}" > "{tmp_path}/storage"\necho 77\n'
+    )
+    sbatch.chmod(0o755)
+    env = cli_env(PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    done = run_cli(
+        "slurm", "synthetic", "--nodes", "1", "--gpus-per-node", "1", "--storage", SECRET,
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "submitted Slurm job 77" in done.stdout
+    assert (tmp_path / "storage").read_text().strip() == SECRET
+    assert "s3cr3t" not in (tmp_path / "script").read_text()
+    assert "s3cr3t" not in done.stdout + done.stderr

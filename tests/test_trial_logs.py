@@ -49,7 +49,12 @@ def test_a_failed_trial_s_last_lines_are_in_run_s_log(tmp_path):
         "--gpus", "none", "--option", "fail=1", "--pruner", "none", "--storage", url,
         "--log-dir", str(tmp_path / "logs"), env=_env(),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # every trial failed with the objective's error
+    assert done.stderr.splitlines()[-1] == (
+        "error: the first trial failed with RuntimeError: noisy: this model does not train; "
+        "the trial's output: `python -m orchestrator logs --study noisy --trial 0` "
+        f"({tmp_path / 'logs' / 'noisy' / 'trial-0.log'})"
+    )
     assert "trial 0 failed: RuntimeError: noisy: this model does not train" in done.stderr
     assert f"the end of {tmp_path / 'logs' / 'noisy' / 'trial-0.log'}:" in done.stderr
     assert "    RuntimeError: noisy: this model does not train" in done.stderr  # its traceback
@@ -66,7 +71,9 @@ def test_logs_for_a_trial_that_is_not_there_is_one_line(tmp_path):
 def test_where_logs_go(tmp_path):
     assert default_log_dir("sqlite:////data/runs/dqn.db") == Path("/data/runs/dqn-logs")
     assert default_log_dir("postgresql://u@h/db", cwd=tmp_path) == tmp_path / "orchestrator-logs"
-    assert trial_log_path("/logs", "my study/1", 3) == Path("/logs/my_study_1/trial-3.log")
+    assert trial_log_path("/logs", "dqn-l4", 3) == Path("/logs/dqn-l4/trial-3.log")
+    odd = trial_log_path("/logs", "my study/1", 3)
+    assert odd.parent.parent == Path("/logs") and odd.parent.name.startswith("my_study_1-")
     log = tmp_path / "t.log"
     log.write_text("one\n\ntwo\nthree\n")
     assert last_lines(log, 2) == ["two", "three"]
@@ -123,3 +130,18 @@ def test_with_folds_each_fold_is_a_line_with_the_mean_so_far(capsys):
     for (step, mean), line in zip(reported, lines[:2], strict=True):
         assert line.startswith(f"step {step}: mean sharpe {mean:.6g} after fold {step + 1} of 2")
     assert lines[-1].startswith(f"value: sharpe {value:.6g}, the mean of 2 folds (")
+
+
+def test_run_stops_when_its_first_three_trials_fail_alike(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    done = run_cli(
+        "run", "--adapter-path", "tests.noisy_adapter:adapter", "--trials", "8", "--epochs", "1",
+        "--gpus", "none", "--option", "fail=1", "--pruner", "none", "--storage", url,
+        "--concurrency", "1", env=_env(),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith("error: the first 3 trials all failed with RuntimeError: noisy: ")
+    assert "Traceback" not in last
+    trials = optuna.load_study(study_name="noisy", storage=url).trials
+    assert len(trials) < 8  # it stopped, the budget is not spent on the same error

@@ -99,7 +99,7 @@ def test_the_study_s_end_confirms_tests_and_scores_the_baselines(ran):
     last = ran["out"].strip().splitlines()[-1]
     hold = scores["baselines"]["buy_and_hold"]
     assert last.startswith("sharpe: validation") and " test " in last
-    assert f"buy-and-hold {hold['validation']:.4g} / {hold['test']:.4g}" in last
+    assert f"buy-and-hold: validation {hold['validation']:.4g}, test {hold['test']:.4g}" in last
 
 
 def test_best_carries_validation_test_baselines_and_spread(ran):

@@ -13,6 +13,7 @@ from typing import Any
 
 from adapters.base import SEED_MAX  # noqa: F401  (the adapters' seed range is `--seed`'s)
 from orchestrator.errors import UserError
+from orchestrator.record import study_names
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,7 +37,25 @@ class Parser(argparse.ArgumentParser):
             and rest.startswith(head.split()[-1].split("/")[-1])
         ):
             message = rest
+        if message.startswith("unrecognized arguments:"):
+            message += self._did_you_mean(message)
         self.exit(2, redact(f"error: {message} (see `{self.prog} --help`)") + "\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        """`--trails` is most likely `--trials`: the closest flag of any command, if one is close."""
+        import difflib
+
+        flags = set(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    flags |= set(sub._option_string_actions)
+        for word in message.split(":", 1)[1].split():
+            if word.startswith("--") and word not in flags:
+                close = difflib.get_close_matches(word.partition("=")[0], sorted(flags), n=1)
+                if close:
+                    return f"; did you mean {close[0]}?"
+        return ""
 
 
 # --- values, checked where they are parsed ----------------------------------------------
@@ -45,7 +64,7 @@ class Parser(argparse.ArgumentParser):
 # give instead; Parser.error then prints it as one line. Nothing is stored before parsing ends.
 
 DB_INT_MAX = 2**31 - 1  # trial numbers and report steps are 32-bit integers in the database
-STUDY_NAME_MAX = 512  # Optuna's studies.study_name column
+STUDY_NAME_MAX = study_names.STUDY_NAME_MAX
 
 
 def whole_number(
@@ -118,7 +137,8 @@ def input_file(flag: str, what: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         problem = InputFile(what).problem(text) if text else f"is empty: give {what}"
         if problem:
-            raise argparse.ArgumentTypeError(f"{flag} {text} {problem}")
+            shown = text if text.isprintable() else repr(text)  # one line, whatever was typed
+            raise argparse.ArgumentTypeError(f"{flag} {shown} {problem}")
         return text
 
     return parse

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.commands._args import add_storage_argument, command_parser
+from orchestrator.commands._args import (
+    add_storage_argument,
+    command_parser,
+    study_name,
+    whole_number,
+)
 from orchestrator.errors import UserError
 
 
@@ -16,8 +21,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="print a trial's own output (its stdout and stderr)",
         example="python -m orchestrator logs --study dqn --trial 3",
     )
-    parser.add_argument("--study", metavar="NAME", required=True, help="the study")
-    parser.add_argument("--trial", metavar="N", type=int, required=True, help="the trial number")
+    parser.add_argument("--study", metavar="NAME", type=study_name, required=True, help="the study")
+    parser.add_argument(
+        "--trial",
+        metavar="N",
+        type=whole_number("--trial", low=0, example=3),
+        required=True,
+        help="the trial number",
+    )
     add_storage_argument(parser)
     parser.set_defaults(handler=logs_command)
 

@@ -19,13 +19,14 @@ from orchestrator.commands._args import (
     whole_number,
 )
 from orchestrator.commands.checkpoint_flags import add_checkpoint_arguments, checkpoint_settings
+from orchestrator.commands.run_checks import check_spec, check_swarm, checked_options
 from orchestrator.commands.trust_flags import (
     add_confirm_arguments,
     add_repeats_argument,
-    check_trust_flags,
     selection_of,
 )
 from orchestrator.errors import UserError
+from orchestrator.first_failures import watch_first_trials
 from orchestrator.objective_flags import add_objective_arguments, grid_of, objectives_of
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     import adapters
-    from adapters.base import parse_options, uses_torch
+    from adapters.base import uses_torch
     from orchestrator.enqueue import planned_queue
     from orchestrator.host_options import (
         HostOptions,
@@ -172,18 +173,7 @@ def run_command(args: argparse.Namespace) -> int:
     url = resolve_storage_url(args.storage)
     parse_url(url)
     adapter = adapters.resolve(args.adapter_path or args.adapter, is_path=bool(args.adapter_path))
-    raw_options = list(args.option)
-    for flag in ("env", "data"):
-        value = getattr(args, flag)
-        if value is not None:
-            if flag not in (getattr(adapter, "options", {}) or {}):
-                raise UserError(f"adapter {adapter.name!r} takes no --{flag}")
-            raw_options.append(f"{flag}={value}")
-    options = parse_options(adapter, raw_options)
-    check_options = getattr(adapter, "check_options", None)
-    if callable(check_options):
-        check_options(options)
-    check_trust_flags(args, adapter)
+    options = checked_options(args, adapter)
     checkpoint_settings(args)  # a refused --artifacts is said before anything is opened
     check_storage_for_workers(url)
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
@@ -192,6 +182,7 @@ def run_command(args: argparse.Namespace) -> int:
     spare, storage = open_for_trials(url, uses_torch=uses_torch(adapter))
     existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
     spec = spec.updated(mlflow_uri=mlflow_uri, **checkpoint_settings(args))
+    check_spec(spec)
     queue = _fitting_queue(queue, existing, spec)
     return plan_and_run(
         url=url,
@@ -202,6 +193,7 @@ def run_command(args: argparse.Namespace) -> int:
         spare=spare,
         open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue, args),
         selection=selection_of(args),
+        callbacks=[watch_first_trials(existing, spec, args.study or adapter.name)],
     )
 
 
@@ -244,16 +236,9 @@ def _resolve_spec(
         spec = _resumed_spec(existing, name, args, adapter, options, label)
     from orchestrator.commands.population import check_population
 
-    _check_swarm(spec)
+    check_swarm(spec)
     check_population(spec, adapter)
     return existing, spec
-
-
-def _check_swarm(spec: StudySpec) -> None:
-    if spec.sampler == "pso" and spec.swarm_size < 2:
-        raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
-    if spec.sampler == "pbt" and spec.swarm_size < 2:
-        raise UserError(f"--swarm-size {spec.swarm_size}: a population needs at least 2 members")
 
 
 def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
@@ -262,11 +247,12 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
     from orchestrator.planning.workloads import workload_class
     from orchestrator.record.study import StudySpec, draw_seed
 
-    grid = grid_of(args, adapter)  # --sampler grid: its budget is one walk of the grid
+    grid = grid_of(args, adapter, options)  # --sampler grid: its budget is one walk of the grid
+    grid_trials = grid.pop("trials", 0)
     return StudySpec.new(
         adapter=args.adapter_path or adapter.name,
         adapter_path=bool(args.adapter_path),
-        trials=args.trials or grid.pop("trials", 0) or int(getattr(adapter, "default_trials", 20)),
+        trials=args.trials or grid_trials or int(getattr(adapter, "default_trials", 20)),
         epochs=args.epochs or workload_class(adapter.workload_class).default_epochs,
         options=options,
         **objectives_of(args, adapter, options),
@@ -328,7 +314,7 @@ def _resumed_spec(
         repeats=args.repeats,
         options={**spec.options, **typed_now},
     )
-    _check_swarm(wanted)  # a value no study takes is said as such, not as a drift
+    check_swarm(wanted)  # a value no study takes is said as such, not as a drift
     drifts = differences(spec, wanted)
     if drifts and not args.update_settings:
         raise UserError(drift_message(name, drifts))  # before anything starts or is stored
@@ -352,6 +338,7 @@ def _store(
     import optuna
 
     from orchestrator.enqueue import enqueue
+    from orchestrator.record.settings_attrs import show_settings
     from orchestrator.record.study import load_spec, save_spec
 
     update_settings = bool(args and args.update_settings)
@@ -366,6 +353,7 @@ def _store(
         # its own and was given none, joins that one's sequence instead of refusing a drift.
         spec = dataclasses.replace(spec, seed=stored.seed)
     save_spec(study, spec, update_settings=update_settings)
+    show_settings(study, spec)  # one user attribute per setting, for optuna-dashboard
     enqueue(study, queue)
     return study
 

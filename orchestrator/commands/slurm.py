@@ -1,9 +1,11 @@
 """`slurm ADAPTER|--study NAME --nodes N --gpus-per-node G`: a study's workers as a Slurm job array.
 
 `--dry-run` prints the batch script; otherwise it goes to `sbatch --parsable` on its standard
-input, and the job id is printed with how to watch it. The storage URL is read from
-$ORCHESTRATOR_STORAGE, never taken as a flag: sbatch exports the environment to every task, so the
-URL (and its password) stays off command lines, out of the script and out of `ps`.
+input, and the job id is printed with how to watch it. The storage is `--storage` or
+$ORCHESTRATOR_STORAGE, as for every command, and must be a database server (both with and
+without --dry-run). It is never written into the script: sbatch is started with it in
+$ORCHESTRATOR_STORAGE and exports the environment to every task, so the URL (and its password)
+stays out of the script and off the tasks' command lines.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ import os
 import subprocess
 import sys
 
-from orchestrator.commands._args import command_parser, study_name, whole_number
+from orchestrator.commands._args import (
+    add_storage_argument,
+    command_parser,
+    study_name,
+    whole_number,
+)
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import add_workloads_argument
 
@@ -28,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         example="ORCHESTRATOR_STORAGE=postgresql://me@db/studies "
         "python -m orchestrator slurm dqn --nodes 4 --gpus-per-node 8 --time 12:00:00",
     )
+    add_storage_argument(parser)
     parser.add_argument(
         "adapter",
         nargs="?",
@@ -95,11 +103,11 @@ def slurm_command(args: argparse.Namespace) -> int:
         python=sys.executable or "python3",
     )
     script = sbatch_script(job)
+    url = _storage_for_nodes(args.storage)  # a dry run is refused what a submit would be
     if args.dry_run:
         sys.stdout.write(script)
         return 0
-    _check_storage_for_nodes()
-    job_id = submit(script)
+    job_id = submit(script, url)
     print(
         f"submitted Slurm job {job_id}: {job.nodes} array task(s), one node and "
         f"{job.gpus_per_node} GPU(s) each, for study {job.study!r}"
@@ -118,22 +126,11 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
 
         return args.adapter, adapters.get(args.adapter).workload_class
     from adapters.study_adapter import resolve_adapter
-    from orchestrator.record.storage_url import (
-        STORAGE_ENV,
-        describe_location,
-        resolve_storage_url,
-        sqlite_path,
-    )
+    from orchestrator.record.storage_url import describe_location
     from orchestrator.record.study import load_existing_study, load_spec
     from orchestrator.show.queries import open_for_reading
 
-    url = resolve_storage_url(None)
-    path = sqlite_path(url)
-    if path is not None and not path.exists():
-        raise UserError(
-            f"no study database at {describe_location(url)}: export {STORAGE_ENV} with the "
-            "study's database, or give the adapter: slurm ADAPTER --study NAME"
-        )
+    url = _storage_for_nodes(args.storage)
     study = load_existing_study(open_for_reading(url), args.study, describe_location(url))
     spec = load_spec(study)
     if spec is None:
@@ -144,28 +141,40 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
     return spec.adapter, resolve_adapter(spec).workload_class
 
 
-def _check_storage_for_nodes() -> None:
-    """Tasks on other nodes reach the study through $ORCHESTRATOR_STORAGE: a database server."""
-    from orchestrator.record.storage_url import STORAGE_ENV, is_sqlite
+def _storage_for_nodes(flag: str | None) -> str:
+    """The storage tasks on other nodes reach the study through: --storage, else
+    $ORCHESTRATOR_STORAGE, and a database server (an SQLite file is on one machine only)."""
+    from orchestrator.record.storage_url import STORAGE_ENV, is_sqlite, parse_url
 
-    url = os.environ.get(STORAGE_ENV, "")
+    url = flag or os.environ.get(STORAGE_ENV, "")
     if not url:
         raise UserError(
-            f"{STORAGE_ENV} is not set: export the study's database, e.g. "
-            f"export {STORAGE_ENV}=postgresql://USER@HOST:5432/DB (sbatch passes it to every node)"
+            f"no storage for the nodes: give --storage postgresql://USER@HOST:5432/DB, or "
+            f"export {STORAGE_ENV}=... (sbatch passes it to every node; {STORAGE_ENV} is not set)"
         )
+    parse_url(url)
     if is_sqlite(url):
+        where = "--storage" if flag else STORAGE_ENV
         raise UserError(
-            f"{STORAGE_ENV} is an SQLite file: workers on several nodes need a database server, "
-            f"e.g. export {STORAGE_ENV}=postgresql://USER@HOST:5432/DB"
+            f"{where} is an SQLite file: workers on several nodes need a database server, "
+            "e.g. --storage postgresql://USER@HOST:5432/DB"
         )
+    return url
 
 
-def submit(script: str) -> str:
-    """`sbatch --parsable` with the script on its standard input; the job id it prints."""
+def submit(script: str, url: str) -> str:
+    """`sbatch --parsable` with the script on its standard input and the storage in its
+    environment (which sbatch exports to every task); the job id it prints."""
+    from orchestrator.record.storage_url import STORAGE_ENV
+
     try:
         done = subprocess.run(
-            ["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=120
+            ["sbatch", "--parsable"],
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, STORAGE_ENV: url},
         )
     except FileNotFoundError:
         raise UserError(

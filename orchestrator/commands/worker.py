@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def worker_command(args: argparse.Namespace) -> int:
     from adapters.study_adapter import resolve_adapter
     from orchestrator.errors import UserError
+    from orchestrator.first_failures import watch_first_trials
     from orchestrator.host_options import (
         HostOptions,
         check_host_options,
@@ -77,4 +78,5 @@ def worker_command(args: argparse.Namespace) -> int:
         options=host,
         spare=spare,
         open_study=lambda: study,
+        callbacks=[watch_first_trials(study, spec, args.study)],
     )

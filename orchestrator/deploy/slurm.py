@@ -163,8 +163,9 @@ trap 'stopped=1; echo "slurm: SIGTERM received, the worker re-queues what it can
 {worker_command(job)}
 status=$?  # bash runs the trap once the worker has left, and keeps the worker's status
 echo "worker exited with status $status"
-if [ -n "$stopped" ] && [ "$status" = 130 ]; then
-  # 130 is a worker stopped by a signal, its trials re-queued: what scancel asked for.
+if [ -n "$stopped" ] && {{ [ "$status" = 143 ] || [ "$status" = 130 ]; }}; then
+  # 143 (SIGTERM) or 130 (Ctrl-C) is a worker stopped by a signal, its trials re-queued: what
+  # scancel asked for.
   echo "stopped by Slurm as asked: the task ends with status 0"
   status=0
 fi

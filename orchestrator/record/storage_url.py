@@ -73,6 +73,12 @@ def parse_url(url: str) -> URL:
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise UserError(f"the storage URL {mask_password(url)!r} names {backend!r}: {GOOD_URLS}")
+    if backend == "sqlite" and parsed.host:
+        # sqlite://cli.db: two slashes make "cli.db" a host, which SQLite has no use for.
+        raise UserError(
+            f"the storage URL {url!r} names no SQLite file (two slashes make {parsed.host!r} a "
+            f"host): use three, sqlite:///{parsed.host}{'/' + parsed.database if parsed.database else ''}"
+        )
     if backend == "postgresql" and parsed.host and not _is_host(parsed.host):
         raise UserError(
             f"the storage URL {mask_password(url)!r} has no readable host: {GOOD_URLS} "

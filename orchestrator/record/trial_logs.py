@@ -31,8 +31,25 @@ def default_log_dir(storage_url: str, cwd: Path | None = None) -> Path:
 
 
 def trial_log_path(log_dir: str | os.PathLike[str], study_name: str, number: int) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in study_name) or "study"
-    return Path(log_dir) / safe / f"trial-{number}.log"
+    """`LOG_DIR/FOLDER/trial-N.log`, FOLDER the study's own (record/study_names.study_folder)."""
+    from orchestrator.record.study_names import study_folder
+
+    return Path(log_dir) / study_folder(study_name) / f"trial-{number}.log"
+
+
+def private_folder(path: str | os.PathLike[str]) -> Path:
+    """`path` as a folder, each one this makes readable by this user only (0700, whatever the
+    umask): trial logs and kept outcomes may hold what a model printed, data and scores.
+    A folder that already exists is left as its owner set it (a --log-dir of /tmp, say)."""
+    folder = Path(path)
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for made in reversed(missing):  # the outermost first
+        try:
+            made.mkdir(mode=0o700)
+        except FileExistsError:  # another process made it a moment ago
+            continue
+        os.chmod(made, 0o700)
+    return folder
 
 
 def reserve_stdout() -> TextIO:
@@ -57,7 +74,7 @@ def keep_stdout_clean() -> None:
 @contextlib.contextmanager
 def captured(path: Path) -> Iterator[None]:
     """Send this process's stdout and stderr to `path` (appending) while the block runs."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]

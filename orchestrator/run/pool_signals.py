@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+first_signal: int | None = None  # the first stop signal any pool of this process received
 
 
 class StopSignals:
@@ -22,6 +23,8 @@ class StopSignals:
         self.waiting = 0
 
     def received(self, signum: int, frame: FrameType | None) -> None:
+        global first_signal
+        first_signal = first_signal or signum  # the command's exit status: 130 or 143
         self.waiting += 1
         if self.waiting > 1:
             raise KeyboardInterrupt("stopped by a second signal")

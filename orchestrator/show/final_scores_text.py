@@ -57,9 +57,9 @@ def final_score_lines(scores: FinalScores) -> list[str]:
 
 
 def side_by_side(scores: FinalScores) -> str:
-    """One line: validation, test and buy-and-hold (else the first baseline) on both parts.
-
-    e.g. `sharpe: validation 1.26 (trial #7), test 0.41, buy-and-hold 0.63 / 0.85`."""
+    """One line: validation, test and buy-and-hold (else the first baseline) on both parts, each
+    figure named by its part, e.g.
+    `sharpe: validation 1.26 (trial #7), test 0.41; buy-and-hold: validation 0.63, test 0.85`."""
     if scores.confirmed:  # the re-ranked mean: the figure the selection now stands on
         first = scores.confirmed[0]
         seeds = len(first.values)
@@ -74,8 +74,10 @@ def side_by_side(scores: FinalScores) -> str:
             "buy_and_hold" if "buy_and_hold" in scores.baselines else next(iter(scores.baselines))
         )
         by_period = scores.baselines[name]
-        shown = " / ".join(f"{by_period[p]:.4g}" for p in ("validation", "test") if p in by_period)
-        parts.append(f"{_baseline_name(name)} {shown}")
+        shown = ", ".join(
+            f"{p} {by_period[p]:.4g}" for p in ("validation", "test") if p in by_period
+        )
+        return f"{scores.metric}: " + ", ".join(parts) + f"; {_baseline_name(name)}: {shown}"
     return f"{scores.metric}: " + ", ".join(parts)
 
 

@@ -72,7 +72,24 @@ def slice_figure(study: optuna.Study, params: Sequence[str], metric: str) -> Any
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return vis.plot_slice(study, params=list(params[:SLICE_PARAMS]), target_name=metric)
+        figure = vis.plot_slice(study, params=list(params[:SLICE_PARAMS]), target_name=metric)
+    return fit_the_page(figure)
+
+
+def fit_the_page(figure: Any) -> Any:
+    """Optuna draws the slice 300 px wide per parameter (1,800 px for six), wider than the
+    report's page: the figure takes the page's width instead, and each panel's axis gets a few
+    ticks, so that a log-scale batch size (64 to 4,096) does not print its labels into each
+    other in a narrow panel."""
+    figure.update_layout(width=None, autosize=True)
+    for name in figure.layout:
+        if name.startswith("xaxis"):
+            axis = figure.layout[name]
+            # Few enough labels for a narrow panel; a log axis (the batch size) as 100, 1k.
+            axis.update(nticks=4, tickangle=0, automargin=True)
+            if axis.type == "log":
+                axis.update(tickformat="~s")
+    return figure
 
 
 def contour_figure(study: optuna.Study, params: Sequence[str], metric: str) -> Any:

@@ -1,0 +1,79 @@
+"""Ctrl-C and SIGTERM while `run` starts up: one line, no traceback, exit 130 or 143, and
+nothing stored; SIGTERM while trials run: they are re-queued and the run exits 143."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.cli_helpers import cli_env, start_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _wait_for(condition, seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("sig", "status", "line"), [
+    (signal.SIGINT, 130, "interrupted"),
+    (signal.SIGTERM, 143, "terminated"),
+])  # fmt: skip
+def test_a_stop_while_the_adapter_imports_is_one_line(tmp_path, sig, status, line):
+    marker = tmp_path / "marker"
+    env = cli_env(
+        SLOW_IMPORT_MARKER=str(marker),
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    )
+    process = start_cli(
+        "run", "--adapter-path", "tests.slow_import_adapter:adapter", "--trials", "2",
+        "--gpus", "sim:24576", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    try:
+        _wait_for(marker.exists)
+        os.killpg(process.pid, sig)  # as a terminal's Ctrl-C reaches the whole group
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == status, err
+    assert err == f"{line}\n"
+    assert out == ""
+    assert not (tmp_path / "orchestrator.db").exists() or not optuna.get_all_study_summaries(
+        f"sqlite:///{tmp_path / 'orchestrator.db'}"
+    )
+
+
+def test_sigterm_while_trials_run_re_queues_them_and_exits_143(tmp_path):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    process = start_cli(
+        "run", "synthetic", "--trials", "4", "--gpus", "sim:24576", "--storage", url,
+        "--option", "trial_seconds=30", "--grace", "0", cwd=tmp_path,
+    )  # fmt: skip
+    try:
+
+        def running() -> bool:
+            try:
+                study = optuna.load_study(study_name="synthetic", storage=url)
+            except Exception:  # not created yet
+                return False
+            return any(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
+
+        _wait_for(running)
+        process.send_signal(signal.SIGTERM)  # the run alone, as a service manager stops it
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 143, err
+    assert "Traceback" not in err
+    study = optuna.load_study(study_name="synthetic", storage=url)
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
