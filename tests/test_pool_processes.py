@@ -205,13 +205,18 @@ def test_a_killed_worker_s_trial_is_failed_by_heartbeat_and_re_run_by_a_survivor
     assert rerun[0].params == lost.params
 
 
-def test_two_workers_with_different_gpus_share_one_postgres_study_exactly(postgres_url):
+def test_two_workers_with_different_gpus_share_one_postgres_study_exactly(postgres_url, tmp_path):
     # 5 MB per sample: a 24 GB GPU's bound stays low, an 80 GB GPU's goes higher.
+    # The first host's trials end only once the second host has claimed one (more than the first
+    # host's 2 running), so both hosts train however slowly the second one starts.
+    release = tmp_path / "release"
     options = ("--option", "trial_seconds=2", "--option", "per_sample_mb=5")
+    options += ("--option", f"release={release}")
     common = ("--storage", postgres_url, "--concurrency", "2")
     first = start_cli(
         "run",
-        "synthetic",
+        "--adapter-path",
+        "tests.gated_adapter:adapter",
         "--study",
         "pair",
         "--trials",
@@ -226,10 +231,13 @@ def test_two_workers_with_different_gpus_share_one_postgres_study_exactly(postgr
         *common,
     )
     _wait_for(lambda: _has_study(postgres_url, "pair"))
-    second = run_cli("worker", "--study", "pair", "--gpus", "sim:81920", *common, timeout=400)
+    second = start_cli("worker", "--study", "pair", "--gpus", "sim:81920", *common)
+    _wait_for(lambda: _running(postgres_url, "pair") > 2, timeout=300)
+    release.touch()
+    second_out, second_err = second.communicate(timeout=400)
     out, err = first.communicate(timeout=400)
     assert first.returncode == 0, err
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 0, second_err
 
     study, _ = _assert_every_trial_recorded(postgres_url, "pair")
     count = count_trials(study.trials)
@@ -242,6 +250,10 @@ def test_two_workers_with_different_gpus_share_one_postgres_study_exactly(postgr
     assert set(by_gpu) == {"Simulated GPU 24 GB", "Simulated GPU 80 GB"}
     bounds = {gpu: tuple(trials[0].user_attrs["batch_bounds"]) for gpu, trials in by_gpu.items()}
     assert bounds["Simulated GPU 24 GB"][1] < bounds["Simulated GPU 80 GB"][1]
+
+
+def _running(url, name):
+    return sum(t.state == TrialState.RUNNING for t in _study(url, name).trials)
 
 
 def _has_study(url, name):
