@@ -222,4 +222,6 @@ def test_a_gymnasium_study_ends_with_the_random_policy_beside_it(sqlite_url):
     random = scores["baselines"]["random"]
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("return: validation") and " test " in last
-    assert last.endswith(f"random {random['validation']:.4g} / {random['test']:.4g}")
+    assert last.endswith(
+        f"; random: validation {random['validation']:.4g}, test {random['test']:.4g}"
+    )
