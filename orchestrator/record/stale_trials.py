@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from orchestrator.record.budget_section import connection_for
 from orchestrator.record.optuna_private import rdb_models, storage_of, study_id_of
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_state import Outages, current
@@ -67,7 +68,7 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
             trials.c.datetime_start < cutoff,
         )
     )
-    with engine.connect() as conn:
+    with connection_for(engine) as conn:  # under the budget lock: the section's connection
         orphans = [row[0] for row in conn.execute(query)]
     callback = backend.get_heartbeat_stale_trial_callback()
     for trial_id in orphans:

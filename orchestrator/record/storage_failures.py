@@ -7,6 +7,7 @@ import sqlite3
 from orchestrator.errors import UserError
 from orchestrator.record.outage_errors import (
     CONNECTION,
+    FULL,
     LOCKED,
     SQLITE_CANTOPEN,
     SQLITE_READONLY,
@@ -65,6 +66,12 @@ def storage_failure(error: BaseException, outages: Outages | None = None) -> Use
             f"the database ({where}) is locked by another process ({detail}): wait for it to "
             "finish or stop it, then run the command again"
         )
+    if kind == FULL:
+        return UserError(
+            f"the database server ({where}) has no connection free ({detail}): too many "
+            "processes hold connections (its max_connections); try again when fewer run, put "
+            "PgBouncer in front of the server, or raise max_connections"
+        )
     if kind == CONNECTION:
         return UserError(
             f"cannot reach the storage ({where}): {detail}; check that the database is running "
@@ -95,6 +102,12 @@ def unreachable(url: str, error: BaseException) -> UserError:
 
     reason = str(getattr(error, "orig", None) or error).strip().splitlines()
     detail = mask_password(reason[0]) if reason else type(error).__name__
+    if outage_kind(error) == FULL:
+        return UserError(
+            f"the database server ({describe_location(url)}) has no connection free ({detail}): "
+            "too many processes hold connections (its max_connections); try again when fewer "
+            "run, put PgBouncer in front of the server, or raise max_connections"
+        )
     if isinstance(error, OperationalError | sqlite3.OperationalError | OSError):
         return UserError(
             f"cannot reach the storage ({describe_location(url)}): {detail}; "
