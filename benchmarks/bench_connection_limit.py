@@ -40,6 +40,7 @@ STALL_TARGET_S = 10.0
 class Outcome:
     hosts: int
     slots: int
+    sampler: str | None
     budget: int
     max_connections: int
     trial_seconds: float
@@ -52,6 +53,7 @@ class Outcome:
     first_end_s: float = 0.0  # from the first host's start to the first trial end (start-up)
     stall_began_s: float = 0.0  # when the longest stall began, from the first host's start
     stall_after: int = 0  # trials ended before the longest stall
+    ends_s: list[float] = field(default_factory=list)  # each trial's end, from the start
     refused_connections: int = 0  # the server's "too many clients" refusals
     seconds: float = 0.0
     host_lines: list[list[str]] = field(default_factory=list)  # warnings and errors each host said
@@ -115,6 +117,7 @@ def _count(url: str, outcome: Outcome, started_at: float) -> None:
     ends = sorted(t.datetime_complete.timestamp() for t in trials if t.datetime_complete)
     if ends:
         outcome.first_end_s = round(ends[0] - started_at, 1)
+        outcome.ends_s = [round(end - started_at, 2) for end in ends]
         gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)] or [0.0]
         outcome.longest_stall_s = round(max(gaps), 2)
         outcome.stall_after = gaps.index(max(gaps)) + 1
@@ -122,11 +125,18 @@ def _count(url: str, outcome: Outcome, started_at: float) -> None:
 
 
 def run_scenario(
-    *, hosts: int, slots: int, trials: int, trial_seconds: float, max_connections: int
+    *,
+    hosts: int,
+    slots: int,
+    trials: int,
+    trial_seconds: float,
+    max_connections: int,
+    sampler: str | None = None,
+    timeout: float = 1800,
 ) -> Outcome:
     from tests.pg_cluster import PgCluster
 
-    outcome = Outcome(hosts, slots, trials, max_connections, trial_seconds)
+    outcome = Outcome(hosts, slots, sampler, trials, max_connections, trial_seconds)
     common = ["--gpus", "sim:65536", "--concurrency", str(slots)]
     with (
         tempfile.TemporaryDirectory(prefix="orchestrator-connlimit-") as folder,
@@ -170,9 +180,9 @@ def run_scenario(
         ]
         for process in [first, *others]:
             try:
-                out, err = process.communicate(timeout=1800)
-            except subprocess.TimeoutExpired:
-                process.kill()
+                out, err = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:  # a host that hangs: it and its trial processes
+                os.killpg(process.pid, 9)
                 out, err = process.communicate()
             outcome.exit_statuses.append(process.returncode)
             text = out + err
@@ -217,6 +227,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--trial-seconds", type=float, default=0.2)
     parser.add_argument("--max-connections", type=int, default=20)
+    parser.add_argument("--sampler", help="the study's sampler (default: the study's default)")
     parser.add_argument("--out", default=str(RESULTS))
     args = parser.parse_args()
     outcome = run_scenario(
@@ -225,6 +236,7 @@ def main() -> int:
         trials=args.trials,
         trial_seconds=args.trial_seconds,
         max_connections=args.max_connections,
+        sampler=args.sampler,
     )
     print(table(outcome))
     print(

@@ -130,7 +130,9 @@ def _wait_for(ready, processes, timeout: float = 300) -> None:
 
 
 def test_two_hosts_at_the_server_s_limit_end_on_the_exact_budget():
-    outcome = run_scenario(hosts=2, slots=4, trials=40, trial_seconds=0.05, max_connections=6)
+    outcome = run_scenario(
+        hosts=2, slots=4, trials=40, trial_seconds=0.05, max_connections=6, timeout=400
+    )
     assert outcome.exit_statuses == [0, 0], outcome.host_lines
     assert outcome.said_unreachable == [False, False], outcome.host_lines
     assert (outcome.finished, outcome.running_left) == (40, 0), outcome

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.record import budget_section
-from orchestrator.record.outage import ride_out
+from orchestrator.record.outage import ride_out, when_a_connection_is_free
 from orchestrator.record.outage_errors import is_outage
 from orchestrator.record.storage import engine_kwargs, section_storage
 from orchestrator.record.storage_url import normalize_url, sqlite_path
@@ -68,7 +68,7 @@ def storage_lock(url: str, name: str) -> Iterator[None]:
         normalize_url(url), poolclass=sa.pool.NullPool, connect_args=connect_args
     )
     try:
-        with engine.connect() as conn:
+        with when_a_connection_is_free(engine.connect) as conn:
             # The transaction this opens stays open while the section runs, and holds the lock.
             budget_section.take_lock(conn, lock_key(name))
             try:

@@ -68,6 +68,11 @@ def retry_seconds(environ: Mapping[str, str] = os.environ) -> float:
     return value
 
 
+# A call that took this long was held somewhere on the way (PgBouncer holds every call while
+# the server behind it restarts, and nobody sees an error): the heartbeats sent meanwhile were
+# held too, so the look for lost trials waits as after an outage.
+HELD_CALL_S = 5.0
+
 # --- the retry ----------------------------------------------------------------------------
 
 
@@ -89,6 +94,7 @@ def ride_out(
         pause, full_pause = FIRST_PAUSE_S, FULL_FIRST_PAUSE_S
         waited_here = False
         while True:
+            began = state.clock()
             try:
                 result = call()
             except Exception as error:
@@ -119,7 +125,26 @@ def ride_out(
             # go on while every write waits.
             if waited_here:
                 state.came_back()
+            elif state.clock() - began >= HELD_CALL_S:
+                state.held_back()
             return result
+
+
+def when_a_connection_is_free(call: Callable[[], T], *, outages: Outages | None = None) -> T:
+    """`call()`, retried while the server has no connection slot free, and only then: for what
+    must fail at once when the database is away (a command opening its storage) but should wait
+    its turn at a server that is merely full."""
+    state = current(outages)
+    pause = FULL_FIRST_PAUSE_S
+    while True:
+        try:
+            return call()
+        except Exception as error:
+            if outage_kind(error) != FULL:
+                raise
+            state.server_full(error)
+            state.sleep(state.spread(pause))
+            pause = min(pause * 2, FULL_LONGEST_PAUSE_S)
 
 
 def retried(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:

@@ -50,6 +50,7 @@ class Outages:
     full_said: bool = False
     refusals: int = 0  # connections the server refused for want of a free slot
     refused_at: float | None = None  # the last refusal
+    server_started: str | None = None  # the PostgreSQL server's start time, as last seen
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _depth: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -98,6 +99,13 @@ class Outages:
             limit,
             uses,
         )
+
+    def held_back(self) -> None:
+        """A call got through, but only after a long wait: as if an outage had just ended (no
+        line: nothing failed), so that heartbeats held as long get their grace period."""
+        with self._lock:
+            if self.began_at is None:
+                self.ended_at = self.clock()
 
     def came_back(self) -> None:
         """A call worked: if an outage was on, it is over (one line)."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.record.optuna_private import RDB_STORAGE_LOGGER
-from orchestrator.record.outage import ride_out
+from orchestrator.record.outage import ride_out, when_a_connection_is_free
 from orchestrator.record.outage_state import note_connections, note_storage
 from orchestrator.record.passwords import protect_output, remember_secret
 from orchestrator.record.riding_storage import riding_storage_class
@@ -298,6 +298,11 @@ def create_storage(
         storage = riding_storage_class()(
             url,
             engine_kwargs=engine_kwargs(url),
+            # Optuna's check of the schema's version reads it on a second connection while its
+            # session holds a first: at a server with no slot free, trial processes that each
+            # held one and waited for another would wait for ever. The host that started the
+            # process opened the storage with the check (`migrate.open_storage`) just before.
+            skip_compatibility_check=single,
             heartbeat_interval=interval,
             grace_period=grace,
             heartbeat_stale_trial_callback=heartbeat_stale_trial_callback,
@@ -313,7 +318,7 @@ def create_storage(
     try:
         if wait:
             return ride_out(open_it, what="open the storage")
-        return open_it()
+        return when_a_connection_is_free(open_it)  # a full server is not a wrong URL
     except (SQLAlchemyError, sqlite3.Error, OSError) as error:
         raise unreachable(url, error) from None
     except ImportError as error:
