@@ -70,6 +70,12 @@ class Outages:
                 )
             return self.began_at
 
+    def server_at_limit(self, in_use: int, limit: int) -> None:
+        """The server was seen with (nearly) every connection slot taken: processes of this
+        host may be refused, quietly. Said once per process, as a refusal is."""
+        self.max_connections = limit
+        self._say_full(f"{in_use} of max_connections={limit} in use")
+
     def server_full(self, error: BaseException) -> None:
         """The server refused a connection: every slot is taken. Not an outage (the server is
         up, and a slot frees as soon as another client lets go): said once per process, with
@@ -77,26 +83,26 @@ class Outages:
         with self._lock:
             self.refusals += 1
             self.refused_at = self.clock()
+        limit = f"max_connections={self.max_connections or '?'}"
+        self._say_full(f"{first_line(error)} ({limit})")
+
+    def _say_full(self, what: str) -> None:
+        with self._lock:
             if self.full_said:
                 return
             self.full_said = True
-        limit = (
-            f"max_connections={self.max_connections}"
-            if self.max_connections
-            else ("its max_connections")
-        )
         uses = (
             f"; this host uses up to {self.host_connections} (1 per trial process, 1 for itself)"
             if self.host_connections
             else ""
         )
         self.log.warning(
-            "the database server (%s) has no connection free: %s (%s%s); waiting for a free "
-            "one, retrying with random pauses. Put PgBouncer (transaction mode) in front of "
-            "the server so that many processes share few connections, or raise max_connections",
+            "the database server (%s) has no connection free: %s%s; its clients wait for a "
+            "free one, retrying with random pauses. Put PgBouncer (transaction mode) in front "
+            "of the server so that many processes share few connections, or raise "
+            "max_connections",
             self.where,
-            first_line(error),
-            limit,
+            what,
             uses,
         )
 

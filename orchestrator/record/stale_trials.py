@@ -56,12 +56,19 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
     engine = getattr(getattr(storage, "_backend", storage), "engine", None)
     if engine is None or engine.dialect.name != "postgresql":
         return False
+    # The same look counts the server's connections: its trial processes meet a full server
+    # without a word (they are quiet), so the host says it when it sees the server at its limit.
     query = sa.text(
         "SELECT pg_postmaster_start_time()::text, "
-        "extract(epoch FROM now() - pg_postmaster_start_time())::float8"
+        "extract(epoch FROM now() - pg_postmaster_start_time())::float8, "
+        "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), "
+        "current_setting('max_connections')::int, "
+        "current_setting('superuser_reserved_connections')::int"
     )
     with connection_for(engine) as conn:  # under the budget lock: the section's connection
-        started, age = conn.execute(query).one()
+        started, age, in_use, limit, reserved = conn.execute(query).one()
+    if in_use >= limit - reserved:
+        state.server_at_limit(in_use, limit)
     earlier, state.server_started = state.server_started, started
     if earlier is not None and earlier != started:
         logger.warning(
