@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from orchestrator.errors import UserError
 from orchestrator.record.outage_errors import FULL, first_line, outage_kind
 from orchestrator.record.outage_state import Outages, current
-from orchestrator.record.storage_failures import StorageUnreachable
+from orchestrator.record.storage_failures import StorageFull, StorageUnreachable, disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,8 @@ def ride_out(
             except Exception as error:
                 kind = outage_kind(error)
                 if kind is None:
+                    if disk_full(error):  # one line naming the disk, not Optuna's guess
+                        raise StorageFull(state.where, first_line(error)) from None
                     raise
                 if kind == FULL:
                     state.server_full(error)

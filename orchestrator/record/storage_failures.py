@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 
 from orchestrator.errors import UserError
@@ -45,6 +46,32 @@ class StorageUnreachable(UserError):
             f"while trying to {what}); the study is kept as it was: when the database is {back}, "
             f"resume with `{resume}`"
         )
+
+
+class StorageFull(StorageUnreachable):
+    """The disk holding an SQLite study is full: one line naming it, whoever meets it first (a
+    trial process says it to its host, which stops with it). Waiting would not help: exit 2."""
+
+    exit_status = 2
+
+    def __init__(self, where: str, detail: str) -> None:
+        UserError.__init__(
+            self,
+            f"the disk holding the database ({where}) is full ({detail}): free some space "
+            "there, then run the command again; what was stored is kept",
+        )
+        self.seconds = 0.0
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether SQLite said "database or disk is full" somewhere in the error's chain (Optuna
+    wraps it as "invalid data in the commit, e.g. exceeding max length")."""
+    return any(
+        (getattr(link, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_FULL
+        or isinstance(link, OSError)
+        and link.errno == errno.ENOSPC
+        for link in error_chain(error)
+    )
 
 
 def storage_failure(error: BaseException, outages: Outages | None = None) -> UserError | None:
