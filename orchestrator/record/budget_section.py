@@ -106,8 +106,8 @@ def before_claim(engine: Engine) -> bool:
 def connection_for(engine: Engine) -> Iterator[Connection]:
     """The section's connection when this thread is in one on `engine`, else one from its pool.
 
-    With a pool of one, asking the pool again inside the section would wait for ever on the
-    connection the section holds."""
+    With one connection at a time, asking the pool again inside the section would wait for ever
+    on the connection the section holds."""
     section = current(engine)
     if section is not None:
         yield section.connection
