@@ -58,7 +58,7 @@ def test_a_disk_too_full_for_a_study_is_refused_before_anything_is_stored(tmp_pa
 
 
 def test_a_stored_study_on_a_disk_that_filled_keeps_its_budget(tmp_path):
-    with small_disk(tmp_path / "disk", "4m") as disk:
+    with small_disk(tmp_path / "disk", "8m") as disk:
         url = f"sqlite:///{disk}/study.db"
         assert run_cli(*RUN, "--storage", url, cwd=tmp_path).returncode == 0
         # Fill the disk to a few KB, as another program would.
@@ -80,7 +80,7 @@ def test_a_stored_study_on_a_disk_that_filled_keeps_its_budget(tmp_path):
 
 
 def test_a_read_only_filesystem_is_one_line_for_a_stored_and_a_new_file(tmp_path):
-    with small_disk(tmp_path / "disk", "4m") as disk:
+    with small_disk(tmp_path / "disk", "8m") as disk:
         stored = f"sqlite:///{disk}/study.db"
         assert run_cli(*RUN, "--storage", stored, cwd=tmp_path).returncode == 0
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
@@ -145,3 +145,72 @@ def test_a_disk_that_fills_during_a_write_is_named_in_the_last_line(tmp_path):
     line = str(storage_failure(raised.value))
     assert line.startswith("the disk holding the database (") and "is full" in line, line
     assert "free some space there" in line
+
+
+def _fill(disk: Path) -> None:
+    """Fill the disk to its last bytes, as another program writing there would."""
+    with contextlib.suppress(OSError), (disk / "filler").open("wb", buffering=0) as filler:
+        while True:
+            filler.write(b"\0" * 4096)
+
+
+def _finished(url: str) -> list[str]:
+    """The trials' states, read straight from the file (none before the run made its tables)."""
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"file:{url.removeprefix('sqlite:///')}?mode=ro", uri=True)
+        try:
+            return [row[0] for row in connection.execute("SELECT state FROM trials")]
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return []
+
+
+def test_a_disk_that_fills_during_a_run_is_one_line_and_loses_nothing(tmp_path):
+    """SQLite and the trial logs on one small disk, filled while trials run: the run stops with
+    one line naming the disk, what was told is kept, and the run resumes once there is room."""
+    from tests.cli_helpers import cli_env
+
+    run = ("run", "synthetic", "--trials", "30", "--option", "trial_seconds=0.3", "--epochs",
+           "3", "--gpus", "sim:24576", "--concurrency", "2", "--pruner", "none")  # fmt: skip
+    with small_disk(tmp_path / "disk", "8m") as disk:
+        url = f"sqlite:///{disk}/study.db"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *run, "--storage", url],
+            cwd=tmp_path,
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 240
+        while "COMPLETE" not in _finished(url):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no trial finished"
+            time.sleep(0.5)
+        _fill(disk)
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 2, err
+        assert "Traceback" not in err, err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"error: the disk holding the database (SQLite file {disk}/"), err
+        assert "is full" in last and "free some space there" in last, err
+        kept = _finished(url)
+        assert "COMPLETE" in kept
+        empty = [p for p in disk.rglob("*.partial") if p.stat().st_size == 0]
+        assert not empty, f"empty partial files left: {empty}"
+        (disk / "filler").unlink()
+        done = subprocess.run(
+            [sys.executable, "-m", "orchestrator", *run, "--storage", url, "-q"],
+            cwd=tmp_path,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        states = _finished(url)
+        assert states.count("COMPLETE") >= kept.count("COMPLETE"), "nothing told was lost"
+        assert "RUNNING" not in states

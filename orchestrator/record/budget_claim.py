@@ -18,7 +18,7 @@ keeps its fixed parameters and attributes (Optuna's `Trial` reads them from the 
 a new one carries what Optuna's create writes for a plain ask (its row, nothing else) plus our
 ask mark.
 
-Elsewhere (SQLite; a process that does not hold one PostgreSQL connection) the ask is the
+Elsewhere (SQLite; a process that did not open its storage as a trial process does) the ask is the
 budget section of `locks.under_budget_lock`: count, then Optuna's own ask, under the lock.
 """
 

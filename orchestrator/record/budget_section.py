@@ -5,9 +5,11 @@ A trial process's own ask on PostgreSQL does not come here: it is one round trip
 any other section a trial process runs under a lock (`locks.locked`), and for an ask written as
 Optuna code (count, then `study.ask()`), which takes about a dozen round trips under the lock.
 
-A trial process holds one PostgreSQL connection (`storage.engine_kwargs(one_connection=True)`),
-so the lock cannot live on a second one. The section instead runs as one transaction on
-that connection:
+A trial process holds at most one PostgreSQL connection at a time
+(`storage.engine_kwargs(one_connection=True)`), and no process may wait for a second
+connection while it holds the lock on a first (at the server's connection limit, everyone
+queued on the lock would wait with it). The section instead runs as one transaction on one
+connection:
 
     BEGIN; SELECT pg_advisory_xact_lock(key)   -- the lock, scoped to this transaction
     count the trials; find a waiting trial or insert a new one, with its heartbeat row
@@ -48,6 +50,7 @@ class Section:
     connection: Connection
     claimed: bool = False
     waiting: int | None = None  # waiting trials, as the section's count found them
+    asks: bool = True  # an ask's section (count, then claim); else another one (the stale look)
 
 
 def counted(engine: Engine, waiting: int) -> None:
@@ -61,7 +64,7 @@ def none_waiting(engine: Engine) -> bool:
     """Whether this thread is in a section on `engine` whose count found no waiting trial: the
     lock keeps any from being queued since, so there is nothing to look for."""
     section = current(engine)
-    return section is not None and not section.claimed and section.waiting == 0
+    return section is not None and section.asks and not section.claimed and section.waiting == 0
 
 
 @dataclass(frozen=True)
@@ -96,15 +99,15 @@ def current(engine: Engine | None = None) -> Section | None:
 def before_claim(engine: Engine) -> bool:
     """Whether this thread holds the budget lock on `engine` and has not claimed a trial yet."""
     section = current(engine)
-    return section is not None and not section.claimed
+    return section is not None and section.asks and not section.claimed
 
 
 @contextlib.contextmanager
 def connection_for(engine: Engine) -> Iterator[Connection]:
     """The section's connection when this thread is in one on `engine`, else one from its pool.
 
-    With a pool of one, asking the pool again inside the section would wait for ever on the
-    connection the section holds."""
+    With one connection at a time, asking the pool again inside the section would wait for ever
+    on the connection the section holds."""
     section = current(engine)
     if section is not None:
         yield section.connection
@@ -120,7 +123,7 @@ def claimed(storage: RDBStorage, trial_id: int) -> None:
     import sqlalchemy as sa
 
     section = current(storage.engine)
-    if section is None or section.claimed:
+    if section is None or section.claimed or not section.asks:
         return
     # Optuna's record_heartbeat takes four round trips here (a savepoint, a read, the insert,
     # the release); the trial is new to running, so this is one.
@@ -165,9 +168,11 @@ def take_lock(conn: Connection, key: int) -> None:
             conn.rollback()
 
 
-def run_section(storage: RDBStorage, key: int, section: Callable[[], T]) -> T:
+def run_section(storage: RDBStorage, key: int, section: Callable[[], T], *, asks: bool = True) -> T:
     """`section()` as one transaction under the transaction-scoped lock `key`, on a connection
-    of `storage`'s pool that Optuna's calls in this thread share while it runs."""
+    of `storage`'s pool that Optuna's calls in this thread share while it runs: the process
+    never waits for a second connection while it holds the lock on this one. `asks`: the
+    section counts and claims a trial, and the lock goes at the claim."""
     from sqlalchemy import orm
 
     if current() is not None:
@@ -180,7 +185,7 @@ def run_section(storage: RDBStorage, key: int, section: Callable[[], T]) -> T:
         locked_at, locked_cpu = time.perf_counter(), time.thread_time()
         session = orm.Session(bind=connection, join_transaction_mode="create_savepoint")
         registry.set(session)
-        _local.section, _local.held_until = Section(storage, connection), None
+        _local.section, _local.held_until = Section(storage, connection, asks=asks), None
         try:
             result = section()
             if connection.in_transaction():

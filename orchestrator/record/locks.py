@@ -8,9 +8,10 @@
 On PostgreSQL each is a transaction-scoped advisory lock (`pg_advisory_xact_lock`) on a key
 derived from its name: it goes with the transaction's end, so it works through PgBouncer's
 transaction pooling, where a session lock would stay behind on a server connection that the
-next client gets. A trial process, which holds one connection, runs its budget section as one
-transaction on it (`budget_section`); any other process holds the lock in a transaction of a
-connection of its own, open while the section works through others. Beside an SQLite file the
+next client gets. A process that opened the storage to run a study (a trial process, a host's
+pool) runs its section as one transaction on one connection, which the section's calls share
+(`budget_section`); any other process holds the lock in a transaction of a connection of its
+own, open while the section works through others. Beside an SQLite file the
 lock is an exclusive file lock.
 
 A lock lives as long as its transaction: when PostgreSQL restarts, the lock is gone with it, and
@@ -27,9 +28,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.record import budget_section
-from orchestrator.record.outage import ride_out
+from orchestrator.record.outage import ride_out, when_a_connection_is_free
 from orchestrator.record.outage_errors import is_outage
-from orchestrator.record.storage import engine_kwargs, one_connection_storage
+from orchestrator.record.storage import engine_kwargs, section_storage
 from orchestrator.record.storage_url import normalize_url, sqlite_path
 
 if TYPE_CHECKING:
@@ -61,11 +62,13 @@ def storage_lock(url: str, name: str) -> Iterator[None]:
         return
     import sqlalchemy as sa
 
-    kwargs = engine_kwargs(url)
-    kwargs.pop("pool_pre_ping", None)
-    engine = sa.create_engine(normalize_url(url), poolclass=sa.pool.NullPool, **kwargs)
+    # A connection for the lock alone, closed with it: only the connection settings apply.
+    connect_args = engine_kwargs(url)["connect_args"]
+    engine = sa.create_engine(
+        normalize_url(url), poolclass=sa.pool.NullPool, connect_args=connect_args
+    )
     try:
-        with engine.connect() as conn:
+        with when_a_connection_is_free(engine.connect) as conn:
             # The transaction this opens stays open while the section runs, and holds the lock.
             budget_section.take_lock(conn, lock_key(name))
             try:
@@ -88,17 +91,20 @@ def _unlock(conn: Connection) -> None:
         conn.invalidate()
 
 
-def locked(url: str, name: str, section: Callable[[], T], *, what: str) -> T:
+def locked(url: str, name: str, section: Callable[[], T], *, what: str, asks: bool = False) -> T:
     """`section()` under the lock called `name`, riding out an outage: a section that a lost
     connection interrupted is run again whole, under the lock taken anew.
 
-    In a process that holds one connection to this PostgreSQL storage (a trial process), the
-    section is one transaction on that connection (`budget_section`)."""
-    shared = one_connection_storage(url)
+    In a process that opened this PostgreSQL storage to run a study (a trial process, a host's
+    pool), the section is one transaction on one connection of that storage, which Optuna's
+    calls inside it share (`budget_section`): holding the lock on one connection while waiting
+    for another would stall everyone queued on the lock when the server has no slot free.
+    `asks`: the section is an ask (count, then claim)."""
+    shared = section_storage(url)
 
     def attempt() -> T:
         if shared is not None:
-            return budget_section.run_section(shared, lock_key(name), section)
+            return budget_section.run_section(shared, lock_key(name), section, asks=asks)
         with storage_lock(url, name):
             return section()
 
@@ -107,7 +113,7 @@ def locked(url: str, name: str, section: Callable[[], T], *, what: str) -> T:
 
 def under_budget_lock(url: str, study_name: str, section: Callable[[], T], *, what: str) -> T:
     """Count and ask under the study's budget lock, whole or not at all (see `locked`)."""
-    return locked(url, f"budget:{study_name}", section, what=what)
+    return locked(url, f"budget:{study_name}", section, what=what, asks=True)
 
 
 def schema_lock(url: str) -> contextlib.AbstractContextManager[None]:

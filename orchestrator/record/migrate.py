@@ -58,17 +58,25 @@ def open_storage(url: str, **kwargs: Any) -> RDBStorage:
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.record.locks import schema_lock
+    from orchestrator.record.outage import when_a_connection_is_free
     from orchestrator.record.sqlite_file import check_sqlite_file
     from orchestrator.record.storage_url import sqlite_path
 
     path = sqlite_path(url)
     if path is not None:
         check_sqlite_file(path)  # before the lock file beside it is made
-    try:
+
+    def opened() -> RDBStorage:
         with schema_lock(url):
             storage = _created(url, kwargs)
             if current_revision(storage) != head_revision():
                 upgrade_orchestrator_schema(storage)
+        return storage
+
+    try:
+        # A server with no connection free is waited for (the lock let go meanwhile), not
+        # reported as unreachable: a host joining a busy cluster waits its turn.
+        storage = when_a_connection_is_free(opened)
     except SQLAlchemyError as error:  # the lock's own connection failed: the server is not there
         raise unreachable(url, error) from None
     except ImportError as error:

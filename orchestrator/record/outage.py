@@ -6,6 +6,9 @@ storage call of a long-running process goes through `ride_out`, which
 - tells a connection-level failure (refused, reset, closed, admin shutdown, SQLite busy) from a
   real error (integrity, data, programming): only the first is retried (`outage_errors`);
 - retries with capped exponential backoff for at most `--storage-retry-seconds` in all;
+- a server with no connection slot free ("too many clients") is not an outage: the server is
+  up and a slot frees when another client lets go. The call is retried after short random
+  pauses, without a bound, and the process says once what it is and what cures it;
 - logs one line when the database goes away and one when it is back, however many calls and
   threads of the process wait at once (the state is shared per process: `outage_state`);
 - after the bound, raises `StorageUnreachable` (`storage_failures`), whose one line says how
@@ -27,9 +30,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from orchestrator.errors import UserError
-from orchestrator.record.outage_errors import first_line, outage_kind
+from orchestrator.record.outage_errors import FULL, first_line, outage_kind
 from orchestrator.record.outage_state import Outages, current
-from orchestrator.record.storage_failures import StorageUnreachable
+from orchestrator.record.storage_failures import StorageFull, StorageUnreachable, disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +44,10 @@ RETRY_ENV = "ORCHESTRATOR_STORAGE_RETRY_SECONDS"
 DEFAULT_RETRY_SECONDS = 300.0
 FIRST_PAUSE_S = 0.5
 LONGEST_PAUSE_S = 8.0
+# A server with no connection slot free frees one as soon as any client lets go: knock again
+# soon, at a random moment, and never count the wait against the outage bound.
+FULL_FIRST_PAUSE_S = 0.05
+FULL_LONGEST_PAUSE_S = 1.0
 
 
 def set_retry_seconds(seconds: float) -> None:
@@ -61,6 +68,11 @@ def retry_seconds(environ: Mapping[str, str] = os.environ) -> float:
     return value
 
 
+# A call that took this long was held somewhere on the way (PgBouncer holds every call while
+# the server behind it restarts, and nobody sees an error): the heartbeats sent meanwhile were
+# held too, so the look for lost trials waits as after an outage.
+HELD_CALL_S = 5.0
+
 # --- the retry ----------------------------------------------------------------------------
 
 
@@ -79,15 +91,23 @@ def ride_out(
         if not outermost:
             return call()  # the outermost ride_out retries the whole block
         limit = retry_seconds() if bound is None else bound
-        pause = FIRST_PAUSE_S
+        pause, full_pause = FIRST_PAUSE_S, FULL_FIRST_PAUSE_S
         waited_here = False
         while True:
+            began = state.clock()
             try:
                 result = call()
             except Exception as error:
                 kind = outage_kind(error)
                 if kind is None:
+                    if disk_full(error):  # one line naming the disk, not Optuna's guess
+                        raise StorageFull(state.where, first_line(error)) from None
                     raise
+                if kind == FULL:
+                    state.server_full(error)
+                    state.sleep(state.spread(full_pause))
+                    full_pause = min(full_pause * 2, FULL_LONGEST_PAUSE_S)
+                    continue
                 waited_here = True
                 began = state.went_away(kind, error, limit)
                 waited = state.clock() - began
@@ -107,7 +127,26 @@ def ride_out(
             # go on while every write waits.
             if waited_here:
                 state.came_back()
+            elif state.clock() - began >= HELD_CALL_S:
+                state.held_back()
             return result
+
+
+def when_a_connection_is_free(call: Callable[[], T], *, outages: Outages | None = None) -> T:
+    """`call()`, retried while the server has no connection slot free, and only then: for what
+    must fail at once when the database is away (a command opening its storage) but should wait
+    its turn at a server that is merely full."""
+    state = current(outages)
+    pause = FULL_FIRST_PAUSE_S
+    while True:
+        try:
+            return call()
+        except Exception as error:
+            if outage_kind(error) != FULL:
+                raise
+            state.server_full(error)
+            state.sleep(state.spread(pause))
+            pause = min(pause * 2, FULL_LONGEST_PAUSE_S)
 
 
 def retried(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
@@ -165,6 +204,10 @@ class Heartbeat:
                 if kind is None:
                     logger.warning("heartbeat of trial id %d stopped: %s", self._trial_id, error)
                     return
+                if kind == FULL:  # no slot free this moment: beat again soon
+                    self._state.server_full(error)
+                    self._stop.wait(self._state.spread(min(self._interval, FULL_LONGEST_PAUSE_S)))
+                    continue
                 failed = True
                 self._state.went_away(kind, error, retry_seconds())
                 self._stop.wait(min(self._interval, FIRST_PAUSE_S * 4))

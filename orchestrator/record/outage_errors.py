@@ -8,12 +8,23 @@ from orchestrator.record.passwords import redact
 
 CONNECTION = "connection"  # the server is gone, refused us, or dropped the connection
 LOCKED = "locked"  # an SQLite file another process holds
+FULL = "full"  # the server is up but has no connection slot free ("too many clients")
 
 # PostgreSQL's SQLSTATEs of a lost or refused connection: class 08 (connection exception),
 # 57P01-57P03 (admin shutdown, crash shutdown, cannot connect now: the server is starting or
-# stopping), 53300 (too many connections: every client reconnecting at once after a restart).
+# stopping).
 _CONNECTION_SQLSTATE_CLASSES = ("08",)
-_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+_CONNECTION_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+# A server with every connection slot taken: 53300 (too_many_connections). libpq reports the
+# refusal at connect time without a code, so its words are matched too; PgBouncer's own
+# refusal when its client limit is reached reads "no more connections allowed".
+_FULL_SQLSTATE = "53300"
+_FULL_WORDS = (
+    "too many clients",
+    "too many connections",
+    "remaining connection slots are reserved",
+    "no more connections allowed",
+)
 # What libpq says, with no SQLSTATE, when the connection itself cannot be made for a reason that
 # waiting will not fix: these are set-up errors, reported at once.
 _SETUP_FAILURES = (
@@ -52,6 +63,8 @@ def outage_kind(error: BaseException) -> str | None:
 
     from sqlalchemy import exc as sa_exc
 
+    if is_full(error):
+        return FULL
     for link in error_chain(error):
         if isinstance(link, sa_exc.IntegrityError | sa_exc.DataError | sa_exc.ProgrammingError):
             return None  # a real error about the data or the statement: never retried
@@ -89,6 +102,19 @@ def _psycopg2_kind(error: BaseException) -> str | None:
         text = str(error).lower()
         return None if any(words in text for words in _SETUP_FAILURES) else CONNECTION
     return None
+
+
+def is_full(error: BaseException) -> bool:
+    """Whether the server refused a connection because all its connection slots are taken: it is
+    up, and a connection is free again as soon as another client lets one go."""
+    for link in error_chain(error):
+        if getattr(link, "pgcode", None) == _FULL_SQLSTATE:
+            return True
+        if type(link).__module__.split(".")[0] == "psycopg2":
+            text = str(link).lower()
+            if any(words in text for words in _FULL_WORDS):
+                return True
+    return False
 
 
 def is_outage(error: BaseException) -> bool:

@@ -34,12 +34,23 @@ class Outages:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     jitter: Callable[[], float] = lambda: random.uniform(0.8, 1.2)
+    # A wait for a free connection slot: a random part of the pause ("full jitter"), so that
+    # the processes refused together do not all knock again at the same moment.
+    spread: Callable[[float], float] = lambda pause: random.uniform(0.1 * pause, pause)
     log: logging.Logger = logger
     where: str = "the study database"
     resume: str = "the same command again"
     began_at: float | None = None  # the first failed call of the outage in progress
     ended_at: float | None = None  # when the last outage ended
     outages: int = 0
+    # What the line about a full server says: the server's limit (read when the storage was
+    # opened) and the connections this host's processes may hold at once (its pool says).
+    max_connections: int | None = None
+    host_connections: int | None = None
+    full_said: bool = False
+    refusals: int = 0  # connections the server refused for want of a free slot
+    refused_at: float | None = None  # the last refusal
+    server_started: str | None = None  # the PostgreSQL server's start time, as last seen
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _depth: threading.local = field(default_factory=threading.local, repr=False)
 
@@ -59,6 +70,49 @@ class Outages:
                 )
             return self.began_at
 
+    def server_at_limit(self, in_use: int, limit: int) -> None:
+        """The server was seen with (nearly) every connection slot taken: processes of this
+        host may be refused, quietly. Said once per process, as a refusal is."""
+        self.max_connections = limit
+        self._say_full(f"{in_use} of max_connections={limit} in use")
+
+    def server_full(self, error: BaseException) -> None:
+        """The server refused a connection: every slot is taken. Not an outage (the server is
+        up, and a slot frees as soon as another client lets go): said once per process, with
+        what to do about it."""
+        with self._lock:
+            self.refusals += 1
+            self.refused_at = self.clock()
+        limit = f"max_connections={self.max_connections or '?'}"
+        self._say_full(f"{first_line(error)} ({limit})")
+
+    def _say_full(self, what: str) -> None:
+        with self._lock:
+            if self.full_said:
+                return
+            self.full_said = True
+        uses = (
+            f"; this host uses up to {self.host_connections} (1 per trial process, 1 for itself)"
+            if self.host_connections
+            else ""
+        )
+        self.log.warning(
+            "the database server (%s) has no connection free: %s%s; its clients wait for a "
+            "free one, retrying with random pauses. Put PgBouncer (transaction mode) in front "
+            "of the server so that many processes share few connections, or raise "
+            "max_connections",
+            self.where,
+            what,
+            uses,
+        )
+
+    def held_back(self) -> None:
+        """A call got through, but only after a long wait: as if an outage had just ended (no
+        line: nothing failed), so that heartbeats held as long get their grace period."""
+        with self._lock:
+            if self.began_at is None:
+                self.ended_at = self.clock()
+
     def came_back(self) -> None:
         """A call worked: if an outage was on, it is over (one line)."""
         if self.began_at is None:
@@ -76,7 +130,12 @@ class Outages:
         """No outage now and none ended in the last `seconds`: heartbeats are to be trusted."""
         if self.began_at is not None:
             return False
-        return self.ended_at is None or self.clock() - self.ended_at >= seconds
+        # A server with no slot free refuses trial processes' heartbeats too: while this
+        # process is refused, theirs may be, and a late heartbeat proves nothing.
+        for since in (self.ended_at, self.refused_at):
+            if since is not None and self.clock() - since < seconds:
+                return False
+        return True
 
     @contextlib.contextmanager
     def nested(self) -> Iterator[bool]:
@@ -116,6 +175,20 @@ def note_storage(url: str, outages: Outages | None = None) -> None:
     """Name the storage in the outage lines of this process."""
     with contextlib.suppress(UserError):
         current(outages).where = describe_location(url)
+
+
+def note_connections(
+    *,
+    max_connections: int | None = None,
+    host_connections: int | None = None,
+    outages: Outages | None = None,
+) -> None:
+    """What the line about a full server says: the server's limit, this host's connections."""
+    state = current(outages)
+    if max_connections is not None:
+        state.max_connections = max_connections
+    if host_connections is not None:
+        state.host_connections = host_connections
 
 
 def note_command(argv: list[str], outages: Outages | None = None) -> None:

@@ -39,6 +39,11 @@ def requeue(
     history = [*retry_history(trial), trial.number]
     if max_retries is not None and len(history) > max_retries:
         return False
+    # One re-run per failure: a trial both interrupted by its host and later found stale (or
+    # found stale by two hosts) would otherwise run twice, and its re-runs take the study past
+    # its budget (the count leaves out each re-queued failure once).
+    if ride_out(lambda: is_requeued(study, trial.number), what="read the trials"):
+        return True
     fixed = {**trial.params, **(params or {})}
     # The re-run trains on from the last checkpoint of the trial it replaces, on any node, and
     # ends where that one was to end.

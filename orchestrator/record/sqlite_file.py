@@ -18,9 +18,13 @@ from pathlib import Path
 from orchestrator.errors import UserError
 
 # Room a run needs before it stores anything: a new database's two schemas take about 300 KB
-# and its write-ahead log grows by a page per write. Below this, a run would store the study's
-# settings and then fail part-way through its first trials.
-MIN_FREE_BYTES = 1024 * 1024
+# and its write-ahead log grows by a page per write until SQLite checkpoints it back into the
+# file, at 1000 pages (4 MB of 4 KB pages; while other processes read, it can grow past that).
+# Below this, a run would store the study's settings and then fail part-way through its first
+# trials (a 3 MB disk filled at the fifth trial, the log at 3 MB).
+SCHEMA_BYTES = 1024 * 1024
+WAL_CHECKPOINT_BYTES = 1000 * 4096
+MIN_FREE_BYTES = SCHEMA_BYTES + WAL_CHECKPOINT_BYTES
 
 
 def check_sqlite_file(path: Path, *, min_free: int = MIN_FREE_BYTES) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from orchestrator.record.budget_section import connection_for
 from orchestrator.record.optuna_private import rdb_models, storage_of, study_id_of
 from orchestrator.record.outage import ride_out
 from orchestrator.record.outage_state import Outages, current
@@ -25,18 +26,59 @@ def fail_stale_trials(study: optuna.Study, grace_s: float, outages: Outages | No
       Optuna never finds it stale, so it would hold a slot of the budget for ever.
 
     Not while the database is away, nor for `grace_s` after it is back: until then no trial
-    could record its heartbeat, and live ones would be failed. True when it looked."""
+    could record its heartbeat, and live ones would be failed; nor for `grace_s` after the
+    PostgreSQL server (re)started. True when it looked."""
     import optuna
 
     if not current(outages).quiet_for(grace_s):
         return False
 
-    def look() -> None:
+    def look() -> bool:
+        if _server_restarted_within(study, grace_s, current(outages)):
+            return False
         optuna.storages.fail_stale_trials(study)
         _fail_orphans(study, grace_s)
+        return True
 
-    ride_out(look, what="look for lost trials", outages=outages)
-    return True
+    return ride_out(look, what="look for lost trials", outages=outages)
+
+
+def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages) -> bool:
+    """Whether the PostgreSQL server started less than `grace_s` ago (said once per restart).
+
+    Behind PgBouncer a restart is no error to anyone: PgBouncer holds the calls until the
+    server is back, and this process may never see an outage. But every heartbeat sent meanwhile
+    waited too, and a trial that looks silent is healthy: its heartbeats get the grace period to
+    resume from the server's start, as after an outage this process saw."""
+    import sqlalchemy as sa
+
+    storage = storage_of(study)
+    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    if engine is None or engine.dialect.name != "postgresql":
+        return False
+    # The same look counts the server's connections: its trial processes meet a full server
+    # without a word (they are quiet), so the host says it when it sees the server at its limit.
+    query = sa.text(
+        "SELECT pg_postmaster_start_time()::text, "
+        "extract(epoch FROM now() - pg_postmaster_start_time())::float8, "
+        "(SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'), "
+        "current_setting('max_connections')::int, "
+        "current_setting('superuser_reserved_connections')::int"
+    )
+    with connection_for(engine) as conn:  # under the budget lock: the section's connection
+        started, age, in_use, limit, reserved = conn.execute(query).one()
+    if in_use >= limit - reserved:
+        state.server_at_limit(in_use, limit)
+    earlier, state.server_started = state.server_started, started
+    if earlier is not None and earlier != started:
+        logger.warning(
+            "the database server (%s) restarted %.0f s ago: no trial is failed as lost until "
+            "its heartbeat had %.0f s to resume",
+            state.where,
+            age,
+            grace_s,
+        )
+    return age < grace_s
 
 
 def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
@@ -67,7 +109,7 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
             trials.c.datetime_start < cutoff,
         )
     )
-    with engine.connect() as conn:
+    with connection_for(engine) as conn:  # under the budget lock: the section's connection
         orphans = [row[0] for row in conn.execute(query)]
     callback = backend.get_heartbeat_stale_trial_callback()
     for trial_id in orphans:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.record.optuna_private import RDB_STORAGE_LOGGER
-from orchestrator.record.outage import ride_out
-from orchestrator.record.outage_state import note_storage
+from orchestrator.record.outage import ride_out, when_a_connection_is_free
+from orchestrator.record.outage_state import note_connections, note_storage
 from orchestrator.record.passwords import protect_output, remember_secret
 from orchestrator.record.riding_storage import riding_storage_class
 from orchestrator.record.storage_failures import missing_driver, unreachable
@@ -63,37 +63,107 @@ def sqlite_busy_timeout(environ: Mapping[str, str] = os.environ) -> float:
 # A thread of a one-connection process waits this long for the connection another thread uses
 # (a heartbeat behind a tell): calls are short, so a longer wait means something hangs.
 ONE_CONNECTION_WAIT_S = 120
+# Any other process on PostgreSQL keeps at most one idle connection (a host's pool loop is one
+# thread); a few more may be open for a moment when its threads call at once.
+IDLE_CONNECTIONS = 1
+BURST_CONNECTIONS = 4
 
 
 def engine_kwargs(url: str, *, one_connection: bool = False) -> dict[str, Any]:
-    """Engine settings that ride out outages.
+    """Engine settings that ride out outages and share a server's few connections.
 
-    Every engine checks a pooled connection before using it (`pool_pre_ping`: after a
+    Every pooled engine checks a connection before using it (`pool_pre_ping`: after a
     PostgreSQL restart the pool holds dead connections, and SQLAlchemy replaces them instead of
     failing the call; Optuna's RDBStorage then just works on its next session). PostgreSQL
     connections time out and keep alive; SQLite waits for a busy file.
 
-    With `one_connection`, a PostgreSQL engine keeps at most one connection, which the threads
-    of the process take in turn: a cluster's hundreds of trial processes then need no more
-    connections than processes (and, through PgBouncer, far fewer on the server)."""
+    With `one_connection` (a trial process), a PostgreSQL engine opens a connection for each
+    use and closes it after, one at a time: the threads of the process take turns
+    (`OneAtATimePool`). A trial process then holds no connection while it trains or waits for
+    its next trial, so a cluster's hundreds of trial processes need only as many server
+    connections as are in use at one moment, and a process never waits for a connection while
+    it holds one. Any other PostgreSQL engine keeps at most IDLE_CONNECTIONS idle."""
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if is_sqlite(url):
         kwargs["connect_args"] = {"timeout": sqlite_busy_timeout()}
         return kwargs
     kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES}
     if one_connection:
-        kwargs.update(pool_size=1, max_overflow=0, pool_timeout=ONE_CONNECTION_WAIT_S)
+        # A fresh connection needs no ping: the pool never hands out an old one.
+        kwargs.update(poolclass=one_at_a_time_pool_class(), pool_pre_ping=False)
+    else:
+        kwargs.update(pool_size=IDLE_CONNECTIONS, max_overflow=BURST_CONNECTIONS)
     return kwargs
+
+
+_POOL_CLASS: type | None = None
+
+
+def one_at_a_time_pool_class() -> type:
+    """SQLAlchemy's NullPool (a connection per use, closed after) that lets one thread of the
+    process hold a connection at a time; the others wait their turn, at most
+    ONE_CONNECTION_WAIT_S. Made on first use: SQLAlchemy is imported late."""
+    global _POOL_CLASS
+    if _POOL_CLASS is None:
+        import threading
+
+        import sqlalchemy as sa
+
+        class OneAtATimePool(sa.pool.NullPool):
+            def __init__(self, *args: Any, turn: Any = None, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self._turn = turn or threading.BoundedSemaphore(1)
+
+            def _do_get(self) -> Any:
+                if not self._turn.acquire(timeout=ONE_CONNECTION_WAIT_S):
+                    raise sa.exc.TimeoutError(
+                        f"another thread of this process held its one database connection "
+                        f"for {ONE_CONNECTION_WAIT_S} s"
+                    )
+                try:
+                    return super()._do_get()
+                except BaseException:
+                    self._turn.release()
+                    raise
+
+            def _do_return_conn(self, record: Any) -> None:
+                try:
+                    super()._do_return_conn(record)
+                finally:
+                    self._turn.release()
+
+            def checkedout(self) -> int:
+                """Connections open now: 0 or 1 (QueuePool's name for it)."""
+                if self._turn.acquire(blocking=False):
+                    self._turn.release()
+                    return 0
+                return 1
+
+            def recreate(self) -> Any:
+                # Every use closes its connection: nothing is pooled to recreate, and the
+                # turn stays the one the process's threads share.
+                return self
+
+        _POOL_CLASS = OneAtATimePool
+    return _POOL_CLASS
 
 
 # The storage each URL was opened with in this process, when it holds one connection: the
 # budget section runs on that connection (`budget_section`), not on a second one.
 _ONE_CONNECTION: dict[str, RDBStorage] = {}
+# The PostgreSQL storage each URL was opened with to run a study (heartbeats on): a section
+# under a lock runs on one connection of it (`locks.locked`).
+_RUNNING: dict[str, RDBStorage] = {}
 
 
 def one_connection_storage(url: str) -> RDBStorage | None:
     """The one-connection PostgreSQL storage this process opened on `url`, if any."""
     return _ONE_CONNECTION.get(normalize_url(url))
+
+
+def section_storage(url: str) -> RDBStorage | None:
+    """The PostgreSQL storage this process opened on `url` to run a study, if any."""
+    return _RUNNING.get(normalize_url(url))
 
 
 def _enable_sqlite_wal(url: str) -> None:
@@ -181,6 +251,19 @@ def _hold_one_connection(storage: RDBStorage, url: str) -> None:
     _ONE_CONNECTION[url] = storage
 
 
+def _note_max_connections(storage: RDBStorage) -> None:
+    """The server's connection limit, for the line a host says if the server runs out (then it
+    could not be asked)."""
+    import sqlalchemy as sa
+
+    try:
+        with storage.engine.connect() as connection:
+            value = connection.exec_driver_sql("SHOW max_connections").scalar()
+        note_connections(max_connections=int(value))
+    except (sa.exc.SQLAlchemyError, TypeError, ValueError):
+        pass  # the line then names the setting without its value
+
+
 def create_storage(
     url: str,
     *,
@@ -215,18 +298,27 @@ def create_storage(
         storage = riding_storage_class()(
             url,
             engine_kwargs=engine_kwargs(url),
+            # Optuna's check of the schema's version reads it on a second connection while its
+            # session holds a first: at a server with no slot free, trial processes that each
+            # held one and waited for another would wait for ever. The host that started the
+            # process opened the storage with the check (`migrate.open_storage`) just before.
+            skip_compatibility_check=single,
             heartbeat_interval=interval,
             grace_period=grace,
             heartbeat_stale_trial_callback=heartbeat_stale_trial_callback,
         )
         if single:
             _hold_one_connection(storage, url)
+        elif heartbeat and not is_sqlite(url):
+            _note_max_connections(storage)
+        if heartbeat and not is_sqlite(url):
+            _RUNNING[url] = storage
         return storage
 
     try:
         if wait:
             return ride_out(open_it, what="open the storage")
-        return open_it()
+        return when_a_connection_is_free(open_it)  # a full server is not a wrong URL
     except (SQLAlchemyError, sqlite3.Error, OSError) as error:
         raise unreachable(url, error) from None
     except ImportError as error:

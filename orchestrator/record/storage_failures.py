@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 
 from orchestrator.errors import UserError
 from orchestrator.record.outage_errors import (
     CONNECTION,
+    FULL,
     LOCKED,
     SQLITE_CANTOPEN,
     SQLITE_READONLY,
@@ -46,6 +48,32 @@ class StorageUnreachable(UserError):
         )
 
 
+class StorageFull(StorageUnreachable):
+    """The disk holding an SQLite study is full: one line naming it, whoever meets it first (a
+    trial process says it to its host, which stops with it). Waiting would not help: exit 2."""
+
+    exit_status = 2
+
+    def __init__(self, where: str, detail: str) -> None:
+        UserError.__init__(
+            self,
+            f"the disk holding the database ({where}) is full ({detail}): free some space "
+            "there, then run the command again; what was stored is kept",
+        )
+        self.seconds = 0.0
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether SQLite said "database or disk is full" somewhere in the error's chain (Optuna
+    wraps it as "invalid data in the commit, e.g. exceeding max length")."""
+    return any(
+        (getattr(link, "sqlite_errorcode", 0) or 0) & 0xFF == SQLITE_FULL
+        or isinstance(link, OSError)
+        and link.errno == errno.ENOSPC
+        for link in error_chain(error)
+    )
+
+
 def storage_failure(error: BaseException, outages: Outages | None = None) -> UserError | None:
     """The one line for a database error that reached the command line, or None if it is not one.
 
@@ -64,6 +92,12 @@ def storage_failure(error: BaseException, outages: Outages | None = None) -> Use
         return UserError(
             f"the database ({where}) is locked by another process ({detail}): wait for it to "
             "finish or stop it, then run the command again"
+        )
+    if kind == FULL:
+        return UserError(
+            f"the database server ({where}) has no connection free ({detail}): too many "
+            "processes hold connections (its max_connections); try again when fewer run, put "
+            "PgBouncer in front of the server, or raise max_connections"
         )
     if kind == CONNECTION:
         return UserError(
@@ -95,6 +129,12 @@ def unreachable(url: str, error: BaseException) -> UserError:
 
     reason = str(getattr(error, "orig", None) or error).strip().splitlines()
     detail = mask_password(reason[0]) if reason else type(error).__name__
+    if outage_kind(error) == FULL:
+        return UserError(
+            f"the database server ({describe_location(url)}) has no connection free ({detail}): "
+            "too many processes hold connections (its max_connections); try again when fewer "
+            "run, put PgBouncer in front of the server, or raise max_connections"
+        )
     if isinstance(error, OperationalError | sqlite3.OperationalError | OSError):
         return UserError(
             f"cannot reach the storage ({describe_location(url)}): {detail}; "

@@ -129,6 +129,7 @@ class Pool:
         (`spare`: processes from `orchestrator.run.processes.prestart`, taken first; `adapter`:
         the study's, which names its memory models and says whether its trials import torch)."""
         from adapters.base import uses_torch
+        from orchestrator.record.outage_state import note_connections
         from orchestrator.run.processes import WarmProcesses
         from orchestrator.run.stored_study import StoredStudy
 
@@ -154,6 +155,9 @@ class Pool:
             adapter_name=None if adapter is None else adapter.name,
         )
         options.setdefault("starting_limit", max(1, cpu_cores))
+        # What a server that runs out of connections is told about this host: a connection per
+        # trial process at most, and one for the pool itself.
+        note_connections(host_connections=1 + sum(plan.slots for plan in plans))
         return cls(study=stored, plans=plans, probe=probe, backend=backend, host=host, **options)
 
     # -- the loop -------------------------------------------------------------------------
