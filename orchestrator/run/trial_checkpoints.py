@@ -141,14 +141,20 @@ def _replace_best(study: optuna.Study, store: Any, number: int, artifact_id: str
 
 
 def _drop_failed_source(study: optuna.Study, store: Any, source: int) -> None:
-    """A re-run that saved its own no longer needs what the failed trial it replaces saved."""
+    """A re-run that saved its own no longer needs what the failed trials it replaces saved: the
+    one it names, and back along their `checkpoint_from` while they failed (a re-run stopped
+    before its first save handed on its source's)."""
     from optuna.trial import TrialState
 
-    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == source), None)
-    if trial is None or trial.state != TrialState.FAIL:
-        return
     from orchestrator.record.checkpoint_handle import ARTIFACT_PREFIX
 
-    for key in trial.system_attrs:
-        if key.startswith(ARTIFACT_PREFIX):
-            stored.remove(store, key[len(ARTIFACT_PREFIX) :])
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    number: Any = source
+    while isinstance(number, int) and number in by_number:
+        trial = by_number.pop(number)  # popped: a loop of names ends
+        if trial.state != TrialState.FAIL:
+            return
+        for key in trial.system_attrs:
+            if key.startswith(ARTIFACT_PREFIX):
+                stored.remove(store, key[len(ARTIFACT_PREFIX) :])
+        number = trial.user_attrs.get(names.CHECKPOINT_FROM)
