@@ -42,7 +42,12 @@ _warned_no_store: set[str] = set()
 def open_handle(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, storage_url: str) -> Any:
     """The trial's handle: its store, cadence, where it resumes from and where it ends."""
     location = spec.artifacts or stored.default_location(storage_url)
-    store = None if location is None else stored.open_store(location)
+    store = None
+    if location is not None:
+        try:
+            store = stored.open_store(location)
+        except Exception as error:  # a folder not writable, a bucket's library missing
+            print(f"checkpoints are off: {location} cannot hold them ({error})", flush=True)
     if store is None and spec.checkpoint_every > 0 and storage_url not in _warned_no_store:
         _warned_no_store.add(storage_url)
         print(  # once per process: the trial's log says why nothing resumes
