@@ -89,9 +89,9 @@ def reporting_to(
 
     def report_epoch(epoch: int, value: float) -> None:
         release_stop()  # the adapter did not save the last epoch held for: wait no longer
-        report(epoch, value)
         if saves and handle.due(epoch):
-            hold_stop()
+            hold_stop()  # from before the value is stored: a stop after it would lose the epoch
+        report(epoch, value)
         handle.reported(epoch, value, saves=saves)
 
     handle.on_saved = release_stop
