@@ -84,8 +84,8 @@ def wait_for(check, timeout: float = 300.0):
     raise RuntimeError("timed out")
 
 
-def mid_trial(url: str, exclude: set[int]):
-    """A running trial past its 4th epoch, not the OOM one nor one hit already."""
+def mid_trial(url: str, exclude: set[int], past: int = 4):
+    """A running trial past epoch `past`, not the OOM one nor one hit already."""
 
     def find():
         for trial in trials(url):
@@ -93,16 +93,11 @@ def mid_trial(url: str, exclude: set[int]):
                 continue
             if trial.params.get("batch_size") == 4096 or "retry_of" in trial.user_attrs:
                 continue
-            if len(trial.intermediate_values) >= 4:
+            if len(trial.intermediate_values) >= past:
                 return trial
         return None
 
     return wait_for(find)
-
-
-def busy(url: str) -> int:
-    """Trials training now, past their first two epochs."""
-    return sum(t.state.name == "RUNNING" and len(t.intermediate_values) >= 2 for t in trials(url))
 
 
 def one_setting(every: str, folder: Path) -> dict:
@@ -115,8 +110,7 @@ def one_setting(every: str, folder: Path) -> dict:
     killed = mid_trial(url, set())
     os.kill(killed.user_attrs["pid"], signal.SIGKILL)
     wait_for(lambda: any(t.user_attrs.get("oom") for t in trials(url)))  # the OOM came first
-    preempted_at = mid_trial(url, {killed.number})
-    wait_for(lambda: busy(url) >= 2)  # a preemption stops several trials in flight
+    preempted_at = mid_trial(url, {killed.number}, past=2)  # and the trials beside it
     runner.send_signal(signal.SIGTERM)  # the worker: its trials in flight stop and re-queue
     _, stderr = runner.communicate(timeout=600)
     if runner.returncode not in (0, 130):

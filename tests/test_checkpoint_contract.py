@@ -166,3 +166,20 @@ def test_an_optimize_objective_gets_the_handle_and_a_segment_of_it_ends_at_its_e
     assert segment.state == optuna.trial.TrialState.COMPLETE
     assert sorted(segment.intermediate_values) == [0, 1]
     assert segment.value == pytest.approx(first.intermediate_values[1])
+
+
+def test_a_re_run_drops_what_the_failed_trials_it_replaces_saved(tmp_path):
+    from orchestrator.run.trial_checkpoints import _drop_failed_source
+
+    store = stored.open_store(str(tmp_path / "ckpt"))
+    study = optuna.create_study()
+    (tmp_path / "ckpt" / "a").write_bytes(b"saved by trial 0")
+    (tmp_path / "ckpt" / "b").write_bytes(b"saved by trial 2, which completed")
+    failed = optuna.trial.TrialState.FAIL
+    study.add_trial(optuna.trial.create_trial(state=failed, system_attrs={"artifacts:a": "{}"}))
+    study.add_trial(optuna.trial.create_trial(state=failed, user_attrs={"checkpoint_from": 0}))
+    study.add_trial(optuna.trial.create_trial(value=1.0, system_attrs={"artifacts:b": "{}"}))
+    _drop_failed_source(study, store, 1)  # trial 1 was stopped before its first save
+    assert not (tmp_path / "ckpt" / "a").exists()
+    _drop_failed_source(study, store, 2)  # a complete trial keeps what it kept
+    assert (tmp_path / "ckpt" / "b").exists()

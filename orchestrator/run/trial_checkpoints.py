@@ -42,7 +42,12 @@ _warned_no_store: set[str] = set()
 def open_handle(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, storage_url: str) -> Any:
     """The trial's handle: its store, cadence, where it resumes from and where it ends."""
     location = spec.artifacts or stored.default_location(storage_url)
-    store = None if location is None else stored.open_store(location)
+    store = None
+    if location is not None:
+        try:
+            store = stored.open_store(location)
+        except Exception as error:  # a folder not writable, a bucket's library missing
+            print(f"checkpoints are off: {location} cannot hold them ({error})", flush=True)
     if store is None and spec.checkpoint_every > 0 and storage_url not in _warned_no_store:
         _warned_no_store.add(storage_url)
         print(  # once per process: the trial's log says why nothing resumes
@@ -84,9 +89,9 @@ def reporting_to(
 
     def report_epoch(epoch: int, value: float) -> None:
         release_stop()  # the adapter did not save the last epoch held for: wait no longer
-        report(epoch, value)
         if saves and handle.due(epoch):
-            hold_stop()
+            hold_stop()  # from before the value is stored: a stop after it would lose the epoch
+        report(epoch, value)
         handle.reported(epoch, value, saves=saves)
 
     handle.on_saved = release_stop
@@ -141,14 +146,20 @@ def _replace_best(study: optuna.Study, store: Any, number: int, artifact_id: str
 
 
 def _drop_failed_source(study: optuna.Study, store: Any, source: int) -> None:
-    """A re-run that saved its own no longer needs what the failed trial it replaces saved."""
+    """A re-run that saved its own no longer needs what the failed trials it replaces saved: the
+    one it names, and back along their `checkpoint_from` while they failed (a re-run stopped
+    before its first save handed on its source's)."""
     from optuna.trial import TrialState
 
-    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == source), None)
-    if trial is None or trial.state != TrialState.FAIL:
-        return
     from orchestrator.record.checkpoint_handle import ARTIFACT_PREFIX
 
-    for key in trial.system_attrs:
-        if key.startswith(ARTIFACT_PREFIX):
-            stored.remove(store, key[len(ARTIFACT_PREFIX) :])
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    number: Any = source
+    while isinstance(number, int) and number in by_number:
+        trial = by_number.pop(number)  # popped: a loop of names ends
+        if trial.state != TrialState.FAIL:
+            return
+        for key in trial.system_attrs:
+            if key.startswith(ARTIFACT_PREFIX):
+                stored.remove(store, key[len(ARTIFACT_PREFIX) :])
+        number = trial.user_attrs.get(names.CHECKPOINT_FROM)
