@@ -73,6 +73,7 @@ SLOWEST_FIRST = (
     "test_pool_processes.py",
     "test_outage_run.py",
     "test_slurm_cluster.py",
+    "test_checkpoint_resume.py",
     "test_trial_logs.py",
     "test_run_cli.py",
     "test_trial_lifecycle.py",
@@ -82,6 +83,8 @@ SLOWEST_FIRST = (
     "test_admission_processes.py",
     "test_gpu_check.py",
     "test_known_edge.py",
+    "test_checkpoint_contract.py",
+    "test_adapter_checkpoints.py",
 )
 
 
