@@ -74,9 +74,12 @@ def test_a_stored_study_on_a_disk_that_filled_keeps_its_budget(tmp_path):
         assert study.user_attrs["orchestrator"]["trials"] == 2  # the new budget was not stored
         assert all(t.state.is_finished() for t in study.trials) and len(study.trials) == 2
         storage.engine.dispose()
+        # The logs, and the best trial's final checkpoint beside the database: nothing half-written.
         assert sorted(p.name for p in disk.iterdir() if not p.name.startswith("study.db")) == [
-            "study-logs"
+            "study-artifacts",
+            "study-logs",
         ]
+        assert not [p for p in disk.rglob("*") if p.suffix == ".partial"]
 
 
 def test_a_read_only_filesystem_is_one_line_for_a_stored_and_a_new_file(tmp_path):
