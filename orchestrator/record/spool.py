@@ -76,11 +76,16 @@ def keep(folder: Path, kept: Kept, *, hold: bool = False) -> Path:
         os.fchmod(fd, 0o600)  # an older partial file keeps its mode through O_CREAT
         if hold:
             _lock(fd, wait=True)  # before the rename: the entry is never seen unlocked
-        os.write(fd, entry_text(kept).encode())
+        data = memoryview(entry_text(kept).encode())
+        while data:  # a write may take only part of it
+            data = data[os.write(fd, data) :]
         os.fsync(fd)
         os.replace(partial, path)
     except BaseException:
         os.close(fd)
+        # A full disk must not leave a half-written entry for a later start to read.
+        with contextlib.suppress(OSError):
+            partial.unlink()
         raise
     if hold:
         release(folder, kept.trial_id)
