@@ -154,7 +154,10 @@ def table(rows: list[dict[str, Any]], size: str) -> list[str]:
                 medians[method] = statistics.median(r["best"] for r in found) if found else None
                 epochs[method] = statistics.median(r["epochs"] for r in found) if found else None
             ranked = [m for m in METHODS if medians[m] is not None]
-            winner = max(ranked, key=lambda m: medians[m]) if ranked else "-"
+            top = max((medians[m] for m in ranked), default=None)
+            leaders = [m for m in ranked if medians[m] == top]
+            # A tie is nobody's win (at the small size an agent that learnt nothing scores alike).
+            winner = leaders[0] if len(leaders) == 1 else "tie (" + ", ".join(leaders) + ")"
             wins.setdefault(task, []).append(winner)
             cells = [f"{medians[m]:.1f}" if medians[m] is not None else "-" for m in METHODS]
             spent = " / ".join(
@@ -164,6 +167,7 @@ def table(rows: list[dict[str, Any]], size: str) -> list[str]:
                 f"| {algo} | {task} | {' | '.join(cells)} | {spent} | {len(seeds)} | {winner} |"
             )
     won = sorted(task for task, winners in wins.items() if winners.count("pbt") > len(winners) / 2)
+    # A task is PBT's when it is best for most of the algorithms run on it.
     lines.append("")
     lines.append(
         f"PBT best on {len(won)} of {len(wins)} tasks (best for most of the algorithms on a task): "
