@@ -51,9 +51,11 @@ def _path(folder: Path, trial_id: int) -> Path:
 
 
 def _make_folder(folder: Path) -> None:
-    # The user's only: a kept outcome is the user's data (umask cannot widen 0700, chmod fixes
-    # a folder an earlier version made wider).
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The user's only: a kept outcome is the user's data. The study's folder above it is made
+    # 0700 too (as the trial logs make it); chmod fixes a folder an earlier version made wider.
+    from orchestrator.record.trial_logs import private_folder
+
+    private_folder(folder)
     with contextlib.suppress(OSError):
         os.chmod(folder, 0o700)
 

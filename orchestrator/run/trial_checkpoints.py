@@ -39,16 +39,24 @@ BEST_WEIGHTS_ATTR = "orchestrator:best_weights"
 _warned_no_store: set[str] = set()
 
 
-def open_handle(study: optuna.Study, trial: optuna.Trial, spec: StudySpec, storage_url: str) -> Any:
-    """The trial's handle: its store, cadence, where it resumes from and where it ends."""
-    location = spec.artifacts or stored.default_location(storage_url)
+def open_handle(
+    study: optuna.Study, trial: optuna.Trial, spec: StudySpec, storage_url: str, saves: bool = True
+) -> Any:
+    """The trial's handle: its store, cadence, where it resumes from and where it ends. An
+    adapter that does not save (`saves` False) gets no store: no folder is made for it."""
+    location = (spec.artifacts or stored.default_location(storage_url)) if saves else None
     store = None
     if location is not None:
         try:
             store = stored.open_store(location)
         except Exception as error:  # a folder not writable, a bucket's library missing
             print(f"checkpoints are off: {location} cannot hold them ({error})", flush=True)
-    if store is None and spec.checkpoint_every > 0 and storage_url not in _warned_no_store:
+    if (
+        saves
+        and store is None
+        and spec.checkpoint_every > 0
+        and storage_url not in _warned_no_store
+    ):
         _warned_no_store.add(storage_url)
         print(  # once per process: the trial's log says why nothing resumes
             "checkpoints are off: a study on a database server keeps them where --artifacts "

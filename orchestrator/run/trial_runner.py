@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from orchestrator.run.trial_context import TrialContext
 
 from orchestrator.record.trial_attrs import set_user_attrs
-from orchestrator.run.trial_checkpoints import open_handle, tidy
+from orchestrator.run.trial_checkpoints import open_handle, takes_checkpoint, tidy
 from orchestrator.run.trial_clock import time_limit
 from orchestrator.run.trial_errors import fail_with, settle
 from orchestrator.run.trial_memory import (
@@ -208,7 +208,8 @@ def run_objective(
                 else unpruned_reporter(trial.number)
             )
             result.flush = report.flush  # run before the result is told (trial_spool)
-            result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage_url)
+            saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
+            result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage_url, saves)
             with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
                 value = train(
                     ctx,
