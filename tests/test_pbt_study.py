@@ -39,13 +39,26 @@ def _wait_for_study(url: str, timeout: float = 120) -> None:
     raise AssertionError("the study was never created")
 
 
+def _running(url: str) -> int:
+    return sum(t.state == TrialState.RUNNING for t in _study(url).trials)
+
+
+def _wait_until(predicate, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
 def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_path):
-    # The run takes one trial at a time, so the worker, however long it takes to start on a
-    # busy machine, still finds segments to train.
+    # The run takes one trial at a time, and its first segment ends only once the worker has
+    # claimed one of its own, so both train however slowly a busy machine starts the worker.
+    release = tmp_path / "release"
     common = ("--storage", postgres_url)
     first = start_cli(
         "run",
-        "synthetic",
+        "--adapter-path",
+        "tests.gated_adapter:adapter",
         "--study",
         "pbt",
         "--sampler",
@@ -59,7 +72,9 @@ def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_
         "--artifacts",
         str(tmp_path / "artifacts"),
         "--option",
-        "trial_seconds=3",
+        "trial_seconds=1.5",
+        "--option",
+        f"release={release}",
         "--gpus",
         "sim:24576",
         "--concurrency",
@@ -67,13 +82,15 @@ def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_
         *common,
     )
     _wait_for_study(postgres_url)
-    second = run_cli(
-        "worker", "--study", "pbt", "--gpus", "sim:81920", "--concurrency", "2", *common,
-        timeout=400,
+    second = start_cli(
+        "worker", "--study", "pbt", "--gpus", "sim:81920", "--concurrency", "2", *common
     )  # fmt: skip
+    _wait_until(lambda: _running(postgres_url) > 1)
+    release.touch()
+    _, second_err = second.communicate(timeout=400)
     out, err = first.communicate(timeout=400)
     assert first.returncode == 0, err
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 0, second_err
 
     trials = {t.number: t for t in _study(postgres_url).trials}
     assert len(trials) == POPULATION * SEGMENTS  # exact: segments count towards the budget
