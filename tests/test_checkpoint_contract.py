@@ -147,9 +147,19 @@ def test_an_artifacts_url_with_credentials_is_refused():
     assert stored.location_problem("s3://bucket") is None
 
 
-def test_an_optimize_objective_gets_the_handle_and_a_segment_of_it_ends_at_its_epoch(sqlite_url):
+@pytest.mark.parametrize("saving_first", [False, True])
+def test_an_optimize_objective_gets_the_handle_and_a_segment_of_it_ends_at_its_epoch(
+    sqlite_url, saving_first
+):
     import orchestrator
-    from tests.checkpoint_objective import objective
+    from tests import checkpoint_objective
+
+    # Saved before its report, the last epoch ends the segment at the next epoch's save.
+    objective = (
+        checkpoint_objective.objective_saving_first
+        if saving_first
+        else checkpoint_objective.objective
+    )
 
     def optimize(trials: int) -> optuna.Study:
         return orchestrator.optimize(

@@ -89,12 +89,14 @@ class CheckpointHandle:
 
     def due(self, epoch: int) -> bool:
         """Whether `save(epoch, ...)` writes: an adapter may skip building a state that is not."""
+        self._past_the_end(epoch)
         if self._store is None:
             return False
         return epoch == self.until or (self.every > 0 and (epoch + 1) % self.every == 0)
 
     def save(self, epoch: int, state: dict[str, Any]) -> None:
         """Keep `state` as it is after `epoch` (counted from 0, as reports are), when due."""
+        self._past_the_end(epoch)
         if self.due(epoch):
             self._write(epoch, state)
         self._maybe_stop(epoch)
@@ -117,6 +119,12 @@ class CheckpointHandle:
             value = frozen.intermediate_values.get(epoch)
         if value is not None:
             raise TrainedUntil(epoch, value)
+
+    def _past_the_end(self, epoch: int) -> None:
+        """An objective that saved its last epoch before reporting it (`trial.report`, which this
+        handle does not see) ends at its next call here, before that epoch's state is kept."""
+        if self.until is not None and epoch > self.until:
+            self._maybe_stop(self.until)
 
     def _saved_at(self, epoch: int) -> bool:
         return bool(self.saved) and self.saved[-1].epoch == epoch
