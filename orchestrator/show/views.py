@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import UserError
 from orchestrator.record import attr_names as names
 from orchestrator.show.text import to_utc
 
@@ -357,16 +356,6 @@ def study_row(
         best_trial=best.number if best else None,
         directions=list(directions),
     )
-
-
-def require_single_objective(detail: StudyDetail, command: str) -> None:
-    """A UserError, in one line, for a command that needs one best value."""
-    if detail.direction == MULTI_OBJECTIVE:
-        raise UserError(
-            f"study {detail.name!r} is {describe_direction(detail.direction, detail.directions)}: "
-            f"`{command}` supports single-objective studies only; `python -m orchestrator status "
-            f"--study {detail.name}` shows its trials, `python -m orchestrator dashboard` its Pareto front"
-        )
 
 
 def _int(value: Any) -> int | None:
