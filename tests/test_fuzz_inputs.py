@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sqlite3
 from pathlib import Path
 
 import optuna
@@ -23,9 +22,13 @@ import pytest
 import orchestrator
 from orchestrator.cli import build_parser, main
 from tests import api_failing
-from tests.test_bad_inputs import isolated_environment, make_study_folder  # noqa: F401
-
-STUDY_DB = "orchestrator.db"
+from tests.test_bad_inputs import (  # noqa: F401
+    STUDY_DB,
+    _dump,
+    _files,
+    isolated_environment,
+    make_study_folder,
+)
 
 # Values some check of some flag refuses; each flag gets those its own check refuses.
 MALFORMED = (
@@ -195,19 +198,6 @@ def template(tmp_path_factory) -> Path:
         (folder / name).write_bytes(content)
     (folder / "study.ini").write_text("[x]\n")
     return folder
-
-
-def _dump(path: Path) -> list[str]:
-    connection = sqlite3.connect(path)
-    try:
-        return list(connection.iterdump())
-    finally:
-        connection.close()
-
-
-def _files(folder: Path) -> set[str]:
-    companions = {f"{STUDY_DB}-wal", f"{STUDY_DB}-shm", f"{STUDY_DB}.lock"}
-    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.name not in companions}
 
 
 def _problem(argv: tuple[str, ...], capsys) -> str | None:
