@@ -67,7 +67,26 @@ def best_of_study(study: optuna.Study) -> FrozenTrial | None:
     if best is None:  # an inf or -inf at the top of the query: the finite ones, read whole
         done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         best = pick_best(done, directions)
+    if best is not None and _is_segment(best):
+        # Population-based training: a segment's value is its lineage's at the segment's end,
+        # so only the lineages trained furthest compare (a mid-run value is no final one).
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        best = pick_best(_trained_furthest(done), directions)
     return best
+
+
+def _is_segment(trial: FrozenTrial) -> bool:
+    from orchestrator.record.lineage import is_segment
+
+    return is_segment(trial)
+
+
+def _trained_furthest(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    from orchestrator.record.lineage import epochs_trained, is_segment
+
+    segments = [t for t in trials if is_segment(t)]
+    furthest = max(epochs_trained(t) for t in segments)
+    return [t for t in segments if epochs_trained(t) == furthest]
 
 
 def feasible(trial: FrozenTrial) -> bool:
