@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from orchestrator.deploy.engine import StudyWorkers, program, worker_argv
 from orchestrator.errors import UserError
 from orchestrator.record.storage_url import STORAGE_ENV
 
@@ -147,7 +148,7 @@ def _container(
         "name": name,
         "image": d.image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python", "-m", "orchestrator"],
+        "command": program(),
         "args": args,
         "env": _storage_env(d),
         **extra,
@@ -170,13 +171,9 @@ def worker_args(d: Deployment) -> list[str]:
     `run` applies an explicit --epochs to a stored study, so it is passed only when the user gave
     one: otherwise a study made with `--epochs 2` would be changed to the class default.
     """
-    args = ["run", d.adapter, "--study", d.study]
-    if d.epochs is not None:
-        args += ["--epochs", str(d.epochs)]
-    if d.trials is not None:
-        args += ["--trials", str(d.trials)]
     # The pod holds exactly one GPU (the device plugin shows it alone), so auto finds that one.
-    return [*args, "--gpus", "auto"]
+    argv = worker_argv(d.study, adapter=d.adapter, epochs=d.epochs, trials=d.trials, gpus="auto")
+    return argv[len(program()) :]  # the container's command is the program, its args the rest
 
 
 def worker_job(d: Deployment) -> dict[str, Any]:
@@ -347,3 +344,29 @@ def apply_commands(d: Deployment, out: str) -> list[str]:
         f"kubectl apply -f {out}/workers.yaml -f {out}/dashboard.yaml",
         f"kubectl port-forward svc/{d.base_name}-dashboard {DASHBOARD_PORT}:{DASHBOARD_PORT}",
     ]
+
+
+@dataclass(frozen=True)
+class KubernetesEngine:
+    """The cluster engine for Kubernetes: an Indexed Job of one-GPU pods, after the migration."""
+
+    name: ClassVar[str] = "kubernetes"
+    image: str = DEFAULT_IMAGE
+    storage_secret: str = DEFAULT_STORAGE_SECRET
+
+    def render(self, workers: StudyWorkers) -> dict[str, str]:
+        """migrate.yaml, workers.yaml and dashboard.yaml, in the order they are applied."""
+        if workers.adapter is None:
+            # Every pod runs `run ADAPTER`, so that none depends on another creating the study.
+            raise UserError("Kubernetes workers run `run ADAPTER`: give the study's adapter")
+        deployment = Deployment(
+            adapter=workers.adapter,
+            workload=workers.workload,
+            study=workers.study,
+            workers=workers.workers,
+            image=self.image,
+            storage_secret=self.storage_secret,
+            epochs=workers.epochs,
+            trials=workers.trials,
+        )
+        return {name: to_yaml(objects) for name, objects in manifests(deployment).items()}

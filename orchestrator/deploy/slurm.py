@@ -28,8 +28,9 @@ import math
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+from orchestrator.deploy.engine import StudyWorkers, worker_argv
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import parse_quantity
 from orchestrator.record.storage_url import STORAGE_ENV
@@ -59,6 +60,7 @@ class SlurmJob:
     gpus_per_node: int
     adapter: str | None = None  # given: each task runs `run ADAPTER` (creates or joins the study)
     trials: int | None = None  # with an adapter: the study's budget (None: run's default)
+    epochs: int | None = None  # with an adapter: applied to the study (None: it keeps its own)
     partition: str | None = None
     time: str | None = None
     account: str | None = None
@@ -100,6 +102,10 @@ def job_problem(job: SlurmJob) -> str | None:
         return f"--account {job.account!r}: use the account's name, e.g. --account ml-lab"
     if not job.study.strip():
         return "--study is empty: name the study, e.g. --study dqn-l4"
+    if job.epochs is not None and job.epochs < 1:
+        return f"--epochs {job.epochs}: give at least 1 epoch"
+    if (job.trials is not None or job.epochs is not None) and job.adapter is None:
+        return "--trials and --epochs set a new study's settings: give the ADAPTER too"
     return None
 
 
@@ -125,14 +131,16 @@ def directives(job: SlurmJob) -> list[str]:
 
 def worker_command(job: SlurmJob) -> str:
     """The shell line a task runs: `run ADAPTER` or `worker`, on the GPUs in $gpus."""
-    head = [job.python, "-m", "orchestrator"]
-    if job.adapter is not None:
-        args = ["run", job.adapter, "--study", job.study]
-        if job.trials is not None:
-            args += ["--trials", str(job.trials)]
-    else:
-        args = ["worker", "--study", job.study]
-    return shlex.join([*head, *args]) + ' --gpus "$gpus"'
+    argv = worker_argv(
+        job.study,
+        adapter=job.adapter,
+        trials=job.trials,
+        epochs=job.epochs,
+        gpus="$gpus",
+        python=job.python,
+    )
+    # Every word is quoted but the last, the GPUs: bash expands "$gpus" when the task starts.
+    return shlex.join(argv[:-1]) + f' "{argv[-1]}"'
 
 
 def sbatch_script(job: SlurmJob) -> str:
@@ -172,3 +180,32 @@ fi
 exit "$status"
 """
     return "\n".join(["#!/bin/bash", *directives(job), summary, body])
+
+
+@dataclass(frozen=True)
+class SlurmEngine:
+    """The cluster engine for Slurm: one array task per worker, each on a node of G GPUs."""
+
+    name: ClassVar[str] = "slurm"
+    gpus_per_node: int = 1
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    python: str = "python3"
+
+    def render(self, workers: StudyWorkers) -> dict[str, str]:
+        """The batch script, named after the job (`sbatch` reads it from a file or its input)."""
+        job = SlurmJob(
+            study=workers.study,
+            workload=workers.workload,
+            nodes=workers.workers,
+            gpus_per_node=self.gpus_per_node,
+            adapter=workers.adapter,
+            trials=workers.trials,
+            epochs=workers.epochs,
+            partition=self.partition,
+            time=self.time,
+            account=self.account,
+            python=self.python,
+        )
+        return {f"{job.job_name}.sbatch": sbatch_script(job)}
