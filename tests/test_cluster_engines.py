@@ -30,7 +30,7 @@ from orchestrator.planning.workloads import WORKLOADS_ENV, workload_class
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "postgresql://orch:s3cr3t-pw@db.example:5432/studies"
-STUDIES = ["syn", "my study; rm -rf /", "it's $HOME \"quoted\""]
+STUDIES = ["syn", "my study; rm -rf /", 'it\'s $HOME "quoted"']
 
 
 @pytest.fixture(autouse=True)
