@@ -227,3 +227,31 @@ def test_docker_compose_accepts_the_file_where_it_is_installed(tmp_path) -> None
         [docker, "compose", "config", "--quiet"], capture_output=True, text=True, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_compose_engine_renders_a_study_with_literal_dollars_and_its_scale() -> None:
+    from orchestrator.deploy.compose import ComposeEngine, repository_file
+    from orchestrator.deploy.engine import StudyWorkers
+    from orchestrator.planning.workloads import workload_class
+
+    assert (REPO / "docker-compose.yml").read_text() == repository_file()
+    workers = StudyWorkers(
+        study="cost $5", workers=4, workload=workload_class("rl"), adapter="dqn", trials=12
+    )
+    (text,) = ComposeEngine().render(workers).values()
+    assert "--scale worker=4" in text
+    rendered = yaml.safe_load(text)
+    worker = rendered["services"]["worker"]
+    assert worker["entrypoint"] == compose_services_entrypoint()
+    # `$$` is compose's `$`: the container is given the study's own name.
+    command = [part.replace("$$", "$") for part in worker["command"]]
+    args = build_parser().parse_args([*command, "--gpus", "0"])
+    assert (args.adapter, args.study, args.trials) == ("dqn", "cost $5", 12)
+    assert set(rendered["services"]) == {"postgres", "migrate", "dashboard", "worker"}
+
+
+def compose_services_entrypoint() -> list[str]:
+    """The repository file's worker entrypoint: every rendered file claims a GPU the same way."""
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["worker"][
+        "entrypoint"
+    ]

@@ -439,3 +439,22 @@ def test_claim_gpu_with_every_gpu_taken_exits_2_in_one_line(tmp_path) -> None:
         os.close(fd)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--scale worker=1" in result.stderr
+
+
+def test_the_kubernetes_engine_renders_the_three_files_as_yaml() -> None:
+    from orchestrator.deploy.engine import StudyWorkers
+    from orchestrator.deploy.kubernetes import KubernetesEngine
+
+    engine = KubernetesEngine(image="registry.example.com/orch:1", storage_secret="team-db")
+    workers = StudyWorkers(
+        study="dqn-study", workers=3, workload=workload_class("rl"), adapter="dqn", trials=9
+    )
+    expected = deployment_for(
+        "dqn", trials=9, image="registry.example.com/orch:1", storage_secret="team-db"
+    )
+    assert engine.render(workers) == {
+        name: to_yaml(objects) for name, objects in manifests(expected).items()
+    }
+    joining = StudyWorkers(study="s", workers=1, workload=workload_class("rl"))
+    with pytest.raises(UserError, match="give the study's adapter"):
+        engine.render(joining)

@@ -265,3 +265,30 @@ def test_storage_given_as_a_flag_reaches_sbatch_in_its_environment_only(tmp_path
     assert (tmp_path / "storage").read_text().strip() == SECRET
     assert "s3cr3t" not in (tmp_path / "script").read_text()
     assert "s3cr3t" not in done.stdout + done.stderr
+
+
+def test_the_slurm_engine_renders_the_batch_script_of_its_job() -> None:
+    from orchestrator.deploy.engine import StudyWorkers
+    from orchestrator.deploy.slurm import SlurmEngine
+
+    engine = SlurmEngine(gpus_per_node=4, partition="gpu", python="/opt/py/bin/python")
+    workers = StudyWorkers(
+        study="syn", workers=3, workload=workload_class("supervised"), adapter="synthetic", epochs=2
+    )
+    files = engine.render(workers)
+    expected = job(adapter="synthetic", epochs=2, partition="gpu", python="/opt/py/bin/python")
+    assert files == {"orch-syn.sbatch": sbatch_script(expected)}
+    assert 'run synthetic --study syn --epochs 2 --gpus "$gpus"' in files["orch-syn.sbatch"]
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"trials": 3}, "give the ADAPTER too"),
+        ({"epochs": 2}, "give the ADAPTER too"),
+        ({"adapter": "synthetic", "epochs": 0}, "--epochs 0"),
+    ],
+)
+def test_a_budget_or_epochs_without_an_adapter_is_refused(values, says) -> None:
+    with pytest.raises(UserError, match=re.escape(says)):
+        job(**values)
