@@ -13,6 +13,8 @@ the Kubernetes API models and check the routing without a cluster:
   run forever, so a Deployment suits it.
 
 The storage URL always comes from a Secret (env ORCHESTRATOR_STORAGE); it is never written here.
+`KubernetesEngine` is the `ClusterEngine` that renders these files; the worker's command line is
+`engine.worker_argv`'s.
 """
 
 from __future__ import annotations

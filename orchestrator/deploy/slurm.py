@@ -1,7 +1,8 @@
 """A study's workers as a Slurm batch script: one array task per node, the node's GPUs each.
 
 `sbatch_script` is a pure function from typed values to the script's text, so its lines are tested
-without a cluster. The choices, said once here and in docs/deploy.md:
+without a cluster; `SlurmEngine` is Slurm's `ClusterEngine`, and the task's worker line is
+`engine.worker_argv`'s. The choices, said once here and in docs/deploy.md:
 
 - A job array (`--array=0-(N-1)`, one node and G GPUs per task), not one `--nodes N` job with
   `srun`: the workers need no gang (each pulls trials from the shared study), so a task may start
