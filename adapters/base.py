@@ -113,7 +113,7 @@ OptionCheck = Range | InputFile
 
 
 class Checkpoint(Protocol):
-    """The trial's checkpoint handle (orchestrator/record/checkpoint_handle.py): `load()` the
+    """The trial's checkpoint handle (orchestrator/record/checkpoints/handle.py): `load()` the
     state to go on from (None: start at epoch 0), `save(epoch, state)` after an epoch, written
     when `due(epoch)`."""
 
@@ -206,8 +206,8 @@ def reporter(trial: optuna.Trial) -> Report:
     While the database is away the trial keeps training: the values wait in the reporter (no
     pruning decision is made without them) and go out with the next report once it is back, or
     with `report.flush()`, which the caller runs before it tells the result."""
-    from orchestrator.record.outage import ride_out, single_attempt
-    from orchestrator.record.outage_errors import is_outage
+    from orchestrator.record.outages.errors import is_outage
+    from orchestrator.record.outages.riding import ride_out, single_attempt
 
     pending: list[tuple[int, float]] = []
 

@@ -35,7 +35,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from adapters import _rl, _rl_checkpoint
+from adapters._rl import checkpoint as _rl_checkpoint
+from adapters._rl import frame as _rl
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Report
 
 if TYPE_CHECKING:
@@ -304,7 +305,7 @@ def learn(
     checkpoint: Checkpoint | None = None,
 ) -> _rl.Run:
     """Train for `epochs` x `steps_per_epoch` environment steps; score after every epoch; go on
-    from the latest checkpoint, and save one after each epoch (adapters/_rl_checkpoint.py)."""
+    from the latest checkpoint, and save one after each epoch (adapters/_rl/checkpoint.py)."""
     with _rl.training(task, config, device) as (env, generator, run):
         vector_steps = math.ceil(steps_per_epoch / config.num_envs)
         total_steps = epochs * vector_steps * config.num_envs

@@ -89,7 +89,7 @@ class ObjectiveAdapter(BaseAdapter):
     ) -> float:
         assert self._trial is not None, "suggest() comes first"
         trial, self._trial = self._trial, None
-        from orchestrator.record.objectives import objective_value
+        from orchestrator.record.study.objectives import objective_value
 
         extra = (checkpoint,) if takes_handle(self._objective) else ()
         try:

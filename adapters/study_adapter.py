@@ -1,6 +1,6 @@
 """The adapter a stored study names, loaded in this process from the study's settings.
 
-A study's settings (`orchestrator.record.study.StudySpec`) say which adapter it tunes: a
+A study's settings (`orchestrator.record.study.spec.StudySpec`) say which adapter it tunes: a
 registered name, a `module:attribute` path, or a plain objective function. Loading it is the
 plugins' work, so it lives here rather than with the stored settings.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import adapters
 
 if TYPE_CHECKING:
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
 
 
 def resolve_adapter(spec: StudySpec) -> Any:

@@ -1,6 +1,6 @@
 """The lines a built-in adapter writes to its trial's log: one per evaluation, one for the value.
 
-A trial's stdout is its log file (`orchestrator.record.trial_logs`), read with
+A trial's stdout is its log file (`orchestrator.record.trials.logs`), read with
 `python -m orchestrator logs --study S --trial N`. What a person wants there is how the score
 moved and how long it took, not every batch: so one line each time the trial reports a score
 (the step Optuna stores it under, the score, the seconds since the trial started, what the

@@ -1,6 +1,6 @@
 """The pool's former policy, equal slots: kept here as a baseline for `bench_pool.py` only.
 
-Before admission by bytes (`orchestrator.run.admission`), a GPU ran N equal slots, N sized at the
+Before admission by bytes (`orchestrator.run.pool.admission`), a GPU ran N equal slots, N sized at the
 smallest batch, and these functions moved N. The five layers of protection as they were:
 
 1. conservative estimate: the plan sizes slots at the minimum batch with 20% of VRAM kept free;

@@ -20,8 +20,8 @@ import torch
 
 from adapters.base import reporter
 from adapters.synthetic import adapter
-from orchestrator.record.storage_url import normalize_url, sqlite_path
-from orchestrator.record.study import StudySpec, pruner_for
+from orchestrator.record.store.storage_url import normalize_url, sqlite_path
+from orchestrator.record.study.spec import StudySpec, pruner_for
 from samplers import make_sampler
 
 

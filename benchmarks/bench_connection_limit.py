@@ -106,7 +106,7 @@ def _study_exists(url: str) -> bool:
 def _count(url: str, outcome: Outcome, started_at: float) -> None:
     import optuna
 
-    from orchestrator.record.study import count_trials
+    from orchestrator.record.study.spec import count_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = optuna.load_study(study_name=STUDY, storage=url).trials

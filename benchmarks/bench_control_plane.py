@@ -4,7 +4,7 @@ For 8, 32 and 64 trial processes at once, each configuration on a fresh study of
 (all but the last `--asks` already finished, written straight into Optuna's tables), every
 process asks for trials until the budget is used, and tells each one at once. The processes are
 lightweight: no torch, no adapter, no supervisor; each asks as a warm trial process asks
-(`orchestrator.record.budget_claim.ask_within_budget`: the claim in one round trip, then the
+(`orchestrator.record.budget.claim.ask_within_budget`: the claim in one round trip, then the
 trial read back) on a storage opened as a trial process opens it (one connection), then tells.
 No process reads the study before it asks: the ask does not need it.
 
@@ -82,8 +82,8 @@ def prepare_study(url: str, trials: int, asks: int) -> None:
     import optuna
     import sqlalchemy as sa
 
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.study import StudySpec, save_spec
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.study.spec import StudySpec, save_spec
 
     storage = open_storage(url)
     study = optuna.create_study(study_name=STUDY, storage=storage)
@@ -141,10 +141,10 @@ def child(url: str, folder: Path, index: int) -> None:
     """Ask and tell until the budget is used; write every ask's times to folder/INDEX.json."""
     import optuna
 
-    from orchestrator.record import budget_section
-    from orchestrator.record.budget_claim import ask_within_budget, last_claim
-    from orchestrator.record.storage import create_storage
-    from orchestrator.record.study import load_spec
+    from orchestrator.record.budget import section as budget_section
+    from orchestrator.record.budget.claim import ask_within_budget, last_claim
+    from orchestrator.record.store.storage import create_storage
+    from orchestrator.record.study.spec import load_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = create_storage(url, heartbeat=True, wait=True)  # as a trial process opens it

@@ -165,7 +165,7 @@ def prefill(url: str, study_name: str, finished: int, *, epochs: int = EPOCHS) -
     import optuna
 
     from adapters.synthetic import synthetic_value
-    from orchestrator.record.storage_url import normalize_url
+    from orchestrator.record.store.storage_url import normalize_url
     from samplers._space import to_unit
 
     study = optuna.load_study(study_name=study_name, storage=normalize_url(url))
@@ -204,7 +204,7 @@ def steady_interval_s(url: str, study_name: str, after: int) -> float:
     """Median time from one trial's start to the next's, for trials numbered `after` and up."""
     import optuna
 
-    from orchestrator.record.storage_url import normalize_url
+    from orchestrator.record.store.storage_url import normalize_url
 
     trials = optuna.load_study(study_name=study_name, storage=normalize_url(url)).get_trials(
         deepcopy=False
@@ -256,8 +256,8 @@ def part_size(kinds: list[str], server: str | None, sizes: list[int], new: int) 
 def part_lock(kinds: list[str], server: str | None, sizes: list[int], new: int) -> list[dict]:
     import sqlalchemy as sa
 
-    from orchestrator.record.records import list_trial_vram
-    from orchestrator.record.storage_url import normalize_url
+    from orchestrator.record.store.records import list_trial_vram
+    from orchestrator.record.store.storage_url import normalize_url
 
     rows = []
     for kind in kinds:

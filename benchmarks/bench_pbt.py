@@ -64,7 +64,7 @@ def run_study(
     """One study, run to its end; what it trained and the best value within the equal budget."""
     import optuna
 
-    from orchestrator.record.final_scores import final_scores_of
+    from orchestrator.record.study.final_scores import final_scores_of
     from samplers._pbt_rules import default_interval
 
     population, epochs = size["population"], size["epochs"]

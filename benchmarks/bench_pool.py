@@ -11,8 +11,8 @@ not fit runs out of memory then, and the time until then is lost.
   a trial that runs out of memory is lost;
 - equal slots: the pool as it was before admission by bytes (`benchmarks/_equal_slots.py`): N
   slots sized at the smallest batch, ramp-up, halving, watchdog, OOM'd trials re-run twice;
-- bytes, fixed: this project's pool, `orchestrator.run.pool.Pool` itself on a simulated backend and
-  a virtual clock (`orchestrator.run.simulated_backend`), admitting trials by their estimate, with
+- bytes, fixed: this project's pool, `orchestrator.run.pool.loop.Pool` itself on a simulated backend and
+  a virtual clock (`orchestrator.run.simulated`), admitting trials by their estimate, with
   the estimate never refined;
 - bytes, learning: the same, refining the estimate from each finished trial (`footprint`) as
   `run` does;
@@ -24,8 +24,8 @@ not fit runs out of memory then, and the time until then is lost.
     python benchmarks/bench_pool.py --seeds 3      # quicker
 
 With `--placement` it measures placement instead: the time to finish a study on 2 and on 8 GPUs
-of mixed sizes, spread first (`orchestrator.run.placement`, as `run` does) against first fit,
-with trials on one GPU sharing its compute (`busy_fraction` of `orchestrator.run.simulated_backend`:
+of mixed sizes, spread first (`orchestrator.run.pool.placement`, as `run` does) against first fit,
+with trials on one GPU sharing its compute (`busy_fraction` of `orchestrator.run.simulated`:
 what part of the GPU a trial alone keeps busy), for studies smaller and larger than the GPUs hold.
 
     python benchmarks/bench_pool.py --placement --seeds 5
@@ -49,9 +49,9 @@ from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
 from orchestrator.planning.hardware_budget import HardwareBudget
 from orchestrator.planning.planner import GpuPlan, plan_node
-from orchestrator.run.placement import Policy
-from orchestrator.run.pool import Pool
-from orchestrator.run.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
+from orchestrator.run.pool.loop import Pool
+from orchestrator.run.pool.placement import Policy
+from orchestrator.run.simulated import SimTrial, SimulatedStudy, SimulatedTrials
 
 GPU_MB = 24576
 ALLOCATE_AFTER_S = 5.0  # a trial takes its memory early: model and first batch

@@ -48,7 +48,7 @@ def fill(url: str, study_name: str, total: int) -> None:
     import optuna
     import sqlalchemy as sa
 
-    from orchestrator.record.records import list_trial_vram, trial_vram
+    from orchestrator.record.store.records import list_trial_vram, trial_vram
 
     study = optuna.load_study(study_name=study_name, storage=url)
     seeds = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]

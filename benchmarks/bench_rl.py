@@ -146,7 +146,8 @@ def run_ours(
 ) -> Curve:
     import torch
 
-    from adapters import _rl, dqn, ppo
+    from adapters import dqn, ppo
+    from adapters._rl import frame as _rl
 
     module = dqn if algo == "dqn" else ppo
     config = replace(default_config(algo), **overrides)
@@ -246,7 +247,7 @@ def run_sb3(algo: str, env_id: str, seed: int, args: argparse.Namespace, zoo: bo
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
-    from adapters import _rl
+    from adapters._rl import frame as _rl
 
     clock = Clock()  # from before the environments and the model, as ours
     n_envs = 1 if zoo and algo == "dqn" else default_config(algo).num_envs
@@ -434,7 +435,7 @@ def trading_training(algo: str, task: Any, num_envs: int, steps: int) -> tuple[f
 
 
 def run_trading(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
-    from adapters import _rl
+    from adapters._rl import frame as _rl
 
     task = _rl.load_task({"env": "trading", "seed": 0})
     samples: dict[str, dict[int, list[float]]] = {}
@@ -543,7 +544,7 @@ def profile_parts(algo: str, args: argparse.Namespace) -> list[str]:
 
     import torch
 
-    from adapters import _rl
+    from adapters._rl import frame as _rl
     from adapters.envs import GymVecEnv
 
     module = importlib.import_module(f"adapters.{algo}")

@@ -287,7 +287,8 @@ def time_per_trial(
 
     def one_trial(new_sampler: bool = False, forget: bool = False) -> float:
         if forget and sampler == "pso":
-            from samplers import _gp, _history, _pso
+            from samplers import _history, _pso
+            from samplers._model import gp as _gp
 
             _gp._KERNELS.clear()  # what a new process has not fitted or read yet
             _pso._HISTORY = _history.History()

@@ -1,6 +1,6 @@
 """What writing a trial's dashboard note and logging it to MLflow cost, per finished trial.
 
-A trial process calls `orchestrator.record.notes.write_trial_note` and `TrialTracker.log_trial` once
+A trial process calls `orchestrator.record.trials.notes.write_trial_note` and `TrialTracker.log_trial` once
 after `tell`; this measures one call of each on a study that already holds N finished trials with
 notes (the note writer reads every study system attribute, so its cost grows with N), on an SQLite
 file and on PostgreSQL, against `study.tell` as the yardstick. MLflow's store is an SQLite file.
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import optuna
 
-from orchestrator.record.notes import write_trial_note
-from orchestrator.record.tracking import TrialTracker
+from orchestrator.record.trials.notes import write_trial_note
+from orchestrator.record.trials.tracking import TrialTracker
 
 RESULTS = Path(__file__).resolve().parent / "results" / "trial_records.json"
 ATTRS = {

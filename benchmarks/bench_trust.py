@@ -33,7 +33,7 @@ def run_case(
     import torch
 
     import adapters
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
     from orchestrator.selection import score_selection
     from samplers import make_sampler
 

@@ -101,8 +101,8 @@ def _training(pid: int) -> bool:
 def count(url: str, result: Result) -> None:
     import optuna
 
-    from orchestrator.record.storage_url import normalize_url
-    from orchestrator.record.study import count_trials
+    from orchestrator.record.store.storage_url import normalize_url
+    from orchestrator.record.study.spec import count_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     trials = optuna.load_study(study_name="synthetic", storage=normalize_url(url)).trials
@@ -118,7 +118,7 @@ def count(url: str, result: Result) -> None:
 def wait_for_complete(url: str, number: int, timeout: float = 120) -> None:
     import sqlalchemy as sa
 
-    from orchestrator.record.storage_url import normalize_url
+    from orchestrator.record.store.storage_url import normalize_url
 
     engine = sa.create_engine(normalize_url(url))
     deadline = time.monotonic() + timeout

@@ -269,7 +269,7 @@ def _shown(path: Path) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from orchestrator.commands._args import Parser  # one line and exit status 2 on a usage error
+    from orchestrator.flags.common import Parser  # one line and exit status 2 on a usage error
 
     parser = Parser(
         prog="benchmarks/gpu_check.py",

@@ -181,7 +181,7 @@ class StudyFacts:
 
     trials: Sequence[TrialRecord]
     budget: int
-    counted: int  # orchestrator.record.study.count_trials(...).counted
+    counted: int  # orchestrator.record.study.spec.count_trials(...).counted
     max_retries: int
     run_exit: int
     event_reasons: Sequence[tuple[str, str]]  # (reason, detail) of orch_concurrency_events

@@ -174,9 +174,9 @@ def dashboard_attrs(storage: Any, study_id: int) -> tuple[dict[int, dict[str, st
 def evaluate(run, gpu, plan, rc, took, samples, context, nvml_note) -> None:
     import optuna
 
-    from orchestrator.record import records
-    from orchestrator.record.storage import create_storage
-    from orchestrator.record.study import count_trials, load_spec
+    from orchestrator.record.store import records
+    from orchestrator.record.store.storage import create_storage
+    from orchestrator.record.study.spec import count_trials, load_spec
 
     storage = create_storage(storage_url(run))
     try:

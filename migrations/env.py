@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from orchestrator.record.records import VERSION_TABLE, include_object, metadata
+from orchestrator.record.store.records import VERSION_TABLE, include_object, metadata
 
 config = context.config
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.api_checks import check_arguments
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
-from orchestrator.record.study import StudySpec
+from orchestrator.record.study.spec import StudySpec
 
 if TYPE_CHECKING:
     import optuna
@@ -66,7 +66,7 @@ def optimize(
     "batch_size" from (log scale), drawn before it runs so the trial is admitted by its bytes.
     `epochs`: the pruners' resource, when the objective reports once per epoch. `directions` (one per value the objective returns) makes a study of several
     objectives; `objectives` names them and may add "vram_peak_mb" and "seconds", which every
-    trial measures (orchestrator.record.objectives). `sampler` and `pruner` are names or Optuna
+    trial measures (orchestrator.record.study.objectives). `sampler` and `pruner` are names or Optuna
     objects; `callbacks` are called as `callback(study, frozen_trial)` here for every trial
     that finishes. The objective's first error is raised here unless it is one of `catch`
     (orchestrator.first_failures). `host`: `run`'s flags about this host by their Python
@@ -128,7 +128,7 @@ def _objectives(
     metric: str,
     direction: str,
 ) -> tuple[list[str], list[str]]:
-    from orchestrator.record.objectives import check_directions, parse_names, plan_objectives
+    from orchestrator.record.study.objectives import check_directions, parse_names, plan_objectives
 
     if isinstance(directions, str) or (directions is not None and not list(directions)):
         raise ValueError(f"directions={directions!r}: give a list, as in ['maximize', 'minimize']")
@@ -142,8 +142,8 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     """The spec's sampler and pruner fields: a name, or an Optuna object pickled with its class."""
     import optuna
 
-    from orchestrator.record.optuna_objects import pickled, sampler_label
-    from orchestrator.record.study import PRUNERS
+    from orchestrator.record.store.optuna_objects import pickled, sampler_label
+    from orchestrator.record.study.spec import PRUNERS
 
     fields: dict[str, Any] = {"sampler": sampler, "pruner": pruner}
     if isinstance(sampler, optuna.samplers.BaseSampler):
@@ -162,7 +162,7 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
 def _with_checkpoints(spec: StudySpec, host: dict[str, Any]) -> StudySpec:
     """The spec with `checkpoint_every` and `artifacts`, when given among the keyword
     arguments (docs/checkpoints.md: an objective of three arguments gets the trial's handle)."""
-    from orchestrator.record.checkpoints import location_problem
+    from orchestrator.record.checkpoints.files import location_problem
 
     every = host.pop("checkpoint_every", spec.checkpoint_every)
     artifacts = host.pop("artifacts", spec.artifacts)
@@ -179,7 +179,7 @@ def check_spec(spec: StudySpec) -> None:
     sampler for this many objectives, the pruner, and settings that must be stored as JSON."""
     import json
 
-    from orchestrator.record.study import pruner_for
+    from orchestrator.record.study.spec import pruner_for
     from samplers import make_sampler
 
     if spec.sampler_pickle is None:
@@ -251,7 +251,7 @@ def _run(
         check_storage_for_workers,
     )
     from orchestrator.launch import execute, open_for_trials
-    from orchestrator.record.storage_url import parse_url, resolve_storage_url
+    from orchestrator.record.store.storage_url import parse_url, resolve_storage_url
 
     spec = _with_checkpoints(spec, host)
     check_host({"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(HostOptions)))
@@ -298,14 +298,14 @@ def _resume(storage: Any, name: str, spec: Any) -> tuple[Any, Any]:
     """The study to resume (None: a new one) and the spec to store, once an existing study of
     that name is checked to tune the same objective (its budget becomes `n_trials`, as
     `run --trials` does), or, made by plain Optuna, to have the same directions and search
-    space (orchestrator.record.adoption)."""
+    space (orchestrator.record.study.adoption)."""
     import contextlib
 
     import optuna
 
     from orchestrator.errors import UserError
-    from orchestrator.record.adoption import adoption_problem
-    from orchestrator.record.study import load_spec
+    from orchestrator.record.study.adoption import adoption_problem
+    from orchestrator.record.study.spec import load_spec
 
     existing = None
     with contextlib.suppress(KeyError):
@@ -336,8 +336,8 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     is not refused because of it."""
     import optuna
 
-    from orchestrator.record.settings_attrs import show_settings
-    from orchestrator.record.study import save_spec, set_metric_names
+    from orchestrator.record.study.settings_attrs import show_settings
+    from orchestrator.record.study.spec import save_spec, set_metric_names
 
     if existing is not None:
         save_spec(existing, spec)

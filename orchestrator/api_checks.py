@@ -64,7 +64,7 @@ def check_arguments(
     catch: Any,
 ) -> tuple[type[BaseException], ...]:
     """Every argument of `optimize` that can be wrong on its own; the `catch` classes as a tuple."""
-    from orchestrator.record.study_names import name_problem
+    from orchestrator.record.study.names import name_problem
 
     whole("n_trials", n_trials, low=1)
     whole("epochs", epochs, low=1)

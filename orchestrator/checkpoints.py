@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.record.checkpoints import Checkpoint, latest, study_location, where
+from orchestrator.record.checkpoints.files import Checkpoint, latest, study_location, where
 
 if TYPE_CHECKING:
     import optuna

@@ -21,8 +21,8 @@ from orchestrator.commands import (
     status,
     worker,
 )
-from orchestrator.commands._args import Parser
 from orchestrator.errors import UserError
+from orchestrator.flags.common import Parser
 from orchestrator.interrupts import Terminated, say
 
 if TYPE_CHECKING:
@@ -82,8 +82,8 @@ def package_version() -> str:
 
 def remember_secrets(argv: list[str]) -> None:
     """Every password on the command line or in $ORCHESTRATOR_STORAGE is hidden from then on."""
-    from orchestrator.record.passwords import protect_output, remember_secret
-    from orchestrator.record.storage_url import STORAGE_ENV
+    from orchestrator.record.store.passwords import protect_output, remember_secret
+    from orchestrator.record.store.storage_url import STORAGE_ENV
 
     for token in [*argv, os.environ.get(STORAGE_ENV, "")]:
         remember_secret(token)
@@ -92,8 +92,8 @@ def remember_secrets(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.config_file import apply_config
-    from orchestrator.record.passwords import redact
+    from orchestrator.flags.config_file import apply_config
+    from orchestrator.record.store.passwords import redact
 
     argv = sys.argv[1:] if argv is None else list(argv)
     remember_secrets(argv)
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # a usage error (said in one line) or --help: its status
         return stop.code if isinstance(stop.code, int) else 2
-    from orchestrator.record.outage_state import note_command
-    from orchestrator.record.storage_failures import storage_failure
+    from orchestrator.record.outages.state import note_command
+    from orchestrator.record.store.storage_failures import storage_failure
 
     note_command(argv)
     try:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
-from orchestrator.record import attr_names as names
+from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
@@ -142,7 +142,7 @@ class StopWhenFirstTrialsFail:
 
 def watch_first_trials(study: optuna.Study | None, spec: Any, name: str) -> StopWhenFirstTrialsFail:
     """The watch for `run` and `worker`: three first trials, or as many as the budget has left."""
-    from orchestrator.record.study import count_trials
+    from orchestrator.record.study.spec import count_trials
 
     done = count_trials(study.get_trials(deepcopy=False)).counted if study is not None else 0
     return StopWhenFirstTrialsFail(name, min(FIRST_TRIALS, spec.trials - done))

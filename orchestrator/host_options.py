@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, fields
 
 from orchestrator.errors import UserError
-from orchestrator.record.outage import DEFAULT_RETRY_SECONDS
-from orchestrator.run.stopping import Stop
-from orchestrator.run.trial_context import Recycling
+from orchestrator.record.outages.riding import DEFAULT_RETRY_SECONDS
+from orchestrator.run.pool.stopping import Stop
+from orchestrator.run.trial.context import Recycling
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class HostOptions:
 
     def recycling(self) -> Recycling:
         """When a warm trial process makes way for a fresh one."""
-        from orchestrator.run.trial_context import Recycling
+        from orchestrator.run.trial.context import Recycling
 
         after = 1 if self.fresh_process else self.recycle_after
         return Recycling(
@@ -58,7 +58,7 @@ class HostOptions:
 
     def log_dir_for(self, url: str) -> str:
         """Where trials' logs go: --log-dir, else beside the study's SQLite file or here."""
-        from orchestrator.record.trial_logs import default_log_dir
+        from orchestrator.record.trials.logs import default_log_dir
 
         return str(self.log_dir) if self.log_dir else str(default_log_dir(url))
 
@@ -75,7 +75,7 @@ _DEFAULTS = HostOptions()
 
 
 def add_gpus_argument(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.commands._args import user_checked
+    from orchestrator.flags.common import user_checked
     from orchestrator.gpu import check_gpu_spec
 
     parser.add_argument(
@@ -89,7 +89,7 @@ def add_gpus_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_concurrency_argument(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.commands._args import whole_number
+    from orchestrator.flags.common import whole_number
 
     parser.add_argument(
         "--concurrency",
@@ -112,7 +112,7 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.commands._args import number
+    from orchestrator.flags.common import number
 
     parser.add_argument(
         "--timeout",
@@ -146,7 +146,7 @@ def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.commands._args import number, whole_number
+    from orchestrator.flags.common import number, whole_number
 
     parser.add_argument(
         "--sim-memory-scale",
@@ -194,8 +194,8 @@ def check_host_options(options: HostOptions) -> None:
     lines keep the same promise for HostOptions built in Python. The GPUs named must exist."""
     from orchestrator.gpu import check_gpus_exist
     from orchestrator.planning.workloads import WORKLOADS_ENV, load_workload_classes
-    from orchestrator.record.outage import set_retry_seconds
-    from orchestrator.record.storage import heartbeat_settings
+    from orchestrator.record.outages.riding import set_retry_seconds
+    from orchestrator.record.store.storage import heartbeat_settings
 
     problems = host_option_problems(options)
     if problems:
@@ -330,7 +330,7 @@ def check_log_dir(log_dir: str) -> None:
 
 def check_storage_for_workers(url: str) -> None:
     """Trial processes open the storage themselves: an in-memory database cannot be shared."""
-    from orchestrator.record.storage_url import is_sqlite, sqlite_path
+    from orchestrator.record.store.storage_url import is_sqlite, sqlite_path
 
     if is_sqlite(url) and sqlite_path(url) is None:
         raise UserError(

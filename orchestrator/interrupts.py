@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM while a command starts or ends: one line and the shell's status, no traceback.
 
-While the pool runs it handles both signals itself (run/pool_signals): running trials finish or
+While the pool runs it handles both signals itself (run/pool/signals): running trials finish or
 are re-queued, and the command exits 130 for Ctrl-C and 143 for SIGTERM, as a shell reports a
 process stopped by either. Before that (Python importing torch and Optuna, the storage opening,
 the plan) and after it, nothing is half done that a stop could spoil: the command says

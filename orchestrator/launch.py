@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import optuna
 
     from orchestrator.host_options import HostOptions
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
     from orchestrator.result import Outcome
     from orchestrator.selection import Selection
 
@@ -86,12 +86,12 @@ def run_pool(
     callbacks: Sequence[Callable[..., None]] = (),
 ) -> Outcome:
     """Run the study's trials on this host's planned GPUs until its budget is used (`spare`:
-    trial processes prestarted by `orchestrator.run.processes.prestart`; `callbacks`: called as
+    trial processes prestarted by `orchestrator.run.pool.processes.prestart`; `callbacks`: called as
     `callback(study, frozen_trial)` for each trial that finishes meanwhile)."""
-    from orchestrator.record.study import set_metric_names
+    from orchestrator.record.study.spec import set_metric_names
     from orchestrator.result import outcome_of
-    from orchestrator.run.pool import Pool
-    from orchestrator.run.trial_endings import TrialsCannotStart
+    from orchestrator.run.pool.loop import Pool
+    from orchestrator.run.pool.trial_endings import TrialsCannotStart
 
     adapter = resolve_adapter(spec)
     metric = metric_name(adapter, spec.options)
@@ -203,7 +203,7 @@ def _refine_memory_models(
 
 
 def _prepare_tracking(spec: StudySpec, study_name: str, metric: str) -> None:
-    from orchestrator.record.tracking import tracker_for
+    from orchestrator.record.trials.tracking import tracker_for
 
     tracker = tracker_for(spec, study_name, metric=metric)
     if tracker is not None:
@@ -279,7 +279,7 @@ def plan_and_run(
     print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=options.json)
     if not outcome.interrupted:
         return 0
-    from orchestrator.run import pool_signals
+    from orchestrator.run.pool import signals as pool_signals
 
     return 128 + (pool_signals.first_signal or signal.SIGINT)  # 130 for Ctrl-C, 143 for SIGTERM
 
@@ -297,7 +297,7 @@ def execute(
 ) -> Outcome:
     """Plan this host, open the study once the plan fits, store the outcomes this host's last
     run kept on disk while the database was away, run the pools: the outcome."""
-    from orchestrator.record.spool import deliver_kept
+    from orchestrator.record.spool.spool import deliver_kept
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
         host = plan_host(url=url, adapter=adapter, spec=spec, options=options, sim_dir=sim_dir)
@@ -319,7 +319,7 @@ def _progress(options: HostOptions) -> Any:
     if not options.shows_progress:
         return None
     try:
-        from orchestrator.run.progress import make_progress
+        from orchestrator.run.pool.progress import make_progress
     except ImportError:
         return None
     return make_progress(quiet=options.quiet, verbose=options.verbose)
@@ -329,9 +329,9 @@ def open_for_trials(url: str, *, uses_torch: bool = True) -> tuple[list[Any], An
     """What `run`, `worker` and `optimize` do once every input is checked: start the trial
     processes' imports (`prestart`: they overlap what follows), then open the study's storage,
     migrating it, with heartbeats on. The prestarted processes and the storage."""
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.retry import stale_trial_callback
-    from orchestrator.run.processes import prestart
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.trials.retry import stale_trial_callback
+    from orchestrator.run.pool.processes import prestart
 
     spare = prestart(1, uses_torch=uses_torch)
     storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
@@ -340,7 +340,7 @@ def open_for_trials(url: str, *, uses_torch: bool = True) -> tuple[list[Any], An
 
 def configure(options: HostOptions) -> None:
     """Logging as the flags ask, and stdout kept for the result (`orchestrator.result`)."""
-    from orchestrator.commands._args import configure_logging
+    from orchestrator.flags.common import configure_logging
     from orchestrator.result import keep_stdout_for_the_result
 
     keep_stdout_for_the_result()

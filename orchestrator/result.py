@@ -11,13 +11,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from orchestrator.record import attr_names as names
+from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
 
-    from orchestrator.record.final_scores import FinalScores
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.final_scores import FinalScores
+    from orchestrator.record.study.spec import StudySpec
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ class Outcome:
 
 def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Outcome:
     """The study as it stands once this host's pool has stopped."""
-    from orchestrator.record.best_trial import best_of_study, directions_of, pareto_front
-    from orchestrator.record.study import count_trials
+    from orchestrator.record.study.spec import count_trials
+    from orchestrator.record.trials.best import best_of_study, directions_of, pareto_front
 
     trials = study.get_trials(deepcopy=False)
     best = best_of_study(study)
@@ -124,7 +124,7 @@ _RESULT: list[TextIO] = []  # the stream the result is printed to (see keep_stdo
 
 def keep_stdout_for_the_result() -> None:
     """From here on stdout holds the result alone; other writes to it go to stderr (once a process)."""
-    from orchestrator.record.trial_logs import reserve_stdout
+    from orchestrator.record.trials.logs import reserve_stdout
 
     if not _RESULT:
         stream = reserve_stdout()

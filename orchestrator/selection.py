@@ -11,7 +11,7 @@ quoted on. At the end of a study (`run --confirm K`, and `best --confirm K` any 
 3. the adapter's baselines are scored on the same validation and test parts.
 
 With K = 0 only steps 2 and 3 run, with the study's own seed. An adapter without a test part or
-baselines gives what it has. The result is stored with the study (`record/final_scores`).
+baselines gives what it has. The result is stored with the study (`record/study/final_scores`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record.final_scores import Confirmed, FinalScores
+from orchestrator.record.study.final_scores import Confirmed, FinalScores
 
 if TYPE_CHECKING:
     import optuna
     import torch
     from optuna.trial import FrozenTrial
 
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +80,8 @@ def finish_study(
     """Score the study's selection (when the adapter has anything to score) and store it with the
     study, and in its optuna-dashboard note; None when nothing was scored. `reuse`: scores stored
     for the same selection are kept instead (`run` on a study whose budget was used already)."""
-    from orchestrator.record.final_scores import save_final_scores
-    from orchestrator.record.study_note import write_study_note
+    from orchestrator.record.study.final_scores import save_final_scores
+    from orchestrator.record.study.note import write_study_note
     from orchestrator.show.final_scores_text import final_scores_markdown
 
     if len(spec.all_directions) > 1 or not scores_anything(adapter, selection):
@@ -213,7 +213,7 @@ def confirm(
 def _still_current(study: optuna.Study, spec: StudySpec, selection: Selection) -> Any:
     """The stored scores, when no trial has completed since they were scored and they answer
     what is asked now (no confirmation, or the same one)."""
-    from orchestrator.record.final_scores import final_scores_of
+    from orchestrator.record.study.final_scores import final_scores_of
 
     stored = final_scores_of(study.user_attrs)
     if stored is None:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from optuna.trial import TrialState
 
-from orchestrator.record.attr_names import OOM
-from orchestrator.record.optuna_private import trial_id_of
+from orchestrator.record.store.optuna_private import trial_id_of
+from orchestrator.record.trials.attr_names import OOM
 from samplers._space import to_unit
 
 if TYPE_CHECKING:

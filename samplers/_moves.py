@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from optuna.distributions import BaseDistribution, CategoricalDistribution
 
-from orchestrator.record.attr_names import BATCH_SIZE
+from orchestrator.record.trials.attr_names import BATCH_SIZE
 from samplers._history import Record, SwarmView
 from samplers._leaders import Archive, archive, leader, personal_best
 from samplers._lhs import design_point, name_key, start_size

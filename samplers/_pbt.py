@@ -22,8 +22,8 @@ from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from orchestrator.record import lineage as names
-from orchestrator.record.optuna_private import storage_of, study_id_of, trial_id_of
+from orchestrator.record.checkpoints import lineage as names
+from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
 from samplers._lhs import lhs_point
 from samplers._pbt_rules import (
     KEEP,
@@ -234,7 +234,7 @@ class PBTSampler(BaseSampler):
     def _settings(self, study: Study) -> Settings:
         epochs = self._epochs
         if epochs is None:
-            from orchestrator.record.study import load_spec
+            from orchestrator.record.study.spec import load_spec
 
             spec = load_spec(study)
             if spec is None:

@@ -20,7 +20,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from orchestrator.record.optuna_private import (
+from orchestrator.record.store.optuna_private import (
     process_constraints_after_trial,
     storage_of,
     study_id_of,
@@ -207,8 +207,8 @@ class PSOSampler(BaseSampler):
         if trial.number >= start_size(len(names)):
             # The model's modules (and scipy's solvers, 0.3 s to import) load at the first
             # screened move: a short study, or a trial of the start, never needs them.
-            from samplers._front_screen import front_move
-            from samplers._screen import screened_move
+            from samplers._model.front_screen import front_move
+            from samplers._model.screen import screened_move
 
             move = front_move if view.several else screened_move
             with _one_blas_thread():

@@ -10,7 +10,7 @@ import optuna
 import pytest
 import torch
 
-from adapters import _rl
+from adapters._rl import frame as _rl
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN
 from orchestrator.errors import UserError
 from orchestrator.planning.hardware_budget import HardwareBudget

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import torch
 
-from adapters import _rl, _rl_checkpoint, dqn, ppo, tft
+from adapters import dqn, ppo, tft
+from adapters._rl import checkpoint as _rl_checkpoint
+from adapters._rl import frame as _rl
 from adapters.base import parse_options
-from orchestrator.record import checkpoints as stored
+from orchestrator.record.checkpoints import files as stored
 
 CPU = torch.device("cpu")
 STEPS = 256  # environment steps an epoch: a second or so on a CPU

@@ -15,7 +15,7 @@ from orchestrator.planning.footprint import (
     observe_oom,
     observe_peak,
 )
-from orchestrator.run.admission import (
+from orchestrator.run.pool.admission import (
     PASS_OVER_LIMIT,
     RECOVERY_TRIALS,
     Budget,

@@ -11,9 +11,9 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from orchestrator.record import records
-from orchestrator.record.storage_url import normalize_url
-from orchestrator.record.study import count_trials
+from orchestrator.record.store import records
+from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.study.spec import count_trials
 from tests.cli_helpers import run_cli
 
 SIM_2GB = "Simulated GPU 1.95 GB"

@@ -9,9 +9,9 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 import orchestrator
-from orchestrator.record import records
-from orchestrator.record.storage_url import normalize_url
-from orchestrator.record.study import load_spec
+from orchestrator.record.store import records
+from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.study.spec import load_spec
 from tests.api_objective import objective
 
 

@@ -9,7 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 import orchestrator
-from orchestrator.record.storage_url import normalize_url
+from orchestrator.record.store.storage_url import normalize_url
 from tests import api_failing
 
 FAST = {"gpus": "sim:24576", "pruner": "none", "concurrency": 1}

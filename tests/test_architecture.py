@@ -246,7 +246,7 @@ def test_every_excuse_still_excuses_a_break() -> None:
 
 def test_the_layer_rule_reads_names_as_meant() -> None:
     assert layer_of("orchestrator.gpu.nvml") == "base"
-    assert layer_of("orchestrator.record.storage") == "record"
+    assert layer_of("orchestrator.record.store.storage") == "record"
     assert layer_of("orchestrator.commands.run") == "top"
     assert layer_of("orchestrator.cli") == "top"
     assert layer_of("samplers._pso") == "plugin"
@@ -258,7 +258,7 @@ def test_the_layer_rule_reads_names_as_meant() -> None:
 
 _TREE = {
     "orchestrator/__init__.py": '"""Top."""\n',
-    "orchestrator/cli.py": '"""Entry."""\nimport orchestrator.run.pool\nimport orchestrator.show.views\n',
+    "orchestrator/cli.py": '"""Entry."""\nimport orchestrator.run.pool.loop\nimport orchestrator.show.views\n',
     "orchestrator/errors.py": '"""Base."""\n',
     "orchestrator/gpu/__init__.py": '"""Base."""\nfrom orchestrator import errors\n',
     "orchestrator/record/__init__.py": '"""Record."""\n',
@@ -266,7 +266,7 @@ _TREE = {
     "orchestrator/planning/__init__.py": '"""Planning."""\n',
     "orchestrator/planning/plan.py": '"""Planning."""\nimport adapters.base\n',
     "orchestrator/run/__init__.py": '"""Run."""\n',
-    "orchestrator/run/pool.py": '"""Run."""\nfrom orchestrator.planning import plan\n',
+    "orchestrator/run/pool/loop.py": '"""Run."""\nfrom orchestrator.planning import plan\n',
     "orchestrator/show/__init__.py": '"""Show."""\n',
     "orchestrator/show/views.py": '"""Show."""\nfrom ..record import store\n',
     "orchestrator/deploy/__init__.py": '"""Deploy."""\n',
@@ -304,7 +304,7 @@ PLANTED = {
     "run -> deploy": ("orchestrator/run/loop.py", "import orchestrator.deploy.kube"),
     "deploy -> run": ("orchestrator/deploy/helm.py", "from ..run import pool"),
     "run -> top": ("orchestrator/run/loop.py", "from orchestrator import cli"),
-    "planning -> run": ("orchestrator/planning/fit.py", "import orchestrator.run.pool"),
+    "planning -> run": ("orchestrator/planning/fit.py", "import orchestrator.run.pool.loop"),
     "planning -> deploy": ("orchestrator/planning/fit.py", "import orchestrator.deploy"),
     "record -> planning": ("orchestrator/record/spec.py", "from orchestrator.planning import plan"),
     "record -> adapters": ("orchestrator/record/spec.py", "import adapters.base"),
@@ -312,8 +312,11 @@ PLANTED = {
     "base -> record": ("orchestrator/gpu/sim.py", "from orchestrator.record import store"),
     "base -> adapters": ("orchestrator/gpu/sim.py", "import adapters"),
     "adapters -> planning": ("adapters/dqn.py", "from orchestrator.planning import plan"),
-    "samplers -> run": ("samplers/_pso.py", "import orchestrator.run.pool"),
-    "a lazy import": ("orchestrator/show/chart.py", "def f():\n    import orchestrator.run.pool"),
+    "samplers -> run": ("samplers/_pso.py", "import orchestrator.run.pool.loop"),
+    "a lazy import": (
+        "orchestrator/show/chart.py",
+        "def f():\n    import orchestrator.run.pool.loop",
+    ),
     "importlib.import_module": (
         "orchestrator/show/chart.py",
         "import importlib\nimportlib.import_module('orchestrator.planning.plan')",
@@ -322,7 +325,7 @@ PLANTED = {
         "orchestrator/record/spec.py",
         "from importlib import import_module\nimport_module('adapters.base')",
     ),
-    "__import__": ("orchestrator/record/spec.py", "__import__('orchestrator.run.pool')"),
+    "__import__": ("orchestrator/record/spec.py", "__import__('orchestrator.run.pool.loop')"),
 }
 
 
@@ -336,7 +339,7 @@ def test_a_planted_import_against_the_layers_fails(tmp_path: Path, arrow: str) -
 
 
 def test_an_import_for_annotations_only_is_not_an_arrow(tmp_path: Path) -> None:
-    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import orchestrator.run.pool\n"
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import orchestrator.run.pool.loop\n"
     root = _tree(tmp_path, {"orchestrator/show/chart.py": f'"""Planted."""\n{code}'})
     assert not layer_breaks(import_graph(root))
 

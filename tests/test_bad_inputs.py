@@ -17,7 +17,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.planning.workloads import WORKLOADS_ENV
-from orchestrator.record.outage import RETRY_ENV
+from orchestrator.record.outages.riding import RETRY_ENV
 from tests.bad_input_cases import CASES, row
 from tests.cli_helpers import cli_env
 
@@ -69,7 +69,7 @@ def _files(folder: Path) -> set[str]:
 def isolated_environment(monkeypatch):
     # `run` starts a spare trial process before it opens the storage; in this one test process
     # each failing run would leave one until the end (real processes: bad_input_cases.py).
-    monkeypatch.setattr("orchestrator.run.processes.prestart", lambda count=1, **_: [])
+    monkeypatch.setattr("orchestrator.run.pool.processes.prestart", lambda count=1, **_: [])
     # Flags that reach trial processes through the environment must not leak between cases.
     for name in (RETRY_ENV, WORKLOADS_ENV, "ORCHESTRATOR_STORAGE"):
         monkeypatch.delenv(name, raising=False)

@@ -9,10 +9,10 @@ import optuna
 from adapters.base import MemoryModel
 from orchestrator.gpu.sim import SimProbe, make_sim_devices
 from orchestrator.planning.planner import plan_node
-from orchestrator.record import records
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.study import StudySpec, save_spec
-from orchestrator.run.pool import Pool
+from orchestrator.record.store import records
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.study.spec import StudySpec, save_spec
+from orchestrator.run.pool.loop import Pool
 
 
 def test_a_batch_of_2048_allowed_by_the_plan_reaches_the_trial_unclamped(tmp_path, sqlite_url):

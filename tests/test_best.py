@@ -65,7 +65,7 @@ def test_best_without_a_completed_trial_says_so(sqlite_url, capsys):
 def test_the_best_trial_follows_the_direction_and_skips_what_is_not_a_value():
     from optuna.trial import TrialState, create_trial
 
-    from orchestrator.record.best_trial import pick_best
+    from orchestrator.record.trials.best import pick_best
 
     trials = [create_trial(value=v) for v in (3.0, 1.0, 1.0, 7.0, 0.0)]
     trials[4].values = [float("nan")]  # create_trial refuses NaN; the rule skips one anyway
@@ -81,7 +81,7 @@ def test_the_best_trial_follows_the_direction_and_skips_what_is_not_a_value():
 def test_a_study_s_best_trial_is_none_before_a_completed_one_and_with_several_objectives():
     import optuna
 
-    from orchestrator.record.best_trial import best_of_study
+    from orchestrator.record.trials.best import best_of_study
 
     study = optuna.create_study(direction="maximize")
     assert best_of_study(study) is None

@@ -5,7 +5,13 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState, create_trial
 
-from orchestrator.record.study import BudgetCount, StudySpec, count_trials, load_spec, save_spec
+from orchestrator.record.study.spec import (
+    BudgetCount,
+    StudySpec,
+    count_trials,
+    load_spec,
+    save_spec,
+)
 
 
 def _trial(number, state, **system_attrs):

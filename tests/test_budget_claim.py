@@ -12,12 +12,13 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState, create_trial
 
-from orchestrator.record import budget_claim, budget_section
-from orchestrator.record.budget_claim import ask_within_budget, claim_trial
-from orchestrator.record.locks import lock_key
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.storage import create_storage
-from orchestrator.record.trial_counts import stored_count
+from orchestrator.record.budget import claim as budget_claim
+from orchestrator.record.budget import section as budget_section
+from orchestrator.record.budget.claim import ask_within_budget, claim_trial
+from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.store.locks import lock_key
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.store.storage import create_storage
 
 
 def _query(url: str, sql: str, **params: object) -> list[tuple]:

@@ -8,10 +8,10 @@ import optuna
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from orchestrator.record.locks import under_budget_lock
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.storage import create_storage
-from orchestrator.record.trial_counts import stored_count
+from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.store.locks import under_budget_lock
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.store.storage import create_storage
 
 BUDGET = 24
 

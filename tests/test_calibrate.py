@@ -27,7 +27,7 @@ from orchestrator.planning.memory import (
     measured_models,
     save_learnt_model,
 )
-from orchestrator.record.records import MeasuredMemoryModel, now
+from orchestrator.record.store.records import MeasuredMemoryModel, now
 
 if TYPE_CHECKING:
     import torch
@@ -145,8 +145,12 @@ def test_planning_reads_no_storage_that_is_not_there(tmp_path) -> None:
 
 
 def test_finished_trials_refine_the_stored_model(sqlite_url) -> None:
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.records import load_memory_model, record_trial_vram, save_memory_model
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.store.records import (
+        load_memory_model,
+        record_trial_vram,
+        save_memory_model,
+    )
 
     engine = open_storage(sqlite_url).engine
     save_memory_model(

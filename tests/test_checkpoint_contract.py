@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from orchestrator import checkpoints
-from orchestrator.record import checkpoints as stored
+from orchestrator.record.checkpoints import files as stored
 from tests.cli_helpers import run_cli
 
 EPOCHS = 4
@@ -90,7 +90,7 @@ def test_a_study_keeps_only_the_best_trials_final_weights(tmp_path):
 
 
 def test_when_a_handle_saves():
-    from orchestrator.record.checkpoint_handle import CheckpointHandle
+    from orchestrator.record.checkpoints.handle import CheckpointHandle
 
     study = optuna.create_study()
     trial = study.ask()
@@ -179,7 +179,7 @@ def test_an_optimize_objective_gets_the_handle_and_a_segment_of_it_ends_at_its_e
 
 
 def test_a_re_run_drops_what_the_failed_trials_it_replaces_saved(tmp_path):
-    from orchestrator.run.trial_checkpoints import _drop_failed_source
+    from orchestrator.run.trial.checkpoints import _drop_failed_source
 
     store = stored.open_store(str(tmp_path / "ckpt"))
     study = optuna.create_study()

@@ -31,13 +31,14 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from benchmarks.bench_connection_limit import run_scenario
-from orchestrator.record import outage, outage_state
-from orchestrator.record.budget_claim import ask_within_budget
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.outage import Heartbeat
-from orchestrator.record.outage_errors import FULL, outage_kind
-from orchestrator.record.storage import create_storage
-from orchestrator.record.storage_failures import storage_failure
+from orchestrator.record.budget.claim import ask_within_budget
+from orchestrator.record.outages import riding as outage
+from orchestrator.record.outages import state as outage_state
+from orchestrator.record.outages.errors import FULL, outage_kind
+from orchestrator.record.outages.riding import Heartbeat
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.store.storage import create_storage
+from orchestrator.record.store.storage_failures import storage_failure
 from tests.pg_cluster import PgCluster
 from tests.pgbouncer import PgBouncer
 from tests.test_pgbouncer import PoolWatch
@@ -171,7 +172,7 @@ def test_a_refused_connection_is_no_outage_and_is_said_once(caplog):
         return "done"
 
     assert outage_kind(_too_many_clients()) == FULL
-    with caplog.at_level("WARNING", logger="orchestrator.record.outage"):
+    with caplog.at_level("WARNING", logger="orchestrator.record.outages.riding"):
         # A bound of 0 would give up on an outage at once: a full server is waited for.
         assert outage.ride_out(call, what="ask for a trial", bound=0, outages=state) == "done"
     lines = [r.getMessage() for r in caplog.records]

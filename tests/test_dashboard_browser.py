@@ -291,7 +291,7 @@ def test_a_port_in_use_is_one_line(sqlite_url, capsys):
 
 
 def test_listening_beyond_localhost_says_it_is_the_users_choice(sqlite_url):
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     open_storage(sqlite_url)
     port = free_port()

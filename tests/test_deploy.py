@@ -28,8 +28,8 @@ from orchestrator.deploy.kubernetes import (
 )
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import WORKLOADS_ENV, workload_class
-from orchestrator.record.storage_url import STORAGE_ENV
-from orchestrator.record.study import StudySpec
+from orchestrator.record.store.storage_url import STORAGE_ENV
+from orchestrator.record.study.spec import StudySpec
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"Job": V1Job, "Deployment": V1Deployment, "Service": V1Service}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters import _rl, dqn
+from adapters import dqn
+from adapters._rl import frame as _rl
 from tests import _rl_helpers as rl
 
 torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.record.final_scores import Confirmed, FinalScores
+from orchestrator.record.study.final_scores import Confirmed, FinalScores
 from orchestrator.result import Outcome, outcome_lines
 from orchestrator.show.final_scores_text import (
     final_score_lines,

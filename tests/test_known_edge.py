@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapters import _rl, dqn, ppo
+from adapters import dqn, ppo
+from adapters._rl import frame as _rl
 
 CPU = torch.device("cpu")
 SEEDS = (0, 1)

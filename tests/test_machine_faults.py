@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator.record.migrate import current_revision, head_revision, open_storage
+from orchestrator.record.store.migrate import current_revision, head_revision, open_storage
 from tests.cli_helpers import run_cli
 
 RUN = ("run", "synthetic", "--trials", "2", "--option", "trial_seconds=0.05", "--epochs", "1",
@@ -100,7 +100,7 @@ RACER = """
 import sys, time
 kind, url, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if kind == "ours":
-    from orchestrator.record.migrate import open_storage as opened
+    from orchestrator.record.store.migrate import open_storage as opened
 else:
     from optuna.storages import RDBStorage as opened
 while time.time() < at:  # every racer starts at one moment, imports done
@@ -135,7 +135,7 @@ def test_a_disk_that_fills_during_a_write_is_named_in_the_last_line(tmp_path):
     """SQLite's own error when the disk fills mid-run becomes the line that names the disk."""
     import sqlite3
 
-    from orchestrator.record.storage_failures import storage_failure
+    from orchestrator.record.store.storage_failures import storage_failure
 
     with small_disk(tmp_path / "disk", "200k") as disk:
         connection = sqlite3.connect(disk / "study.db")

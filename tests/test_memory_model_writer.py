@@ -9,9 +9,9 @@ from adapters.base import MemoryModel
 from orchestrator.launch import _refine_memory_models
 from orchestrator.planning.footprint import Footprint, observe_oom, observe_peak
 from orchestrator.planning.memory import learnt_model, measured_models, save_learnt_model
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.records import load_memory_model, record_trial_vram
-from orchestrator.run.stored_study import StoredStudy
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.store.records import load_memory_model, record_trial_vram
+from orchestrator.run.pool.stored_study import StoredStudy
 
 GPU = "NVIDIA L4"
 DECLARED = MemoryModel(1000.0, 10.0)

@@ -11,15 +11,15 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from orchestrator.record.migrate import (
+from orchestrator.record.store.migrate import (
     current_revision,
     head_revision,
     open_storage,
     upgrade_orchestrator_schema,
 )
-from orchestrator.record.records import TABLE_NAMES, VERSION_TABLE, include_object, metadata
-from orchestrator.record.storage import create_storage
-from orchestrator.record.storage_url import normalize_url
+from orchestrator.record.store.records import TABLE_NAMES, VERSION_TABLE, include_object, metadata
+from orchestrator.record.store.storage import create_storage
+from orchestrator.record.store.storage_url import normalize_url
 
 
 def _tables(url: str) -> set[str]:
@@ -116,7 +116,7 @@ def test_wheel_ships_the_migration_scripts(tmp_path):
 def test_reading_a_database_of_an_earlier_version_brings_our_tables_up_to_date(storage_url):
     from alembic import command
 
-    from orchestrator.record.migrate import alembic_config
+    from orchestrator.record.store.migrate import alembic_config
     from tests.cli_helpers import run_cli
 
     storage = open_storage(storage_url)

@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 import orchestrator
-from orchestrator.record.best_trial import best_of_study, pick_best
+from orchestrator.record.trials.best import best_of_study, pick_best
 from tests.cli_helpers import cli_env, run_cli, start_cli
 
 ROOT = Path(__file__).resolve().parents[1]

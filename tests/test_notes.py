@@ -22,7 +22,7 @@ from test_dashboard_browser import (
     wait_for_port,
 )
 
-from orchestrator.record.notes import save_trial_note, trial_note, write_trial_note
+from orchestrator.record.trials.notes import save_trial_note, trial_note, write_trial_note
 from tests.cli_helpers import run_cli
 
 ATTRS = {
@@ -94,7 +94,7 @@ def test_a_pruned_or_failed_trial_and_missing_records():
 
 WRITER = """
 import sys, optuna
-from orchestrator.record.notes import write_trial_note
+from orchestrator.record.trials.notes import write_trial_note
 study = optuna.load_study(study_name="notes", storage=sys.argv[1])
 for trial in study.get_trials():
     write_trial_note(study, trial, metric="loss")
@@ -102,7 +102,7 @@ for trial in study.get_trials():
 
 
 def test_notes_written_by_another_process_are_the_dashboards_notes(storage_url):
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     study = optuna.create_study(study_name="notes", storage=open_storage(storage_url))
     for i in range(3):
@@ -180,7 +180,7 @@ def test_a_note_that_cannot_be_stored_costs_a_warning_not_the_trial(
 ):
     import sqlalchemy as sa
 
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     study = optuna.create_study(study_name="notes", storage=open_storage(sqlite_url))
     study.add_trial(frozen(number=0))

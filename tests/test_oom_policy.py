@@ -6,8 +6,8 @@ import pytest
 
 from adapters.base import MemoryModel
 from orchestrator.planning.footprint import Footprint
-from orchestrator.run.admission import Budget
 from orchestrator.run.oom_policy import OomAdmitted, OomRetry, after_oom, retry_after_oom
+from orchestrator.run.pool.admission import Budget
 
 DECLARED = MemoryModel(model_overhead_mb=500.0, per_sample_mb=2.0)
 

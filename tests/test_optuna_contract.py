@@ -16,8 +16,8 @@ from test_status import run_cli
 
 import orchestrator
 from orchestrator.errors import UserError
-from orchestrator.record.objectives import plan_objectives, told
-from orchestrator.record.study import PICKLES_ATTR, SPEC_ATTR, load_spec
+from orchestrator.record.study.objectives import plan_objectives, told
+from orchestrator.record.study.spec import PICKLES_ATTR, SPEC_ATTR, load_spec
 from tests.optuna_objectives import draws_its_own_batch, quadratic, two_values
 
 QUICK = {"gpus": "none", "quiet": True}
@@ -181,8 +181,8 @@ def test_objectives_are_planned_and_told_by_one_rule():
 
 
 def test_logs_of_a_trial_that_printed_nothing_says_so(sqlite_url, tmp_path, capsys, monkeypatch):
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.notes import trial_note
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.trials.notes import trial_note
 
     monkeypatch.chdir(tmp_path)
     Path("trial-0.log").write_text("")
@@ -237,11 +237,11 @@ def test_sampler_grid_walks_the_config_file_s_grid_once(sqlite_url, tmp_path, ca
 
 
 def test_the_private_names_we_read_are_where_optuna_keeps_them(tmp_path):
-    """orchestrator.record.optuna_private against the installed Optuna: each name still says
+    """orchestrator.record.store.optuna_private against the installed Optuna: each name still says
     what it did (an upgrade that moves one fails here, not in a trial process)."""
     import importlib
 
-    from orchestrator.record import optuna_private as private
+    from orchestrator.record.store import optuna_private as private
 
     url = f"sqlite:///{tmp_path / 'private.db'}"
     study = optuna.create_study(study_name="private", storage=url)

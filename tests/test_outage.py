@@ -1,4 +1,4 @@
-"""Riding out a database outage (orchestrator.record.outage): which errors, how long, what is said.
+"""Riding out a database outage (orchestrator.record.outages.riding): which errors, how long, what is said.
 
 The decisions are tested with an injected clock and sleep (no waiting); the errors are real ones,
 from a PostgreSQL cluster of the tests' own that they stop and restart, and from SQLite files.
@@ -15,8 +15,11 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator.errors import UserError
-from orchestrator.record import outage, outage_state, stale_trials, storage_failures
-from orchestrator.record.outage_errors import CONNECTION, LOCKED, first_line, outage_kind
+from orchestrator.record.outages import riding as outage
+from orchestrator.record.outages import state as outage_state
+from orchestrator.record.outages.errors import CONNECTION, LOCKED, first_line, outage_kind
+from orchestrator.record.store import storage_failures
+from orchestrator.record.trials import stale as stale_trials
 from tests.pg_cluster import PgCluster
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -283,8 +286,8 @@ def test_a_trial_asked_for_but_never_started_is_failed_and_re_run(sqlite_url, mo
     finds it stale, so it would hold the budget for ever. It is failed and re-queued."""
     import time
 
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.retry import stale_trial_callback
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.trials.retry import stale_trial_callback
 
     monkeypatch.setattr(outage_state, "OUTAGES", outage_state.Outages())
     storage = open_storage(
@@ -323,8 +326,8 @@ def _lose_the_first_answer(monkeypatch, owner, name: str) -> dict:
 
 
 def test_an_ask_whose_answer_was_lost_makes_one_trial(sqlite_url, monkeypatch):
-    import orchestrator.record.riding_storage as riding_storage
-    from orchestrator.record.migrate import open_storage
+    import orchestrator.record.outages.storage as riding_storage
+    from orchestrator.record.store.migrate import open_storage
 
     state = outage_state.Outages(jitter=lambda: 0.01)
     monkeypatch.setattr(outage_state, "OUTAGES", state)
@@ -341,9 +344,9 @@ def test_an_ask_under_the_budget_lock_whose_answer_was_lost_makes_one_trial(
 ):
     """Under the lock the whole section is run again (a new call of the ask), and the new call
     still finds the trial the lost one made."""
-    import orchestrator.record.riding_storage as riding_storage
-    from orchestrator.record.locks import under_budget_lock
-    from orchestrator.record.migrate import open_storage
+    import orchestrator.record.outages.storage as riding_storage
+    from orchestrator.record.store.locks import under_budget_lock
+    from orchestrator.record.store.migrate import open_storage
 
     state = outage_state.Outages(jitter=lambda: 0.01)
     monkeypatch.setattr(outage_state, "OUTAGES", state)
@@ -367,8 +370,8 @@ def test_an_ask_under_the_budget_lock_lost_after_its_insert_makes_one_trial(
 ):
     """The connection goes once the trial is made but before the section ends (Optuna's ask
     reads the study for its sampler): the section run again finds the same trial."""
-    from orchestrator.record.locks import under_budget_lock
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.locks import under_budget_lock
+    from orchestrator.record.store.migrate import open_storage
 
     state = outage_state.Outages(jitter=lambda: 0.01)
     monkeypatch.setattr(outage_state, "OUTAGES", state)
@@ -391,7 +394,7 @@ def test_an_ask_under_the_budget_lock_lost_after_its_insert_makes_one_trial(
 def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
     from optuna.storages import RDBStorage
 
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     monkeypatch.setattr(outage_state, "OUTAGES", outage_state.Outages(jitter=lambda: 0.01))
     study = optuna.create_study(storage=open_storage(sqlite_url), study_name="told")

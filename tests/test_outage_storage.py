@@ -18,9 +18,11 @@ import pytest
 import sqlalchemy as sa
 from optuna.trial import TrialState
 
-from orchestrator.record import outage, outage_state, records
-from orchestrator.record.locks import under_budget_lock
-from orchestrator.record.migrate import open_storage
+from orchestrator.record.outages import riding as outage
+from orchestrator.record.outages import state as outage_state
+from orchestrator.record.store import records
+from orchestrator.record.store.locks import under_budget_lock
+from orchestrator.record.store.migrate import open_storage
 from tests.pg_cluster import PgCluster
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -202,7 +204,7 @@ def test_a_training_trial_keeps_training_and_its_reports_arrive_later(cluster, s
 def test_a_process_the_study_starts_waits_for_the_database_to_open(cluster, state):
     """A trial process started during an outage waits for the storage; a command does not."""
     from orchestrator.errors import UserError
-    from orchestrator.record.storage import create_storage
+    from orchestrator.record.store.storage import create_storage
 
     url = cluster.create_database("opening")
     cluster.stop()

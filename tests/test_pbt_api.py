@@ -5,7 +5,7 @@ from __future__ import annotations
 from optuna.trial import TrialState
 
 import orchestrator
-from orchestrator.record import lineage as names
+from orchestrator.record.checkpoints import lineage as names
 from samplers import PBTSampler
 from tests.pbt_objective import objective
 

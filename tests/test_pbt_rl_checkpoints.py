@@ -12,7 +12,8 @@ import io
 import pytest
 import torch
 
-from adapters import _rl, dqn, ppo
+from adapters import dqn, ppo
+from adapters._rl import frame as _rl
 
 CPU = torch.device("cpu")
 

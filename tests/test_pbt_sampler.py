@@ -14,8 +14,8 @@ import time
 import optuna
 import pytest
 
-from orchestrator.record import lineage as names
-from orchestrator.record.lineage import lineage_of, schedule
+from orchestrator.record.checkpoints import lineage as names
+from orchestrator.record.checkpoints.lineage import lineage_of, schedule
 from samplers import PBTSampler, make_sampler
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -136,8 +136,8 @@ def test_made_by_name_with_the_population_from_the_swarm_size():
 
 
 def test_best_gives_the_winning_lineage_and_the_report_draws_the_population():
-    from orchestrator.record.best_trial import best_lineage
-    from orchestrator.show.report_lineage import lineage_section
+    from orchestrator.record.trials.best import best_lineage
+    from orchestrator.show.report.lineage import lineage_section
 
     study = optuna.create_study(sampler=PBTSampler(population=3, interval=2, epochs=6, seed=2))
     saved: dict[int, tuple[int, float]] = {}

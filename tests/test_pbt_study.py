@@ -14,8 +14,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.record import lineage as names
-from orchestrator.record.storage_url import normalize_url
+from orchestrator.record.checkpoints import lineage as names
+from orchestrator.record.store.storage_url import normalize_url
 from tests.cli_helpers import run_cli, start_cli
 
 pytestmark = pytest.mark.postgres

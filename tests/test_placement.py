@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
 from orchestrator.planning.planner import plan_node
-from orchestrator.record.storage_url import normalize_url
-from orchestrator.run.placement import GpuLoad, Policy, place
-from orchestrator.run.pool import Pool
-from orchestrator.run.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials, speed
+from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.run.pool.loop import Pool
+from orchestrator.run.pool.placement import GpuLoad, Policy, place
+from orchestrator.run.simulated import SimTrial, SimulatedStudy, SimulatedTrials, speed
 from tests.cli_helpers import run_cli
 
 

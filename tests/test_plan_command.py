@@ -137,8 +137,8 @@ def test_user_concurrency_and_swarm_size(capsys, storage) -> None:
 
 
 def test_a_measured_model_is_used_and_named(capsys, storage) -> None:
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.records import save_memory_model
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.store.records import save_memory_model
 
     engine = open_storage(storage).engine
     save_memory_model(

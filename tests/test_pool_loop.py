@@ -1,5 +1,5 @@
 """The pool's loop itself, on simulated trials and a virtual clock: no processes, no database,
-no sleeping. The same `Pool` that `run` drives; `orchestrator.run.simulated_backend` plays the rest."""
+no sleeping. The same `Pool` that `run` drives; `orchestrator.run.simulated` plays the rest."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
 from orchestrator.planning.planner import plan_node
-from orchestrator.run.pool import Pool
-from orchestrator.run.simulated_backend import SimTrial, SimulatedStudy, SimulatedTrials
-from orchestrator.run.stopping import Step, Stop, next_step
+from orchestrator.run.pool.loop import Pool
+from orchestrator.run.pool.stopping import Step, Stop, next_step
+from orchestrator.run.simulated import SimTrial, SimulatedStudy, SimulatedTrials
 
 GPU = Device(0, "Simulated GPU", "sim-0", 10_000.0, kind="sim")
 
@@ -91,7 +91,7 @@ def test_a_second_signal_ends_the_grace_period():
 
 
 def test_a_second_signal_not_yet_taken_stops_at_once():
-    from orchestrator.run.pool_signals import StopSignals
+    from orchestrator.run.pool.signals import StopSignals
 
     signals = StopSignals()
     signals.received(2, None)
@@ -112,15 +112,16 @@ def test_a_second_signal_not_yet_taken_stops_at_once():
     ],
 )
 def test_a_trial_process_end_is_read_as_one_value(outcome, asked, end, number):
-    from orchestrator.run.trial_endings import End, ending_of
-    from orchestrator.run.trial_messages import TrialOutcome
+    from orchestrator.run.messages import TrialOutcome
+    from orchestrator.run.pool.trial_endings import End, ending_of
 
     ending = ending_of(TrialOutcome(**outcome), asked)
     assert (ending.end, ending.number) == (End[end], number)
 
 
 def test_failed_starts_in_a_row_stop_the_worker_and_an_ask_resets_them():
-    from orchestrator.run.trial_endings import (
+    from orchestrator.run.messages import TrialOutcome
+    from orchestrator.run.pool.trial_endings import (
         MAX_FAILED_STARTS,
         End,
         Ending,
@@ -128,7 +129,6 @@ def test_failed_starts_in_a_row_stop_the_worker_and_an_ask_resets_them():
         TrialsCannotStart,
         check_starts,
     )
-    from orchestrator.run.trial_messages import TrialOutcome
 
     failed, never = FailedStarts(), Ending(End.NEVER_STARTED, None)
     outcome = TrialOutcome(None, "FAIL", error="unknown adapter")
@@ -143,7 +143,7 @@ def test_failed_starts_in_a_row_stop_the_worker_and_an_ask_resets_them():
 
 def _most_starting_at_once(pool, backend) -> int:
     """Run the pool; the most trials it had started that had not asked yet, at any moment."""
-    from orchestrator.run.trial_backend import Asked
+    from orchestrator.run.backend import Asked
 
     starting, most = [0], [0]
     start, events = backend.start, backend.events

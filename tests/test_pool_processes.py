@@ -14,11 +14,11 @@ from optuna.trial import TrialState
 
 from orchestrator.gpu.sim import SimLedger, SimProbe, make_sim_devices
 from orchestrator.planning.planner import plan_node
-from orchestrator.record import records
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.storage_url import normalize_url
-from orchestrator.record.study import StudySpec, count_trials, save_spec
-from orchestrator.run.pool import Pool
+from orchestrator.record.store import records
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.study.spec import StudySpec, count_trials, save_spec
+from orchestrator.run.pool.loop import Pool
 from tests.cli_helpers import cli_env, run_cli, start_cli
 
 VRAM_ATTRS = (
@@ -371,7 +371,7 @@ def test_timeout_starts_nothing_new_and_lets_running_trials_finish(sqlite_url):
 
 
 def test_a_worker_stops_when_trial_processes_cannot_start(sqlite_url):
-    from orchestrator.run.trial_endings import TrialsCannotStart
+    from orchestrator.run.pool.trial_endings import TrialsCannotStart
 
     storage = open_storage(sqlite_url, heartbeat=True)
     study = optuna.create_study(study_name="broken", storage=storage)

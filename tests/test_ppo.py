@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from adapters import _rl, ppo
+from adapters import ppo
+from adapters._rl import frame as _rl
 from tests import _rl_helpers as rl
 
 torch.set_num_threads(1)

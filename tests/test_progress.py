@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from orchestrator.run.progress import (
+from orchestrator.run.pool.progress import (
     LiveProgress,
     LogProgress,
     QuietProgress,
@@ -15,7 +15,7 @@ from orchestrator.run.progress import (
     render,
     summary_line,
 )
-from orchestrator.run.snapshot import GpuSnapshot, PoolSnapshot
+from orchestrator.run.pool.snapshot import GpuSnapshot, PoolSnapshot
 
 
 def snapshot(
@@ -172,7 +172,7 @@ def test_log_records_print_above_the_live_panel_and_the_handler_is_restored():
         progress = make_progress(quiet=False, verbose=False, stream=out, force_terminal=True)
         progress.update(snapshot(3))
         assert handler.stream is not out  # routed through the panel's console
-        logging.getLogger("orchestrator.run.pool").warning("slots 6 -> 3 (oom)")
+        logging.getLogger("orchestrator.run.pool.loop").warning("slots 6 -> 3 (oom)")
         progress.update(snapshot(4))
         progress.close(snapshot(10))
         assert handler.stream is out
@@ -187,7 +187,7 @@ def test_no_x_slash_y_slots_that_could_be_read_two_ways():
 
     from rich.console import Console
 
-    from orchestrator.run.progress import gpu_line
+    from orchestrator.run.pool.progress import gpu_line
 
     snap = snapshot()
     texts = [summary_line(snap), *(gpu_line(gpu) for gpu in snap.gpus)]
@@ -202,7 +202,7 @@ def test_no_x_slash_y_slots_that_could_be_read_two_ways():
 def test_a_budget_of_one_trial_is_singular():
     from dataclasses import replace
 
-    from orchestrator.run.progress import final_line
+    from orchestrator.run.pool.progress import final_line
 
     one = replace(snapshot(0), budget=1)
     assert "0/1 trial ·" in summary_line(one)
@@ -224,8 +224,8 @@ def test_the_stored_front_is_worked_out_again_only_when_the_count_changes(tmp_pa
     import optuna
     from sqlalchemy import create_engine
 
-    from orchestrator.record.study import StudySpec
-    from orchestrator.run.stored_study import StoredStudy
+    from orchestrator.record.study.spec import StudySpec
+    from orchestrator.run.pool.stored_study import StoredStudy
 
     url = f"sqlite:///{tmp_path / 'front.db'}"
     study = optuna.create_study(storage=url, directions=["maximize", "minimize"])

@@ -9,7 +9,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.record.study import PRUNERS, StudySpec, patience_for, pruner_for
+from orchestrator.record.study.spec import PRUNERS, StudySpec, patience_for, pruner_for
 from tests.cli_helpers import cli_env, run_cli
 
 TESTS = Path(__file__).resolve().parent

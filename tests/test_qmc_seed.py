@@ -11,9 +11,9 @@ import optuna
 import pytest
 import sqlalchemy as sa
 
-from orchestrator.record import records
-from orchestrator.record.storage_url import normalize_url
-from orchestrator.record.study import SPEC_ATTR, StudySpec, load_spec, save_spec
+from orchestrator.record.store import records
+from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.study.spec import SPEC_ATTR, StudySpec, load_spec, save_spec
 from tests.cli_helpers import run_cli, start_cli
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

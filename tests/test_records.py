@@ -6,9 +6,9 @@ import multiprocessing as mp
 
 import sqlalchemy as sa
 
-from orchestrator.record import records
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.storage_url import normalize_url
+from orchestrator.record.store import records
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.store.storage_url import normalize_url
 
 
 def _write(url: str, limit: int) -> None:

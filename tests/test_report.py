@@ -36,7 +36,7 @@ def test_report_writes_a_page_and_pngs(storage_url, tmp_path, capsys):
     charts = ("history", "importances", "parallel", "slice", "timeline", "memory")
     for name in (*charts, "vram", "slots"):
         assert_png(out / f"{name}.png")
-    assert not (out / "contour.png").exists()  # the page's only: see orchestrator.show.report_pngs
+    assert not (out / "contour.png").exists()  # the page's only: see orchestrator.show.report.pngs
     text = assert_offline_page(out / "index.html")
     for words in (
         "Study demo",
@@ -107,8 +107,8 @@ def _row(trial: int, *, oom: bool, planned: float | None, peak: float | None, ba
 def test_an_oom_is_plotted_at_planned_mb_as_the_legend_says():
     from test_status import _detail
 
-    from orchestrator.show.chart_data import point_mb, vram_points
-    from orchestrator.show.report_charts import vram_chart
+    from orchestrator.show.report.chart_data import point_mb, vram_points
+    from orchestrator.show.report.charts import vram_chart
 
     fine = _row(0, oom=False, planned=1000.0, peak=1800.0)
     oom_with_peak = _row(1, oom=True, planned=3000.0, peak=5400.0, batch=2048)
@@ -136,7 +136,7 @@ def test_one_completed_trial_is_singular_in_the_importance_note():
 def test_the_vram_chart_hover_says_trials_at_once_in_words():
     from test_status import _detail
 
-    from orchestrator.show.report_charts import vram_chart
+    from orchestrator.show.report.charts import vram_chart
 
     rows = [_row(0, oom=False, planned=1000.0, peak=1800.0)]
     rows.append(dataclasses.replace(rows[0], trial=1, concurrency=1))

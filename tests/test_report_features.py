@@ -16,16 +16,16 @@ from test_report import assert_png
 from test_status import _detail, build_study
 from test_status import run_cli as run_in_process
 
-from orchestrator.show.chart_data import line_styles
-from orchestrator.show.report_charts import curves_chart, plotly_charts, vram_chart
-from orchestrator.show.report_parallel import MAX_AXES, axes_for, explained_share, rank_parameters
+from orchestrator.show.report.chart_data import line_styles
+from orchestrator.show.report.charts import curves_chart, plotly_charts, vram_chart
+from orchestrator.show.report.parallel import MAX_AXES, axes_for, explained_share, rank_parameters
 from orchestrator.show.views import MemoryLine, VramRow
 
 
 def curves_study(url: str) -> optuna.Study:
     """Two complete trials and two pruned ones, each with its value per epoch, made by `run`'s spec."""
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.study import StudySpec, save_spec
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.study.spec import StudySpec, save_spec
 
     study = optuna.create_study(study_name="curves", storage=open_storage(url))
     save_spec(study, StudySpec(adapter="synthetic", trials=4, epochs=4, direction="minimize"))

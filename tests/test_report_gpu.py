@@ -24,7 +24,7 @@ from optuna.trial import TrialState, create_trial
 from test_report import REPO, assert_offline_page, assert_png
 from test_status import run_cli
 
-from orchestrator.show.gpu_timeline import (
+from orchestrator.show.report.gpu_timeline import (
     CPU_ONLY_NOTE,
     Bar,
     Lane,
@@ -156,7 +156,7 @@ def test_trials_csv_has_times_and_the_page_links_each_log(ran):
 
 
 def test_several_objectives_show_their_pareto_front(sqlite_url, tmp_path, capsys):
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     study = optuna.create_study(
         study_name="two", storage=open_storage(sqlite_url), directions=["minimize", "maximize"]
@@ -183,7 +183,7 @@ def test_several_objectives_show_their_pareto_front(sqlite_url, tmp_path, capsys
 
 
 def test_a_cpu_only_study_says_why_it_has_no_vram(sqlite_url, tmp_path, capsys):
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     study = optuna.create_study(study_name="cpu", storage=open_storage(sqlite_url))
     dist = {"x": FloatDistribution(0, 1)}
@@ -220,7 +220,7 @@ def test_memory_held_adds_up_the_running_trials():
 
 
 def test_the_allowance_steps_with_the_pools_changes_and_ends_with_the_study():
-    from orchestrator.record.records import ConcurrencyEvent
+    from orchestrator.record.store.records import ConcurrencyEvent
 
     def change(s: float, to_mb: float | None, index: int = 0) -> ConcurrencyEvent:
         return ConcurrencyEvent(at=at(s), host="vm", gpu_index=index, gpu_name="L4",

@@ -12,8 +12,8 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from orchestrator.show import importance
-from orchestrator.show import report_optuna as plots
-from orchestrator.show.report_charts import gpu_charts, objective_charts
+from orchestrator.show.report import optuna_plots as plots
+from orchestrator.show.report.charts import gpu_charts, objective_charts
 from orchestrator.show.views import StudyDetail
 
 

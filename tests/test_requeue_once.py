@@ -10,8 +10,8 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from orchestrator.record.retry import requeue, retry_history
-from orchestrator.record.study import count_trials
+from orchestrator.record.study.spec import count_trials
+from orchestrator.record.trials.retry import requeue, retry_history
 
 
 def test_a_failure_is_re_queued_once_whoever_asks(tmp_path):

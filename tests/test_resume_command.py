@@ -6,7 +6,7 @@ import shlex
 
 import pytest
 
-from orchestrator.record.outage_state import resume_command
+from orchestrator.record.outages.state import resume_command
 
 URL = "postgresql://alice:s3cret-pw@db.example:5432/studies"
 

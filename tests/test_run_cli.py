@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from orchestrator.cli import main
-from orchestrator.record.records import TABLE_NAMES, VERSION_TABLE
-from orchestrator.record.storage_url import normalize_url
+from orchestrator.record.store.records import TABLE_NAMES, VERSION_TABLE
+from orchestrator.record.store.storage_url import normalize_url
 from tests.cli_helpers import run_cli
 
 FAST = (

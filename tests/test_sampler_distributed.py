@@ -30,7 +30,7 @@ def cheap_objective(trial: optuna.Trial) -> float:
 
 
 def worker(url: str, name: str, n_trials: int, bounds, swarm_size: int, label: str, start) -> None:
-    from orchestrator.record.storage import create_storage
+    from orchestrator.record.store.storage import create_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = create_storage(url)
@@ -45,7 +45,7 @@ def worker(url: str, name: str, n_trials: int, bounds, swarm_size: int, label: s
 
 
 def run_workers(url: str, name: str, jobs: list[tuple]) -> optuna.Study:
-    from orchestrator.record.storage import create_storage
+    from orchestrator.record.store.storage import create_storage
 
     if url.startswith("postgresql"):
         # This test database only: commits need not wait for the disk, which is not under test.
@@ -138,6 +138,6 @@ def test_seeded_sequence_is_the_same_on_a_database(url_fixture, request) -> None
         study.optimize(cheap_objective, n_trials=24)
         return [t.params for t in study.trials]
 
-    from orchestrator.record.storage import create_storage
+    from orchestrator.record.store.storage import create_storage
 
     assert sequence(create_storage(url)) == sequence(None)

@@ -61,7 +61,7 @@ def test_a_study_s_default_swarm_is_the_swarm_s_own_default() -> None:
     sampler's, and the stored setting must say the same."""
     import inspect
 
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
     from samplers import PSOSampler
 
     default = inspect.signature(PSOSampler).parameters["swarm_size"].default

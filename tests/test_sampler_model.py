@@ -15,7 +15,7 @@ from optuna.distributions import (
 )
 from scipy import stats
 
-from samplers._candidates import (
+from samplers._model.candidates import (
     Particle,
     Space,
     climb,
@@ -24,7 +24,7 @@ from samplers._candidates import (
     swarm_draws,
     values_at,
 )
-from samplers._gp import GaussianProcess, _loss, log_expected_improvement, squared_differences
+from samplers._model.gp import GaussianProcess, _loss, log_expected_improvement, squared_differences
 from samplers._space import clip_to_bounds, from_unit
 from samplers._swarm import SwarmCoefficients
 

@@ -115,7 +115,7 @@ def position(trial: optuna.trial.FrozenTrial, name: str) -> float:
 def test_a_small_ordered_grid_gets_a_clamp_that_crosses_its_reach(reach, grid_clamp) -> None:
     # Ten grid points: one swarm step may cross 2.5 of them (0.25 of the range), while the
     # continuous parameter keeps the 0.15 clamp.
-    from samplers._candidates import Particle, Space, swarm_draws
+    from samplers._model.candidates import Particle, Space, swarm_draws
     from samplers._swarm import SwarmCoefficients
 
     space = Space.of({"x": FloatDistribution(-1, 1), "k": IntDistribution(0, 9)})

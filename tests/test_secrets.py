@@ -105,7 +105,7 @@ def folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # `run` starts a spare trial process before it opens the storage; in this one test process
     # each failing run would leave one until the end. Real processes are tested below.
-    monkeypatch.setattr("orchestrator.run.processes.prestart", lambda count=1, **_: [])
+    monkeypatch.setattr("orchestrator.run.pool.processes.prestart", lambda count=1, **_: [])
     return tmp_path
 
 

@@ -7,9 +7,10 @@ import optuna
 import pytest
 import torch
 
-from adapters import _rl, dqn
-from orchestrator.record.final_scores import final_scores_of, save_final_scores
-from orchestrator.record.study import StudySpec
+from adapters import dqn
+from adapters._rl import frame as _rl
+from orchestrator.record.study.final_scores import final_scores_of, save_final_scores
+from orchestrator.record.study.spec import StudySpec
 from orchestrator.selection import score_selection, top_trials
 from orchestrator.show.final_scores_text import final_score_lines
 

@@ -1,6 +1,6 @@
 """A study resumed with settings that change what a trial means is refused, or updated on request.
 
-The comparison is pure (record/settings_drift.py); the command line and the Python API meet it
+The comparison is pure (record/study/drift.py); the command line and the Python API meet it
 through one check where the settings are stored, before any trial runs.
 """
 
@@ -16,9 +16,9 @@ import pytest
 
 import orchestrator
 from orchestrator.errors import UserError
-from orchestrator.record.settings_drift import UPDATES_ATTR, differences, drift_message
-from orchestrator.record.storage_url import normalize_url
-from orchestrator.record.study import StudySpec, load_spec, save_spec
+from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.study.drift import UPDATES_ATTR, differences, drift_message
+from orchestrator.record.study.spec import StudySpec, load_spec, save_spec
 from tests.api_objective import objective
 from tests.cli_helpers import run_cli
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.deploy.slurm import SIM_GPU_ENV
-from orchestrator.record.storage_url import STORAGE_ENV
+from orchestrator.record.store.storage_url import STORAGE_ENV
 from tests.cli_helpers import cli_env, run_cli
 from tests.slurm_cluster import CRED_EXPIRE, NODES, SlurmCluster
 
@@ -40,8 +40,8 @@ def make_study(
 ) -> None:
     import optuna
 
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.study import StudySpec, save_spec
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.study.spec import StudySpec, save_spec
 
     storage = open_storage(url)
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize")
@@ -86,7 +86,7 @@ def wait_until(what: str, check, timeout: float = 240.0, every: float = 0.5):
 def trial_states(url: str, study: str) -> Counter:
     import optuna
 
-    from orchestrator.record.storage import create_storage
+    from orchestrator.record.store.storage import create_storage
 
     storage = create_storage(url)
     try:
@@ -99,7 +99,7 @@ def trial_states(url: str, study: str) -> Counter:
 def worker_rows(url: str, study: str) -> list:
     import sqlalchemy as sa
 
-    from orchestrator.record.records import workers
+    from orchestrator.record.store.records import workers
 
     engine = sa.create_engine(url)
     try:
@@ -144,7 +144,7 @@ def wait_for_a_checkpoint(url: str, study: str) -> None:
     def saved() -> bool:
         import optuna
 
-        from orchestrator.record.storage import create_storage
+        from orchestrator.record.store.storage import create_storage
 
         storage = create_storage(url)
         try:
@@ -161,7 +161,7 @@ def assert_reruns_resumed(url: str, study: str, epochs: int) -> int:
     over; returns how many were."""
     import optuna
 
-    from orchestrator.record.storage import create_storage
+    from orchestrator.record.store.storage import create_storage
 
     storage = create_storage(url)
     try:

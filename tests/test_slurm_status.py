@@ -5,9 +5,9 @@ from __future__ import annotations
 import optuna
 
 from orchestrator.cli import main
-from orchestrator.record import records
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.slurm_task import SlurmTask, slurm_task_of
+from orchestrator.record.store import records
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.trials.slurm_task import SlurmTask, slurm_task_of
 
 ARRAY_TASK = {
     "SLURM_JOB_ID": "42",

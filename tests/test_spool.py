@@ -19,7 +19,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.record import spool
+from orchestrator.record.spool import spool
 from tests.cli_helpers import cli_env, start_cli
 from tests.pg_cluster import PgCluster
 

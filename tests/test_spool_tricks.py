@@ -15,9 +15,9 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from orchestrator.record import spool
-from orchestrator.record.optuna_private import storage_of, trial_id_of
-from orchestrator.record.spool_entry import checksum
+from orchestrator.record.spool import spool
+from orchestrator.record.spool.entry import checksum
+from orchestrator.record.store.optuna_private import storage_of, trial_id_of
 from tests.cli_helpers import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def test_an_entry_a_live_trial_process_holds_is_left_to_it(sqlite_url, tmp_path)
 _HOLDER = """
 import sys
 from pathlib import Path
-from orchestrator.record import spool
+from orchestrator.record.spool import spool
 spool.keep(Path(sys.argv[1]), spool.Kept(int(sys.argv[2]), 0, "COMPLETE", [0.25]), hold=True)
 print("kept", flush=True)
 sys.stdin.readline()

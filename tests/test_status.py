@@ -61,9 +61,9 @@ def build_study(url: str, name: str = "demo", *, completed: int = 10) -> dict:
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    from orchestrator.record import records
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.study import StudySpec, save_spec
+    from orchestrator.record.store import records
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.study.spec import StudySpec, save_spec
 
     storage = open_storage(url)
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize")
@@ -246,7 +246,7 @@ def test_missing_sqlite_file_is_an_error_not_a_new_file(tmp_path, capsys):
 
 
 def test_empty_storage_says_how_to_start(sqlite_url, capsys):
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     open_storage(sqlite_url)
     code, out, _ = run_cli(capsys, "status", "--storage", sqlite_url)
@@ -337,7 +337,7 @@ def test_plan_lines_recover_the_memory_model():
 
 
 def test_slot_series_steps_per_gpu_and_ends_at_until():
-    from orchestrator.record.records import ConcurrencyEvent
+    from orchestrator.record.store.records import ConcurrencyEvent
     from orchestrator.show.views import slot_series
 
     t0 = dt.datetime(2025, 1, 1, 12, 0, 0)
@@ -377,7 +377,7 @@ def build_multi_objective_study(url: str, name: str = "pareto") -> None:
     from optuna.distributions import FloatDistribution
     from optuna.trial import create_trial
 
-    from orchestrator.record.migrate import open_storage
+    from orchestrator.record.store.migrate import open_storage
 
     study = optuna.create_study(
         study_name=name, storage=open_storage(url), directions=["minimize", "maximize"]
@@ -472,7 +472,8 @@ def test_one_epoch_and_one_trial_are_singular():
 
 
 def test_mb_is_one_function_shared_by_status_and_report():
-    from orchestrator.show import report, status_text
+    from orchestrator.show import status_text
+    from orchestrator.show.report import page as report
     from orchestrator.show.text import mb_text
 
     assert mb_text(None) == "-" and mb_text(1638.4) == "1,638"

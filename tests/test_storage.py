@@ -5,8 +5,8 @@ import sqlite3
 import pytest
 
 from orchestrator.errors import UserError
-from orchestrator.record.storage import create_storage, heartbeat_settings
-from orchestrator.record.storage_url import (
+from orchestrator.record.store.storage import create_storage, heartbeat_settings
+from orchestrator.record.store.storage_url import (
     DEFAULT_STORAGE,
     STORAGE_ENV,
     mask_password,
@@ -40,7 +40,7 @@ def test_password_is_masked(url):
 
 
 def test_an_unencoded_at_sign_in_a_password_is_never_shown_as_the_host():
-    from orchestrator.record.storage_url import describe_location
+    from orchestrator.record.store.storage_url import describe_location
 
     where = describe_location("postgresql://alice:s3cr@t@127.0.0.1:5433/x")
     assert where == "PostgreSQL at 127.0.0.1:5433"

@@ -9,9 +9,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator.record.spool import spool_dir
-from orchestrator.record.study_names import study_folder
-from orchestrator.record.trial_logs import private_folder, trial_log_path
+from orchestrator.record.spool.spool import spool_dir
+from orchestrator.record.study.names import study_folder
+from orchestrator.record.trials.logs import private_folder, trial_log_path
 from tests.cli_helpers import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from orchestrator.errors import UserError
-from orchestrator.record.study import load_spec
-from orchestrator.record.tracking import (
+from orchestrator.record.study.spec import load_spec
+from orchestrator.record.trials.tracking import (
     TrialTracker,
     tracker_for,
     tracking_uri_for,
@@ -122,8 +122,8 @@ def test_a_password_in_the_flag_is_one_line_and_never_shown(sqlite_url):
 
 
 def test_without_the_extra_the_flag_says_what_to_install(monkeypatch, caplog):
-    import orchestrator.record.tracking as tracking
-    from orchestrator.record.study import StudySpec
+    import orchestrator.record.trials.tracking as tracking
+    from orchestrator.record.study.spec import StudySpec
 
     monkeypatch.setattr(tracking, "mlflow_installed", lambda: False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

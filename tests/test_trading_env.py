@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from adapters import _rl, _scoring
+from adapters._rl import frame as _rl
+from adapters._rl import scoring as _scoring
 from adapters.envs import BUY, HOLD, SELL, GymVecEnv, TradingEnv, load_prices, synthetic_prices
 from orchestrator.errors import UserError
 

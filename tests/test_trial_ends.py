@@ -8,14 +8,14 @@ import time
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.record import spool
-from orchestrator.record.storage_failures import StorageUnreachable
-from orchestrator.run.trial_clock import TimedOut, time_limit
-from orchestrator.run.trial_context import Recycling
-from orchestrator.run.trial_errors import fail_with, settle
-from orchestrator.run.trial_messages import TrialOutcome
-from orchestrator.run.trial_result import RunResult
-from orchestrator.run.trial_worker import recycle_reason
+from orchestrator.record.spool import spool
+from orchestrator.record.store.storage_failures import StorageUnreachable
+from orchestrator.run.messages import TrialOutcome
+from orchestrator.run.trial.clock import TimedOut, time_limit
+from orchestrator.run.trial.context import Recycling
+from orchestrator.run.trial.errors import fail_with, settle
+from orchestrator.run.trial.result import RunResult
+from orchestrator.run.trial.worker import recycle_reason
 
 
 def _fresh() -> RunResult:

@@ -10,9 +10,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.run.trial_context import Recycling
-from orchestrator.run.trial_messages import TrialOutcome
-from orchestrator.run.trial_worker import recycle_reason
+from orchestrator.run.messages import TrialOutcome
+from orchestrator.run.trial.context import Recycling
+from orchestrator.run.trial.worker import recycle_reason
 from tests.cli_helpers import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def test_recycle_reason_without_limits_keeps_the_process():
     ],
 )
 def test_cuda_failures_are_told_apart(error, oom, cuda):
-    from orchestrator.run.trial_errors import is_cuda_error, is_cuda_out_of_memory
+    from orchestrator.run.trial.errors import is_cuda_error, is_cuda_out_of_memory
 
     assert is_cuda_out_of_memory(error) is oom
     assert is_cuda_error(error) is cuda

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from orchestrator.record.trial_logs import default_log_dir, last_lines, trial_log_path
+from orchestrator.record.trials.logs import default_log_dir, last_lines, trial_log_path
 from tests.cli_helpers import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

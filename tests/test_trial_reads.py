@@ -9,11 +9,11 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from orchestrator.record.migrate import open_storage
-from orchestrator.record.retry import requeue
-from orchestrator.record.study import count_trials
-from orchestrator.record.trial_counts import stored_count
-from orchestrator.record.trial_reader import read_trials
+from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.store.migrate import open_storage
+from orchestrator.record.study.spec import count_trials
+from orchestrator.record.trials.reader import read_trials
+from orchestrator.record.trials.retry import requeue
 
 DISTS = {
     "lr": FloatDistribution(1e-5, 1e-1, log=True),
@@ -88,7 +88,7 @@ def test_the_lean_reader_returns_the_trials_optuna_returns(storage_url):
 
 
 def test_user_attributes_written_at_once_read_back_as_optuna_s(storage_url):
-    from orchestrator.record.trial_attrs import set_user_attrs
+    from orchestrator.record.trials.attrs import set_user_attrs
 
     study = optuna.create_study(study_name="attrs", storage=open_storage(storage_url))
     trial = study.ask()

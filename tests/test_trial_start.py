@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from orchestrator.errors import UserError
-from orchestrator.run.trial_start import (
+from orchestrator.run.pool.trial_start import (
     PRELOAD,
     START_ENV,
     start_method,
@@ -152,7 +152,7 @@ def test_a_run_that_fails_on_its_storage_leaves_no_fork_server_importing(tmp_pat
 
 _WHAT_A_SERVER_GIVES = """
 import sys
-from orchestrator.run.trial_start import start_process, trial_process_context
+from orchestrator.run.pool.trial_start import start_process, trial_process_context
 
 def heard(conn):
     conn.send({name: name in sys.modules for name in ("torch", "alembic.command", "sqlalchemy.orm")})

@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.record.storage_url import normalize_url
+from orchestrator.record.store.storage_url import normalize_url
 from tests.cli_helpers import run_cli
 
 TINY = (
@@ -121,7 +121,7 @@ def test_best_carries_validation_test_baselines_and_spread(ran):
 
 
 def test_status_and_the_dashboard_note_show_the_scores(ran):
-    from orchestrator.record.study_note import read_study_note
+    from orchestrator.record.study.note import read_study_note
 
     done = run_cli("status", "--study", "dqn", "--storage", ran["url"])
     assert done.returncode == 0, done.stderr

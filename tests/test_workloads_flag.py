@@ -6,8 +6,8 @@ import optuna
 
 from orchestrator.cli import main
 from orchestrator.planning.workloads import WORKLOADS_ENV
-from orchestrator.record.storage_url import normalize_url
-from orchestrator.record.study import SPEC_ATTR
+from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.study.spec import SPEC_ATTR
 from tests.cli_helpers import run_cli
 
 

@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from orchestrator.commands._args import command_parser
+from orchestrator.flags.common import command_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

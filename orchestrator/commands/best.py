@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrator.commands._args import add_storage_argument, command_parser, study_name
-from orchestrator.commands.trust_flags import add_confirm_arguments, check_confirm
 from orchestrator.errors import UserError
-from orchestrator.record.optuna_private import storage_of, study_id_of
+from orchestrator.flags.common import add_storage_argument, command_parser, study_name
+from orchestrator.flags.trust import add_confirm_arguments, check_confirm
+from orchestrator.record.store.optuna_private import storage_of, study_id_of
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,7 +55,7 @@ def format_params(params: Any, fmt: str) -> str:
 
 
 def best_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.store.storage_url import describe_location, resolve_storage_url
     from orchestrator.show.queries import open_for_reading, study_detail, the_study
     from orchestrator.show.views import MULTI_OBJECTIVE
 
@@ -111,7 +111,7 @@ def _lineage_lines(lineage: dict[str, Any] | None, number: int) -> list[str]:
     """Population-based training: the winning lineage's schedule and where its weights are."""
     if lineage is None or lineage["trials"][-1] != number:
         return []
-    from orchestrator.record.lineage import schedule_text
+    from orchestrator.record.checkpoints.lineage import schedule_text
 
     weights = lineage["weights"]
     where = "no checkpoint saved" if weights is None else json.dumps(weights)
@@ -152,7 +152,7 @@ def _weights(storage: Any, name: str, best: Any) -> str | None:
     """Where the trial's final checkpoint is kept (docs/checkpoints.md), if it still is."""
     import optuna
 
-    from orchestrator.record.checkpoints import study_location, where
+    from orchestrator.record.checkpoints.files import study_location, where
 
     saved = best.user_attrs.get("checkpoint")
     if not isinstance(saved, dict) or not isinstance(saved.get("artifact_id"), str):
@@ -169,7 +169,7 @@ def _weights(storage: Any, name: str, best: Any) -> str | None:
 def _stored_scores(storage: Any, name: str) -> Any:
     import optuna
 
-    from orchestrator.record.final_scores import final_scores_of
+    from orchestrator.record.study.final_scores import final_scores_of
 
     return final_scores_of(optuna.load_study(study_name=name, storage=storage).user_attrs)
 
@@ -179,7 +179,7 @@ def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
     import optuna
 
     from adapters.study_adapter import resolve_adapter
-    from orchestrator.record.study import load_spec
+    from orchestrator.record.study.spec import load_spec
     from orchestrator.selection import DEFAULT_CONFIRM_SEEDS, Selection, finish_study
 
     study = optuna.load_study(study_name=name, storage=storage)
@@ -205,7 +205,7 @@ def _front(storage: Any, name: str, fmt: str) -> tuple[str, str]:
     """The study's Pareto front in `fmt`, and the line that says what it is."""
     import optuna
 
-    from orchestrator.record.best_trial import directions_of
+    from orchestrator.record.trials.best import directions_of
     from orchestrator.show.front import front_of, front_table, objective_names
     from orchestrator.show.text import to_jsonable
 

@@ -7,8 +7,8 @@ import errno
 import socket
 import sys
 
-from orchestrator.commands._args import add_storage_argument, command_parser, whole_number
 from orchestrator.errors import UserError
+from orchestrator.flags.common import add_storage_argument, command_parser, whole_number
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -60,7 +60,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage_url import mask_password, resolve_storage_url
+    from orchestrator.record.store.storage_url import mask_password, resolve_storage_url
     from orchestrator.show.queries import open_for_reading
 
     url = resolve_storage_url(args.storage)

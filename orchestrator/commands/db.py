@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.commands._args import add_storage_argument, command_parser
+from orchestrator.flags.common import add_storage_argument, command_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,8 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def upgrade_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.migrate import current_revision, open_storage
-    from orchestrator.record.storage_url import mask_password, resolve_storage_url
+    from orchestrator.record.store.migrate import current_revision, open_storage
+    from orchestrator.record.store.storage_url import mask_password, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
     storage = open_storage(url)
@@ -38,9 +38,9 @@ def upgrade_command(args: argparse.Namespace) -> int:
 
 
 def current_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.migrate import current_revision, head_revision
-    from orchestrator.record.storage import create_storage
-    from orchestrator.record.storage_url import mask_password, resolve_storage_url
+    from orchestrator.record.store.migrate import current_revision, head_revision
+    from orchestrator.record.store.storage import create_storage
+    from orchestrator.record.store.storage_url import mask_password, resolve_storage_url
 
     url = resolve_storage_url(args.storage)
     storage = create_storage(url)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from orchestrator.commands._args import (
+from orchestrator.errors import UserError
+from orchestrator.flags.common import (
     add_storage_argument,
     command_parser,
     study_name,
     whole_number,
 )
-from orchestrator.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.store.storage_url import describe_location, resolve_storage_url
     from orchestrator.show.queries import open_for_reading, trial_log_file
 
     url = resolve_storage_url(args.storage)

@@ -7,8 +7,8 @@ import re
 import sys
 from pathlib import Path
 
-from orchestrator.commands._args import command_parser, study_name, whole_number
 from orchestrator.errors import UserError
+from orchestrator.flags.common import command_parser, study_name, whole_number
 from orchestrator.planning.workloads import add_workloads_argument
 
 

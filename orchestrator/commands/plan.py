@@ -8,14 +8,14 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands._args import (
+from orchestrator.errors import UserError
+from orchestrator.flags.common import (
     add_adapter_arguments,
     add_storage_argument,
     add_swarm_size_argument,
     command_parser,
     whole_number,
 )
-from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
     from adapters.base import MemoryModel
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 def register(subparsers: argparse._SubParsersAction) -> None:
     from orchestrator.host_options import add_concurrency_argument, add_gpus_argument
     from orchestrator.planning.workloads import add_workloads_argument
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
 
     parser = command_parser(
         subparsers,
@@ -66,7 +66,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from orchestrator.planning.memory import DECLARED, measured_models
     from orchestrator.planning.planner import plan_node
     from orchestrator.planning.workloads import workload_class
-    from orchestrator.record.storage_url import resolve_storage_url
+    from orchestrator.record.store.storage_url import resolve_storage_url
 
     if args.swarm_size < 1:
         raise UserError(f"--swarm-size {args.swarm_size}: the swarm needs at least 1 particle")
@@ -222,8 +222,8 @@ def _calibrate(
     """Measure on the first GPU of each name and store the models, before planning with them."""
     from orchestrator.planning.calibrate import SOURCE, calibrate, calibration_params
     from orchestrator.planning.memory import save_measured
-    from orchestrator.record.migrate import open_storage
-    from orchestrator.record.storage_url import mask_password
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.store.storage_url import mask_password
 
     real = [device for device in devices if device.kind == "cuda"]
     if not real:

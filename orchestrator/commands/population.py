@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
 
 
 def check_population(spec: StudySpec, adapter: Any) -> None:
     """Population-based training continues members from checkpoints: an adapter whose `train`
     saves none would train every segment from epoch 0."""
-    from orchestrator.run.trial_checkpoints import takes_checkpoint
+    from orchestrator.run.trial.checkpoints import takes_checkpoint
 
     if spec.sampler == "pbt" and not takes_checkpoint(adapter.train):
         raise UserError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.commands._args import add_storage_argument, command_parser, study_name
+from orchestrator.flags.common import add_storage_argument, command_parser, study_name
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,14 +29,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.store.storage_url import describe_location, resolve_storage_url
     from orchestrator.show.queries import (
         load_study_trials,
         open_for_reading,
         study_detail,
         the_study,
     )
-    from orchestrator.show.report import write_report
+    from orchestrator.show.report.page import write_report
 
     url = resolve_storage_url(args.storage)
     storage = open_for_reading(url)

@@ -7,7 +7,11 @@ import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands._args import (
+from orchestrator.commands.run_checks import check_spec, check_swarm, checked_options
+from orchestrator.errors import UserError
+from orchestrator.first_failures import watch_first_trials
+from orchestrator.flags.checkpoints import add_checkpoint_arguments, checkpoint_settings
+from orchestrator.flags.common import (
     SEED_MAX,
     add_adapter_arguments,
     add_output_arguments,
@@ -18,27 +22,23 @@ from orchestrator.commands._args import (
     study_name,
     whole_number,
 )
-from orchestrator.commands.checkpoint_flags import add_checkpoint_arguments, checkpoint_settings
-from orchestrator.commands.run_checks import check_spec, check_swarm, checked_options
-from orchestrator.commands.trust_flags import (
+from orchestrator.flags.objectives import add_objective_arguments, grid_of, objectives_of
+from orchestrator.flags.trust import (
     add_confirm_arguments,
     add_repeats_argument,
     selection_of,
 )
-from orchestrator.errors import UserError
-from orchestrator.first_failures import watch_first_trials
-from orchestrator.objective_flags import add_objective_arguments, grid_of, objectives_of
 
 if TYPE_CHECKING:
     import optuna
     from optuna.storages import BaseStorage
 
     from orchestrator.enqueue import Queued
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from orchestrator.config_file import add_config_argument
+    from orchestrator.flags.config_file import add_config_argument
     from orchestrator.host_options import add_host_arguments
 
     parser = command_parser(
@@ -98,7 +98,7 @@ def _add_study_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     """How the study searches: sampler, pruner, retries, what runs first, where it is tracked."""
-    from orchestrator.record.study import PRUNERS, StudySpec
+    from orchestrator.record.study.spec import PRUNERS, StudySpec
     from samplers import SAMPLER_NAMES
 
     parser.add_argument(
@@ -159,8 +159,12 @@ def run_command(args: argparse.Namespace) -> int:
         check_storage_for_workers,
     )
     from orchestrator.launch import configure, open_for_trials, plan_and_run
-    from orchestrator.record.storage_url import describe_location, parse_url, resolve_storage_url
-    from orchestrator.record.tracking import tracking_uri_to_store
+    from orchestrator.record.store.storage_url import (
+        describe_location,
+        parse_url,
+        resolve_storage_url,
+    )
+    from orchestrator.record.trials.tracking import tracking_uri_to_store
 
     host = HostOptions.from_args(args)
     configure(host)
@@ -202,7 +206,7 @@ def _fitting_queue(
 ) -> list[Queued]:
     """The sets not queued before in this study, if the budget has room for them (else a UserError)."""
     from orchestrator.enqueue import not_yet_queued
-    from orchestrator.record.study import count_trials
+    from orchestrator.record.study.spec import count_trials
 
     trials = existing.get_trials(deepcopy=False) if existing is not None else []
     fresh = not_yet_queued(queue, trials)
@@ -245,7 +249,7 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
     """A new study's spec: what was typed, the adapter's and its workload class's defaults, and
     StudySpec's for the rest."""
     from orchestrator.planning.workloads import workload_class
-    from orchestrator.record.study import StudySpec, draw_seed
+    from orchestrator.record.study.spec import StudySpec, draw_seed
 
     grid = grid_of(args, adapter, options)  # --sampler grid: its budget is one walk of the grid
     grid_trials = grid.pop("trials", 0)
@@ -276,8 +280,8 @@ def _resumed_spec(
     label: str,
 ) -> StudySpec:
     """A resumed study's stored spec, checked to be ours and this adapter's, with what was typed now."""
-    from orchestrator.record.settings_drift import differences, drift_message
-    from orchestrator.record.study import count_trials
+    from orchestrator.record.study.drift import differences, drift_message
+    from orchestrator.record.study.spec import count_trials
 
     adapter_ref = args.adapter_path or adapter.name
     spec = _wait_for_spec(existing)
@@ -338,8 +342,8 @@ def _store(
     import optuna
 
     from orchestrator.enqueue import enqueue
-    from orchestrator.record.settings_attrs import show_settings
-    from orchestrator.record.study import load_spec, save_spec
+    from orchestrator.record.study.settings_attrs import show_settings
+    from orchestrator.record.study.spec import load_spec, save_spec
 
     update_settings = bool(args and args.update_settings)
     seed_typed = args is None or args.seed is not None
@@ -363,7 +367,7 @@ def _wait_for_spec(study: optuna.Study, seconds: float = 10.0) -> StudySpec | No
     this very moment (create_study and save_spec are two steps), so give it a few seconds."""
     import time
 
-    from orchestrator.record.study import load_spec
+    from orchestrator.record.study.spec import load_spec
 
     deadline = time.monotonic() + seconds
     while True:

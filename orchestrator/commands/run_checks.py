@@ -7,12 +7,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.commands.trust_flags import check_trust_flags
 from orchestrator.errors import UserError
-from orchestrator.objective_flags import grid_of, objectives_of
+from orchestrator.flags.objectives import grid_of, objectives_of
+from orchestrator.flags.trust import check_trust_flags
 
 if TYPE_CHECKING:
-    from orchestrator.record.study import StudySpec
+    from orchestrator.record.study.spec import StudySpec
 
 
 def checked_options(args: argparse.Namespace, adapter: Any) -> dict[str, Any]:

@@ -15,13 +15,13 @@ import os
 import subprocess
 import sys
 
-from orchestrator.commands._args import (
+from orchestrator.errors import UserError
+from orchestrator.flags.common import (
     add_storage_argument,
     command_parser,
     study_name,
     whole_number,
 )
-from orchestrator.errors import UserError
 from orchestrator.planning.workloads import add_workloads_argument
 
 
@@ -126,8 +126,8 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
 
         return args.adapter, adapters.get(args.adapter).workload_class
     from adapters.study_adapter import resolve_adapter
-    from orchestrator.record.storage_url import describe_location
-    from orchestrator.record.study import load_existing_study, load_spec
+    from orchestrator.record.store.storage_url import describe_location
+    from orchestrator.record.study.spec import load_existing_study, load_spec
     from orchestrator.show.queries import open_for_reading
 
     url = _storage_for_nodes(args.storage)
@@ -144,7 +144,7 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
 def _storage_for_nodes(flag: str | None) -> str:
     """The storage tasks on other nodes reach the study through: --storage, else
     $ORCHESTRATOR_STORAGE, and a database server (an SQLite file is on one machine only)."""
-    from orchestrator.record.storage_url import STORAGE_ENV, is_sqlite, parse_url
+    from orchestrator.record.store.storage_url import STORAGE_ENV, is_sqlite, parse_url
 
     url = flag or os.environ.get(STORAGE_ENV, "")
     if not url:
@@ -165,7 +165,7 @@ def _storage_for_nodes(flag: str | None) -> str:
 def submit(script: str, url: str) -> str:
     """`sbatch --parsable` with the script on its standard input and the storage in its
     environment (which sbatch exports to every task); the job id it prints."""
-    from orchestrator.record.storage_url import STORAGE_ENV
+    from orchestrator.record.store.storage_url import STORAGE_ENV
 
     try:
         done = subprocess.run(

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from orchestrator.commands._args import (
+from orchestrator.flags.common import (
     add_storage_argument,
     command_parser,
     study_name,
@@ -17,7 +17,7 @@ from orchestrator.commands._args import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from orchestrator.record.final_scores import FinalScores
+    from orchestrator.record.study.final_scores import FinalScores
 
 DEFAULT_LIMIT = 20
 
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.storage_url import (
+    from orchestrator.record.store.storage_url import (
         describe_location,
         mask_password,
         resolve_storage_url,
@@ -78,12 +78,12 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def _stored_extras(storage: object, name: str) -> tuple[list[dict], FinalScores | None]:
-    """What `run --update-settings` recorded with the study (record/settings_drift.py), and the
-    scores its end stored (record/final_scores.py)."""
+    """What `run --update-settings` recorded with the study (record/study/drift.py), and the
+    scores its end stored (record/study/final_scores.py)."""
     import optuna
 
-    from orchestrator.record.final_scores import final_scores_of
-    from orchestrator.record.settings_drift import stored_updates
+    from orchestrator.record.study.drift import stored_updates
+    from orchestrator.record.study.final_scores import final_scores_of
 
     study = optuna.load_study(study_name=name, storage=storage)
     return stored_updates(study), final_scores_of(study.user_attrs)

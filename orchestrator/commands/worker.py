@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.commands._args import (
+from orchestrator.flags.common import (
     add_output_arguments,
     add_storage_argument,
     command_parser,
@@ -13,7 +13,7 @@ from orchestrator.commands._args import (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from orchestrator.config_file import add_config_argument
+    from orchestrator.flags.config_file import add_config_argument
     from orchestrator.host_options import add_host_arguments
 
     parser = command_parser(
@@ -43,8 +43,12 @@ def worker_command(args: argparse.Namespace) -> int:
         check_storage_for_workers,
     )
     from orchestrator.launch import configure, open_for_trials, plan_and_run
-    from orchestrator.record.storage_url import describe_location, resolve_storage_url, sqlite_path
-    from orchestrator.record.study import load_existing_study, load_spec, pruner_for
+    from orchestrator.record.store.storage_url import (
+        describe_location,
+        resolve_storage_url,
+        sqlite_path,
+    )
+    from orchestrator.record.study.spec import load_existing_study, load_spec, pruner_for
 
     if not args.study:
         raise UserError('name the study to join: --study NAME (or study = "NAME" in --config)')

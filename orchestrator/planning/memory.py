@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from orchestrator.planning.footprint import Footprint
-    from orchestrator.record.records import MeasuredMemoryModel
+    from orchestrator.record.store.records import MeasuredMemoryModel
 
 DECLARED = "declared"
 CALIBRATION = "calibration"  # the sources stored in orch_memory_models
@@ -131,10 +131,10 @@ def existing_engine(url: str) -> Engine | None:
     import sqlalchemy as sa
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.record.records import memory_models
-    from orchestrator.record.storage import engine_kwargs
-    from orchestrator.record.storage_failures import unreachable
-    from orchestrator.record.storage_url import is_sqlite, normalize_url, sqlite_path
+    from orchestrator.record.store.records import memory_models
+    from orchestrator.record.store.storage import engine_kwargs
+    from orchestrator.record.store.storage_failures import unreachable
+    from orchestrator.record.store.storage_url import is_sqlite, normalize_url, sqlite_path
 
     if is_sqlite(url):
         path = sqlite_path(url)
@@ -156,7 +156,7 @@ def measured_models(
     url: str, adapter: str, declared: MemoryModel, gpu_names: Iterable[str]
 ) -> dict[str, tuple[MemoryModel, str]]:
     """GPU name -> (model, source) for every named GPU that has a measured model in the storage."""
-    from orchestrator.record.records import load_memory_model
+    from orchestrator.record.store.records import load_memory_model
 
     names = sorted(set(gpu_names))
     if not names:
@@ -193,7 +193,7 @@ def save_learnt_model(
     measured trials or all at one batch size, the footprints alone decide). `calibration`: a
     model `plan --calibrate` measured, stored as such. Stores nothing where nothing is learnt.
     """
-    from orchestrator.record.records import list_trial_vram, save_memory_model
+    from orchestrator.record.store.records import list_trial_vram, save_memory_model
 
     source = SOURCE_TRIALS
     measured = None

@@ -21,7 +21,7 @@ from orchestrator.planning.hardware_budget import (
     HyperoptStrategy,
     batch_upper_bound,
 )
-from orchestrator.record.study import StudySpec
+from orchestrator.record.study.spec import StudySpec
 
 if TYPE_CHECKING:
     from adapters.base import MemoryModel
@@ -166,7 +166,7 @@ def plan_node(
     `concurrency` is a user's cap per GPU: it lowers a plan, never raises it past VRAM;
     `budget_trials` (the study's budget) caps it too: a 12-trial study never runs 39 at once.
     A GPU's batch bounds are what fits on it alone: the supervisor admits trials by their own
-    footprint (`orchestrator.run.admission`), so no batch size is given up to run more at once.
+    footprint (`orchestrator.run.pool.admission`), so no batch size is given up to run more at once.
     `gpu_memory_models` maps a GPU name to a (model, source) measured on that kind of GPU; it
     replaces `memory_model` on devices of that name.
     """

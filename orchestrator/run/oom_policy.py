@@ -2,16 +2,16 @@
 
 An out-of-memory error is heard on both sides of a trial's pipe, and each side asks this module:
 
-- The trial process (`orchestrator.run.trial_requeue`), before the trial is told, asks
+- The trial process (`orchestrator.run.trial.requeue`), before the trial is told, asks
   `retry_after_oom` whether and how it runs again. With the GPU to itself, its batch size does
   not fit that kind of GPU: the kind's batch limit goes below it, and the re-run gets half the
   batch (none if the smallest batch did not fit). With company, the same parameters run again,
   when there is room. Either way within `--max-retries`.
-- The GPU's supervisor (`orchestrator.run.supervisor`), when the trial's end reaches it, asks
+- The GPU's supervisor (`orchestrator.run.pool.supervisor`), when the trial's end reaches it, asks
   `after_oom` what the GPU learns: the footprint's estimate rises above the room the trial did not
   fit in (`orchestrator.planning.footprint.observe_oom`), and the GPU's allowance halves, unless an
   OOM of the same crowded moment already cut it below what this trial was admitted under
-  (`orchestrator.run.admission.after_trial`); never below one trial at a time.
+  (`orchestrator.run.pool.admission.after_trial`); never below one trial at a time.
 
 The swarm reads OOMs from the study (`samplers/_moves.py`: an OOM'd particle's memory
 parameters are pushed down), and the pool stores each allowance change. A different policy is
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.planning.footprint import Footprint, observe_oom
-from orchestrator.run.admission import Budget, Change, after_trial
+from orchestrator.run.pool.admission import Budget, Change, after_trial
 
 
 @dataclass(frozen=True)

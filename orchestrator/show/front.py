@@ -1,6 +1,6 @@
 """A study of several objectives has no one best trial but a front of them: what `best` shows.
 
-The front is orchestrator.record.best_trial's (completed, feasible, not dominated); here it is
+The front is orchestrator.record.trials.best's (completed, feasible, not dominated); here it is
 shaped with the study's names for its values and written as a table for a person.
 """
 
@@ -33,8 +33,8 @@ def objective_names(metric_names: Sequence[str] | None, count: int) -> list[str]
 def front_of(
     trials: Iterable[FrozenTrial], directions: Sequence[str], metric_names: Sequence[str] | None
 ) -> list[FrontTrial]:
-    """The Pareto front (orchestrator.record.best_trial's rule), as `best` shows it."""
-    from orchestrator.record.best_trial import pareto_front
+    """The Pareto front (orchestrator.record.trials.best's rule), as `best` shows it."""
+    from orchestrator.record.trials.best import pareto_front
 
     names = objective_names(metric_names, len(directions))
     return [

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
-from orchestrator.record.optuna_private import study_id_of
+from orchestrator.record.store.optuna_private import study_id_of
 from orchestrator.show.views import (
     MULTI_OBJECTIVE,
     BestTrial,
@@ -30,13 +30,13 @@ if TYPE_CHECKING:
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
-    from orchestrator.record.records import ConcurrencyEvent
+    from orchestrator.record.store.records import ConcurrencyEvent
 
 
 def open_for_reading(url: str) -> RDBStorage:
     """The storage at URL, for reading: an SQLite file that does not exist is an error, not a new file."""
-    from orchestrator.record.storage import create_storage
-    from orchestrator.record.storage_url import describe_location, sqlite_path
+    from orchestrator.record.store.storage import create_storage
+    from orchestrator.record.store.storage_url import describe_location, sqlite_path
 
     path = sqlite_path(url)
     if path is not None and not path.exists():
@@ -53,8 +53,8 @@ def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
     """A database written by an earlier version has our tables at an older revision: bring them
     to this version's (new columns only, nothing stored is lost), as `run` would. One with none
     of our tables (Optuna's alone) is left as it is: the views read what is there."""
-    from orchestrator.record.locks import schema_lock
-    from orchestrator.record.migrate import (
+    from orchestrator.record.store.locks import schema_lock
+    from orchestrator.record.store.migrate import (
         current_revision,
         head_revision,
         upgrade_orchestrator_schema,
@@ -73,7 +73,7 @@ def _guarded(storage: RDBStorage) -> Iterator[None]:
     """Turn a database error during a read into the one-line 'cannot reach' message."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.record.storage_failures import unreachable
+    from orchestrator.record.store.storage_failures import unreachable
 
     try:
         yield
@@ -85,7 +85,7 @@ def the_study(storage: RDBStorage, name: str | None, label: str, command: str) -
     """The study named, or the storage's only one; one line when it holds none, or several."""
     if name:
         return name
-    from orchestrator.record.study import study_names
+    from orchestrator.record.study.spec import study_names
 
     with _guarded(storage):
         names = study_names(storage)
@@ -104,7 +104,7 @@ def the_study(storage: RDBStorage, name: str | None, label: str, command: str) -
 
 def list_studies(storage: RDBStorage) -> list[StudyRow]:
     """Every study with its counts and best trial: aggregate queries, no trial read in full."""
-    from orchestrator.record.trial_counts import stored_count
+    from orchestrator.record.budget.counts import stored_count
 
     rows = []
     with _guarded(storage):
@@ -137,7 +137,7 @@ def _has_table(storage: RDBStorage, name: str) -> bool:
 def list_workers(storage: RDBStorage, study_name: str) -> list[Worker]:
     import sqlalchemy as sa
 
-    from orchestrator.record.records import workers
+    from orchestrator.record.store.records import workers
 
     if not _has_table(storage, workers.name):
         return []
@@ -168,7 +168,7 @@ def measured_lines(
     storage: RDBStorage, adapter: str | None, gpus: Iterable[str]
 ) -> list[MemoryLine]:
     """Memory models measured on these kinds of GPU for this adapter (orch_memory_models)."""
-    from orchestrator.record.records import load_memory_model, memory_models
+    from orchestrator.record.store.records import load_memory_model, memory_models
 
     if adapter is None or not _has_table(storage, memory_models.name):
         return []
@@ -182,7 +182,7 @@ def measured_lines(
 
 def recorded_vram(storage: RDBStorage, study_name: str) -> list[dict[str, Any]]:
     """The study's orch_trial_vram rows (none in a database without our tables)."""
-    from orchestrator.record.records import list_trial_vram, trial_vram
+    from orchestrator.record.store.records import list_trial_vram, trial_vram
 
     if not _has_table(storage, trial_vram.name):
         return []
@@ -191,7 +191,7 @@ def recorded_vram(storage: RDBStorage, study_name: str) -> list[dict[str, Any]]:
 
 def recorded_concurrency(storage: RDBStorage, study_name: str) -> list[ConcurrencyEvent]:
     """The study's concurrency changes from orch_concurrency_events."""
-    from orchestrator.record.records import concurrency_events, list_concurrency_events
+    from orchestrator.record.store.records import concurrency_events, list_concurrency_events
 
     if not _has_table(storage, concurrency_events.name):
         return []
@@ -206,14 +206,14 @@ def study_detail(
 ) -> StudyDetail:
     """Everything `status --study`, `best` and `report` show about one study (`trials`: its
     trials, when the caller has read them already)."""
-    from orchestrator.record.best_trial import best_lineage, directions_of
-    from orchestrator.record.study import (
+    from orchestrator.record.study.spec import (
         count_trials,
         load_existing_study,
         load_spec,
         retried_trial_numbers,
     )
-    from orchestrator.record.trial_reader import read_trials
+    from orchestrator.record.trials.best import best_lineage, directions_of
+    from orchestrator.record.trials.reader import read_trials
 
     with _guarded(storage):  # Optuna's study and trials, then our orch_* tables
         study = load_existing_study(storage, name, storage_label)
@@ -257,8 +257,8 @@ def load_study_trials(storage: RDBStorage, name: str, storage_label: str) -> opt
     Optuna's plotting functions ask a study for its trials many times over and deep-copy them
     each time; at 3,000 trials that alone took the report past 20 s. The snapshot is an
     in-memory study that hands out the trials read once, without copying them."""
-    from orchestrator.record.study import load_existing_study
-    from orchestrator.record.trial_reader import read_trials
+    from orchestrator.record.study.spec import load_existing_study
+    from orchestrator.record.trials.reader import read_trials
 
     with _guarded(storage):
         study = load_existing_study(storage, name, storage_label)
@@ -269,7 +269,7 @@ def load_study_trials(storage: RDBStorage, name: str, storage_label: str) -> opt
 def snapshot_study(study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Study:
     import optuna
 
-    from orchestrator.record.best_trial import directions_of, pick_best
+    from orchestrator.record.trials.best import directions_of, pick_best
 
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory"
@@ -304,7 +304,7 @@ def snapshot_study(study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Stu
 def trial_log_file(storage: RDBStorage, study_name: str, number: int, storage_label: str) -> str:
     """Where trial `number` of the study kept its own output; one line when there is no such
     trial, or it kept no log."""
-    from orchestrator.record.study import load_existing_study
+    from orchestrator.record.study.spec import load_existing_study
 
     study = load_existing_study(storage, study_name, storage_label)
     try:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.table import Table
 
-    from orchestrator.record.final_scores import FinalScores
+    from orchestrator.record.study.final_scores import FinalScores
     from orchestrator.show.views import StudyDetail, StudyRow, Worker
 
 
@@ -52,7 +52,7 @@ def render_detail(
 ) -> RenderableType:
     """One study in detail, a section after another (`limit`: VRAM rows of the last N trials,
     0 for all; `status --limit`; `settings_updates`: what `run --update-settings` recorded;
-    `final_scores`: what the study's end scored, record/final_scores.py)."""
+    `final_scores`: what the study's end scored, record/study/final_scores.py)."""
     from rich.console import Group
 
     return Group(

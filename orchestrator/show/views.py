@@ -13,14 +13,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record import attr_names as names
+from orchestrator.record.trials import attr_names as names
 from orchestrator.show.text import to_utc
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from orchestrator.record.records import ConcurrencyEvent
-    from orchestrator.record.study import BudgetCount
+    from orchestrator.record.store.records import ConcurrencyEvent
+    from orchestrator.record.study.spec import BudgetCount
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 # A study with more than one objective has no single best trial; its `direction` reads this.
@@ -147,7 +147,7 @@ class StudyDetail:
     vram_by_gpu: list[GpuVram] = field(default_factory=list)
     memory_lines: list[MemoryLine] = field(default_factory=list)
     directions: list[str] = field(default_factory=list)  # one per objective
-    # Population-based training: the best trial's lineage (record/best_trial.best_lineage).
+    # Population-based training: the best trial's lineage (record/trials/best.best_lineage).
     lineage: dict[str, Any] | None = None
 
 
@@ -174,11 +174,11 @@ def describe_direction(direction: str, directions: Sequence[str]) -> str:
 
 
 def best_of(trials: Iterable[FrozenTrial], direction: str) -> BestTrial | None:
-    """The best trial, by orchestrator.record.best_trial's rule, as the views show it.
+    """The best trial, by orchestrator.record.trials.best's rule, as the views show it.
 
     None for a multi-objective study: its trials carry several values and no single one is best.
     """
-    from orchestrator.record.best_trial import pick_best
+    from orchestrator.record.trials.best import pick_best
 
     if direction == MULTI_OBJECTIVE:
         return None
@@ -339,7 +339,7 @@ def study_row(
     count: BudgetCount,
     best: BestTrial | None,
 ) -> StudyRow:
-    from orchestrator.record.study import SPEC_ATTR, StudySpec
+    from orchestrator.record.study.spec import SPEC_ATTR, StudySpec
 
     spec_attr = user_attrs.get(SPEC_ATTR)
     spec = StudySpec.from_attr(spec_attr) if isinstance(spec_attr, dict) else None

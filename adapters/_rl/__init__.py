@@ -1,0 +1,1 @@
+"""What the DQN and PPO adapters share: the run's frame, its task, scoring, checkpoints and weights."""

@@ -1,0 +1,55 @@
+"""`--checkpoint-every` and `--artifacts`: how often a trial's training is checkpointed, and where.
+
+Both are stored with the study (every worker on every node reads them from there) and may change
+on any resume: they say how a trial survives an interruption, not what it computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from orchestrator.errors import UserError
+
+
+def _every(text: str) -> int:
+    if text.strip().lower() in ("none", "0"):
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"--checkpoint-every {text!r} is not a number of epochs: give e.g. "
+            "--checkpoint-every 2, or none"
+        )
+    return value
+
+
+def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--checkpoint-every",
+        type=_every,
+        metavar="N",
+        help="checkpoint each trial's training every N epochs, `none` for never (default 1); "
+        "a re-run of a stopped trial goes on from its last checkpoint (docs/checkpoints.md)",
+    )
+    parser.add_argument(
+        "--artifacts",
+        metavar="PATH_OR_URL",
+        help="where checkpoints are kept: a folder every node shares, s3://BUCKET or gs://BUCKET "
+        "(default: a folder beside the SQLite file; a PostgreSQL study keeps none without it)",
+    )
+
+
+def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec's checkpoint settings as typed (None: not typed, the stored or default value)."""
+    from orchestrator.record.checkpoints.files import location_problem
+
+    location = getattr(args, "artifacts", None)
+    if location is not None:
+        problem = location_problem(location)
+        if problem:
+            raise UserError(f"--artifacts {location} {problem}")
+    return {"checkpoint_every": getattr(args, "checkpoint_every", None), "artifacts": location}

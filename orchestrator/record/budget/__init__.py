@@ -1,0 +1,1 @@
+"""The study's trial budget: counted and claimed on the database, under one lock."""

@@ -1,0 +1,203 @@
+"""Where a trial's checkpoints live, how one is written and read, and which is a trial's latest.
+
+A checkpoint is one artifact of Optuna's artifact stores (`optuna.artifacts`): a file in a
+`FileSystemArtifactStore` (by default a folder beside an SQLite file: `study.db` keeps them in
+`study-artifacts/`; a shared folder on a cluster), or an object in S3 or GCS through Optuna's own
+`Boto3ArtifactStore` and `GCSArtifactStore` (`--artifacts s3://bucket`, `gs://bucket`). Each one
+is listed with its trial as Optuna lists an uploaded artifact, and the trial's user attribute
+`checkpoint` = {"artifact_id", "epoch"} names its latest, so any process on any node can find it.
+
+The file is `torch.save` of {"epoch", "state"} when torch is loaded, read back with
+`weights_only=True` (a folder shared by many users must not run code when a file is read), and
+JSON for an adapter that uses no torch. It holds only what the adapter saved: never the storage
+URL, never a password. A file that cannot be read is reported as unreadable, never believed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UserError
+from orchestrator.record.store.optuna_private import storage_of
+from orchestrator.record.trials import attr_names as names
+
+if TYPE_CHECKING:
+    import optuna
+
+# What a checkpoint file starts with: a torch.save file is a zip archive.
+_ZIP_MAGIC = b"PK"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A saved state: the trial that saved it, its artifact, and the epoch it was saved after."""
+
+    trial: int
+    artifact_id: str
+    epoch: int
+
+
+class CheckpointUnreadable(Exception):
+    """A checkpoint that is missing, cut short or not ours: the trial starts afresh."""
+
+
+# --- where they live --------------------------------------------------------------------------
+
+
+def default_location(storage_url: str) -> str | None:
+    """Beside an SQLite file: `DIR/NAME-artifacts` for `DIR/NAME.db`. None for a database server
+    (its trials may run on any node: only the user knows a folder they all share)."""
+    from orchestrator.record.store.storage_url import sqlite_path
+
+    path = sqlite_path(storage_url)
+    if path is None:
+        return None
+    return str(path.with_name(f"{path.stem}-artifacts"))
+
+
+def location_problem(location: str) -> str | None:
+    """Why `--artifacts` is refused, in words; None when it is accepted."""
+    scheme, sep, rest = location.partition("://")
+    if sep and "@" in rest.split("/", 1)[0]:
+        return "must not carry credentials: give them to boto3 or gcloud as usual, not in the URL"
+    if sep and scheme not in ("s3", "gs", "file"):
+        return "must be a folder, file://FOLDER, s3://BUCKET or gs://BUCKET"
+    if sep and scheme != "file" and not rest.strip("/"):
+        return f"names no bucket: give {scheme}://BUCKET"
+    return None
+
+
+def check_location(location: str | None) -> None:
+    if location is None:
+        return
+    problem = location_problem(location)
+    if problem:
+        raise UserError(f"--artifacts {location} {problem}")
+
+
+def open_store(location: str) -> Any:
+    """Optuna's artifact store for a location: a folder (made if missing), S3 or GCS."""
+    from optuna import artifacts
+
+    scheme, sep, rest = location.partition("://")
+    if sep and scheme == "s3":
+        return artifacts.Boto3ArtifactStore(rest.strip("/"))
+    if sep and scheme == "gs":
+        return artifacts.GCSArtifactStore(rest.strip("/"))
+    folder = Path(rest if sep else location)
+    folder.mkdir(parents=True, exist_ok=True)
+    return artifacts.FileSystemArtifactStore(folder)
+
+
+def where(location: str, artifact_id: str) -> str:
+    """A checkpoint's address in words a user can copy: its file, or its object's URL."""
+    scheme, sep, rest = location.partition("://")
+    if sep and scheme in ("s3", "gs"):
+        return f"{scheme}://{rest.strip('/')}/{artifact_id}"
+    return str((Path(rest if sep else location) / artifact_id).absolute())
+
+
+def study_location(study: optuna.Study) -> str | None:
+    """Where this study keeps its checkpoints: `--artifacts` as stored, or beside its SQLite file."""
+    from orchestrator.record.study.spec import load_spec
+
+    spec = load_spec(study)
+    if spec is not None and spec.artifacts:
+        return spec.artifacts
+    backend = getattr(storage_of(study), "_backend", storage_of(study))
+    url = getattr(backend, "url", None)
+    return None if url is None else default_location(str(url))
+
+
+# --- a trial's latest ------------------------------------------------------------------------
+
+
+def recorded(trial: optuna.trial.FrozenTrial) -> Checkpoint | None:
+    """The checkpoint a trial's `checkpoint` attribute names, if it is well formed."""
+    value = trial.user_attrs.get(names.CHECKPOINT)
+    if not isinstance(value, dict):
+        return None
+    artifact_id, epoch = value.get("artifact_id"), value.get("epoch")
+    if not isinstance(artifact_id, str) or not isinstance(epoch, int) or epoch < 0:
+        return None
+    return Checkpoint(trial.number, artifact_id, epoch)
+
+
+def latest(study: optuna.Study, trial_number: int, *, follow: bool = True) -> Checkpoint | None:
+    """The latest checkpoint of trial `trial_number`; with `follow`, when it saved none, that of
+    the trial it resumed from (its `checkpoint_from`), and so on back: a re-run lost before its
+    first save hands on what its own source saved."""
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    seen: set[int] = set()
+    number: Any = trial_number
+    while isinstance(number, int) and number in by_number and number not in seen:
+        seen.add(number)
+        trial = by_number[number]
+        found = recorded(trial)
+        if found is not None or not follow:
+            return found
+        number = trial.user_attrs.get(names.CHECKPOINT_FROM)
+    return None
+
+
+# --- the file ---------------------------------------------------------------------------------
+
+
+def encode(epoch: int, state: dict[str, Any]) -> bytes:
+    """The bytes of a checkpoint: torch.save when torch is loaded (tensors as they are), else JSON."""
+    payload = {"epoch": int(epoch), "state": state}
+    if "torch" in sys.modules:  # an adapter without torch never pays for importing it
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        return buffer.getvalue()
+    return json.dumps(payload).encode()
+
+
+def decode(data: bytes) -> tuple[int, dict[str, Any]]:
+    """(epoch, state) of a checkpoint's bytes, or CheckpointUnreadable saying why not."""
+    try:
+        if data.startswith(_ZIP_MAGIC):
+            import torch
+
+            # weights_only: tensors, numbers, strings and containers, never code to run.
+            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        else:
+            payload = json.loads(data.decode())
+    except Exception as error:  # a cut or foreign file: whatever the reader says, it is unread
+        raise CheckpointUnreadable(f"{type(error).__name__}: {str(error)[:120]}") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("state"), dict):
+        raise CheckpointUnreadable("it holds no saved state")
+    epoch = payload.get("epoch")
+    if not isinstance(epoch, int) or epoch < 0:
+        raise CheckpointUnreadable("it names no epoch")
+    return epoch, payload["state"]
+
+
+def read(store: Any, checkpoint: Checkpoint) -> dict[str, Any]:
+    """The state saved in `checkpoint`, or CheckpointUnreadable (missing, cut short, not ours,
+    or saved at another epoch than its trial recorded)."""
+    try:
+        with store.open_reader(checkpoint.artifact_id) as reader:
+            data = reader.read()
+    except Exception as error:  # not found, a bucket away, no permission: not there for us
+        raise CheckpointUnreadable(f"{type(error).__name__}: {str(error)[:120]}") from None
+    epoch, state = decode(data)
+    if epoch != checkpoint.epoch:
+        raise CheckpointUnreadable(f"it was saved at epoch {epoch}, not {checkpoint.epoch}")
+    return state
+
+
+def remove(store: Any, artifact_id: str) -> None:
+    """Drop one checkpoint; one already gone is fine (another process may have tidied it)."""
+    import contextlib
+
+    # Gone already, or the store refuses: disk is tidied on a best effort.
+    with contextlib.suppress(Exception):
+        store.remove(artifact_id)

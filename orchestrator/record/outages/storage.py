@@ -1,0 +1,227 @@
+"""Optuna's RDBStorage riding out outages: every database call retried, an ask or a tell never twice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.record.budget import section as budget_section
+from orchestrator.record.outages.riding import ride_out
+from orchestrator.record.outages.state import current
+from orchestrator.record.store.optuna_private import rdb_models, scoped_session, trial_id_of
+
+if TYPE_CHECKING:
+    from optuna.storages import RDBStorage
+
+# RDBStorage's methods that use the database, and what each does in a user's words.
+_RIDDEN = {
+    "create_new_study": "create the study",
+    "delete_study": "delete a study",
+    "set_study_user_attr": "store the study's settings",
+    "set_study_system_attr": "store the sampler's state",
+    "get_study_id_from_name": "find the study",
+    "get_study_name_from_id": "read the study's name",
+    "get_study_directions": "read the study's direction",
+    "get_study_user_attrs": "read the study's settings",
+    "get_study_system_attrs": "read the sampler's state",
+    "get_trial_user_attrs": "read a trial's attributes",
+    "get_trial_system_attrs": "read a trial's sampler state",
+    "get_all_studies": "list the studies",
+    "create_new_trial": "ask for a trial",
+    "set_trial_param": "store a trial's parameter",
+    "_set_trial_param": "store a trial's parameter",  # what Optuna's trial cache calls
+    "_get_best_trial_id": "read the best trial",
+    "get_trial_param": "read a trial's parameter",
+    "set_trial_intermediate_value": "report a trial's progress",
+    "set_trial_user_attr": "store a trial's attribute",
+    "set_trial_system_attr": "store a trial's sampler state",
+    "get_trial_id_from_study_id_trial_number": "find a trial",
+    "get_trial": "read a trial",
+    "get_all_trials": "read the trials",
+    "get_best_trial": "read the best trial",
+    "record_heartbeat": "record a trial's heartbeat",
+    "_get_stale_trial_ids": "look for lost trials",
+}
+
+
+def _ridden(method: Callable[..., Any], what: str) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return ride_out(lambda: method(self, *args, **kwargs), what=what)
+
+    return call
+
+
+def _set_trial_state_values(self: Any, trial_id: int, state: Any, values: Any = None) -> bool:
+    """Tell, riding out an outage. A connection lost at the commit leaves it unknown whether the
+    state landed: a retry that finds the trial finished in that very state has told it."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages import RDBStorage
+    from optuna.trial import TrialState
+
+    attempts = 0
+
+    def attempt() -> bool:
+        nonlocal attempts
+        attempts += 1
+        try:
+            return RDBStorage.set_trial_state_values(self, trial_id, state, values)
+        except UpdateFinishedTrialError:
+            landed = attempts > 1 and state.is_finished()
+            if landed and RDBStorage.get_trial(self, trial_id).state == state:
+                return True
+            raise
+
+    told = ride_out(attempt, what="tell a trial's result")
+    if told and state == TrialState.RUNNING:
+        budget_section.claimed(self, trial_id)  # a waiting trial popped under the budget lock
+    return told
+
+
+def _get_trials(self: Any, study_id: int, states: Any, *args: Any, **kwargs: Any) -> Any:
+    """Read trials, riding out an outage. Under the budget lock, before the claim, the one read
+    is Optuna's look for a waiting trial (its cache asks for every unfinished trial, those that
+    others run among them): only waiting ones are read there, and the rest are read after."""
+    from optuna.storages import RDBStorage
+    from optuna.trial import TrialState
+
+    if states is None and budget_section.before_claim(self.engine):
+        if budget_section.none_waiting(self.engine):
+            return []  # the count under this lock found none: no read at all
+        states = (TrialState.WAITING,)
+    return ride_out(
+        lambda: RDBStorage._get_trials(self, study_id, states, *args, **kwargs),
+        what="read the trials",
+    )
+
+
+# Each new trial carries a mark of its own, written in the same transaction: a retry after a
+# connection lost at the commit finds the trial its lost attempt made instead of making another
+# (which would stay RUNNING for ever, holding a slot of the budget).
+ASK_MARK = "orchestrator:ask"
+
+
+# An ask under the budget lock is retried whole, by the lock's own ride_out (the section runs
+# again under the lock taken anew), so the retry is a new call of `_create_new_trial`; and an
+# outage after the insert (reading the trial back, the sampler) retries it too. The mark of a
+# plain ask is kept in the outermost ride_out's memory, so the ask made again finds its trial
+# (a section asks once: the budget lock's count-and-create, or an ask outside any section).
+def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> Any:
+    import copy
+    import uuid
+
+    from optuna.storages import RDBStorage
+
+    # Only a plain ask looks for one made before; an enqueued or added trial has a mark of its own.
+    memory = current().retry_memory()
+    key = f"ask mark of study {study_id}"
+    earlier = memory.get(key) if template_trial is None else None
+    mark = str(earlier) if earlier is not None else uuid.uuid4().hex
+    template = _new_trial_template() if template_trial is None else copy.deepcopy(template_trial)
+    template._system_attrs = {**template.system_attrs, ASK_MARK: mark}
+    attempts = 0
+
+    def attempt() -> Any:
+        nonlocal attempts
+        attempts += 1
+        if attempts > 1 or earlier is not None:
+            made = _marked_trial_id(self, study_id, mark)
+            if made is not None:
+                return RDBStorage.get_trial(self, made)
+        if template_trial is None:
+            memory[key] = mark
+        return _create_once(self, study_id, template, claim=template_trial is None)
+
+    return ride_out(attempt, what="ask for a trial")
+
+
+def _new_trial_template() -> Any:
+    import datetime as dt
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    return FrozenTrial(
+        number=-1,
+        state=TrialState.RUNNING,
+        value=None,
+        values=None,
+        datetime_start=dt.datetime.now(),
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=-1,
+    )
+
+
+def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> Any:
+    """One attempt of RDBStorage._create_new_trial. Optuna's own method retries a failed commit
+    itself, blind to whether it landed, and would make a second trial with the same mark."""
+    import copy
+
+    models = rdb_models()
+
+    with scoped_session(storage) as session:
+        # Optuna's lock on the study row: numbering a new trial is not atomic otherwise.
+        models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+        trial = storage._get_prepared_new_trial(study_id, template, session)
+        frozen = copy.deepcopy(template)
+        frozen.number = trial.number
+        frozen.datetime_start = trial.datetime_start
+        frozen._trial_id = trial.trial_id
+    if claim:  # a plain ask under the budget lock: the lock goes now (a re-queue keeps it)
+        budget_section.claimed(storage, trial_id_of(frozen))
+    return frozen
+
+
+def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
+    import json
+
+    import sqlalchemy as sa
+
+    models = rdb_models()
+
+    attrs, trials = models.TrialSystemAttributeModel.__table__, models.TrialModel.__table__
+    query = (
+        sa.select(attrs.c.trial_id)
+        .join(trials, trials.c.trial_id == attrs.c.trial_id)
+        .where(
+            trials.c.study_id == study_id,
+            attrs.c.key == ASK_MARK,
+            attrs.c.value_json == json.dumps(mark),
+        )
+    )
+    with budget_section.connection_for(storage.engine) as conn:
+        return conn.execute(query).scalar()
+
+
+_RIDING_CLASS: type | None = None
+
+
+def riding_storage_class() -> type[RDBStorage]:
+    """RDBStorage whose every database call rides out an outage (`orchestrator.record.outages.riding`).
+
+    A subclass, not a wrapper, so that Optuna still puts its trial cache in front of it
+    (`optuna.load_study` caches an RDBStorage, and only an RDBStorage)."""
+    global _RIDING_CLASS
+    if _RIDING_CLASS is None:
+        from optuna.storages import RDBStorage
+
+        body = {name: _ridden(getattr(RDBStorage, name), what) for name, what in _RIDDEN.items()}
+        body["set_trial_state_values"] = _set_trial_state_values
+        body["_create_new_trial"] = _create_new_trial
+        body["_get_trials"] = _get_trials
+        body["__module__"] = __name__
+        _RIDING_CLASS = type("RidingRDBStorage", (RDBStorage,), body)
+    return _RIDING_CLASS
+
+
+def __getattr__(name: str) -> Any:
+    # `RidingRDBStorage` is made on first use (Optuna is imported late); pickle finds it here.
+    if name == "RidingRDBStorage":
+        return riding_storage_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""The study's database: its storage location, the one RDBStorage, our orch_* tables, locks and migrations."""

@@ -1,0 +1,124 @@
+"""Bring a database up to date: Optuna's schema first, then our alembic chain beside it."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.record.store.records import VERSION_TABLE
+from orchestrator.record.store.storage import create_storage
+from orchestrator.record.store.storage_failures import missing_driver, unreachable
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from optuna.storages import RDBStorage
+
+
+def alembic_config(url: str) -> Config:
+    """An alembic Config built in code, pointing at the scripts shipped inside the package."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(resources.files("migrations")))
+    # ConfigParser interpolation would choke on a '%' in a URL-encoded password.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head() or ""
+
+
+def current_revision(storage: RDBStorage) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with storage.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+
+
+def upgrade_orchestrator_schema(storage: RDBStorage) -> None:
+    """Run our chain to head on the storage's engine (Optuna's tables are left alone)."""
+    from alembic import command
+    from sqlalchemy.exc import SQLAlchemyError
+
+    config = alembic_config(storage.url)
+    try:
+        with storage.engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    except SQLAlchemyError as error:
+        raise unreachable(storage.url, error) from None
+
+
+def open_storage(url: str, **kwargs: Any) -> RDBStorage:
+    """Open the storage with both schemas at head: what every command that writes starts with."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.record.outages.riding import when_a_connection_is_free
+    from orchestrator.record.store.locks import schema_lock
+    from orchestrator.record.store.sqlite_file import check_sqlite_file
+    from orchestrator.record.store.storage_url import sqlite_path
+
+    path = sqlite_path(url)
+    if path is not None:
+        check_sqlite_file(path)  # before the lock file beside it is made
+
+    def opened() -> RDBStorage:
+        with schema_lock(url):
+            storage = _created(url, kwargs)
+            if current_revision(storage) != head_revision():
+                upgrade_orchestrator_schema(storage)
+        return storage
+
+    try:
+        # A server with no connection free is waited for (the lock let go meanwhile), not
+        # reported as unreachable: a host joining a busy cluster waits its turn.
+        storage = when_a_connection_is_free(opened)
+    except SQLAlchemyError as error:  # the lock's own connection failed: the server is not there
+        raise unreachable(url, error) from None
+    except ImportError as error:
+        raise missing_driver(url, error) from None
+    return storage
+
+
+CREATE_ATTEMPTS = 3
+
+
+def _created(url: str, kwargs: dict[str, Any]) -> RDBStorage:
+    """Optuna's storage, created if missing. Our processes create it under the schema lock, but
+    a plain Optuna process (a script's `optuna.load_study`, the dashboard) takes no lock: when it
+    creates the same tables at the same moment, one of the two inserts the schema's version row
+    second and fails on its unique key. The tables are then there: opening again finds them."""
+    import time
+
+    from orchestrator.errors import UserError
+
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
+        try:
+            return create_storage(url, **kwargs)
+        except UserError as error:
+            if attempt == CREATE_ATTEMPTS or not lost_a_creation_race(error):
+                raise
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+def lost_a_creation_race(error: BaseException) -> bool:
+    """Whether `error` (or what it was raised from) says another process created the same
+    schema first: a duplicate version row, or a table or type that already exists."""
+    from sqlalchemy.exc import DBAPIError
+
+    seen: BaseException | None = error
+    for _ in range(10):  # the chain is short; a cycle must not loop for ever
+        if seen is None:
+            return False
+        # SQLite says "table trials already exists" (an OperationalError), PostgreSQL a
+        # duplicate key of its catalogue, either one a UNIQUE failure of the version row.
+        if isinstance(seen, DBAPIError):
+            text = str(seen).lower()
+            return any(words in text for words in ("unique", "duplicate", "already exists"))
+        seen = seen.__cause__ or seen.__context__
+    return False

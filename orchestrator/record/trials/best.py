@@ -1,0 +1,142 @@
+"""The best trial of a study: one rule for every place that names it.
+
+The best trial is the completed trial with the best value in the study's direction, the lowest
+number winning a tie; a value that is not finite (NaN, inf, -inf: Optuna stores the last two as
+COMPLETE) is never best. There is none while no trial has completed, and
+none in a study of several objectives: its trials carry several values and no single one is best
+(its Pareto front is, which optuna-dashboard shows).
+
+The pool's progress, `run`'s outcome, `status`, `best` and the report all ask here, so they name
+the same trial.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+
+def directions_of(study: optuna.Study) -> list[str]:
+    """'minimize' or 'maximize' per objective, read without `study.direction` (which raises on a
+    study of several objectives)."""
+    return [direction.name.lower() for direction in study.directions]
+
+
+def pick_best(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> FrozenTrial | None:
+    """The best of these trials for a study with these directions (see the module's rule)."""
+    from optuna.trial import TrialState
+
+    if len(directions) != 1:
+        return None
+    # `values`, not `value`: reading `value` of a multi-objective trial raises.
+    done = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE
+        and t.values is not None
+        and len(t.values) == 1
+        and math.isfinite(t.values[0])
+    ]
+    if not done:
+        return None
+    sign = 1.0 if directions[0] == "minimize" else -1.0
+    return min(done, key=lambda t: (sign * t.values[0], t.number))
+
+
+def best_of_study(study: optuna.Study) -> FrozenTrial | None:
+    """The study's best trial, found by its storage in one ordered query however many trials it
+    holds; None when no trial has completed or the study has several objectives.
+
+    Among trials tied on the best value the storage's query picks one; `pick_best` over all the
+    trials picks the lowest number."""
+    directions = directions_of(study)
+    if len(directions) != 1:
+        return None  # `study.best_trial` would raise RuntimeError
+    from optuna.trial import TrialState
+
+    try:
+        trial = study.best_trial
+    except ValueError:  # no completed trial yet
+        return None
+    best = pick_best([trial], directions)
+    if best is None:  # an inf or -inf at the top of the query: the finite ones, read whole
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        best = pick_best(done, directions)
+    if best is not None and _is_segment(best):
+        # Population-based training: a segment's value is its lineage's at the segment's end,
+        # so only the lineages trained furthest compare (a mid-run value is no final one).
+        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        best = pick_best(_trained_furthest(done), directions)
+    return best
+
+
+def _is_segment(trial: FrozenTrial) -> bool:
+    from orchestrator.record.checkpoints.lineage import is_segment
+
+    return is_segment(trial)
+
+
+def _trained_furthest(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    from orchestrator.record.checkpoints.lineage import epochs_trained, is_segment
+
+    segments = [t for t in trials if is_segment(t)]
+    furthest = max(epochs_trained(t) for t in segments)
+    return [t for t in segments if epochs_trained(t) == furthest]
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    """Not marked infeasible by its constraints (Optuna's: each value <= 0 is met;
+    orchestrator.record.study.objectives marks a trial that ran out of memory)."""
+    return all(float(c) <= 0.0 for c in trial.constraints.values())
+
+
+def pareto_front(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> list[FrozenTrial]:
+    """The completed, feasible trials no other one dominates (at least as good on every
+    objective and better on one), by number; of equal values the lowest number stands for all.
+    For one objective it is the best trial."""
+    from optuna.trial import TrialState
+
+    signs = [1.0 if d == "minimize" else -1.0 for d in directions]
+    done = [
+        t
+        for t in sorted(trials, key=lambda t: t.number)
+        if t.state == TrialState.COMPLETE
+        and t.values is not None
+        and len(t.values) == len(signs)
+        and not any(math.isnan(v) for v in t.values)
+        and feasible(t)
+    ]
+    keys = [tuple(s * v for s, v in zip(signs, t.values, strict=True)) for t in done]
+    front = []
+    for i, trial in enumerate(done):
+        dominated = any(
+            all(a <= b for a, b in zip(other, keys[i], strict=True)) and other != keys[i]
+            for other in keys
+        )
+        repeated = keys[i] in keys[:i]
+        if not dominated and not repeated:
+            front.append(trial)
+    return front
+
+
+def best_lineage(trials: Iterable[FrozenTrial], best: int | None) -> dict | None:
+    """The lineage of trial `best` when it is a segment of population-based training (None
+    otherwise): its segments' numbers, its schedule of params over epochs, and where its
+    weights are (its latest checkpoint, or None when it saved none)."""
+    from orchestrator.record.checkpoints.lineage import is_segment, lineage_of, schedule, weights_of
+
+    by_number = {t.number: t for t in trials}
+    trial = by_number.get(best) if best is not None else None
+    if trial is None or not is_segment(trial):
+        return None
+    chain = lineage_of(trial, by_number)
+    return {
+        "trials": [t.number for t in chain],
+        "schedule": schedule(chain),
+        "weights": weights_of(trial),
+    }

@@ -1,0 +1,89 @@
+"""Re-running a failed trial's parameters: after an OOM, an interruption, or a lost process.
+
+A re-run is a WAITING trial with the failed one's parameters fixed, in the same `retry_history`
+format as Optuna's RetryHeartbeatStaleTrialCallback, so the budget can tell a failure that was
+re-queued from one that is final. Unlike Optuna's callback it does not copy the failed trial's
+system attributes: those hold the sampler's bookkeeping for the old trial, not the new one.
+Both ride out a database outage, and a re-run is never queued twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.record.outages.riding import ride_out
+from orchestrator.record.trials import attr_names as names
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+
+def retry_history(trial: FrozenTrial) -> list[int]:
+    return [int(n) for n in trial.system_attrs.get("retry_history", [])]
+
+
+def requeue(
+    study: optuna.Study,
+    trial: FrozenTrial,
+    *,
+    max_retries: int | None,
+    params: Mapping[str, Any] | None = None,
+    reason: str,
+) -> bool:
+    """Queue a re-run of `trial` (with `params` replacing some of its own); False when out of retries."""
+    import optuna
+    from optuna.trial import TrialState
+
+    history = [*retry_history(trial), trial.number]
+    if max_retries is not None and len(history) > max_retries:
+        return False
+    # One re-run per failure: a trial both interrupted by its host and later found stale (or
+    # found stale by two hosts) would otherwise run twice, and its re-runs take the study past
+    # its budget (the count leaves out each re-queued failure once).
+    if ride_out(lambda: is_requeued(study, trial.number), what="read the trials"):
+        return True
+    fixed = {**trial.params, **(params or {})}
+    # The re-run trains on from the last checkpoint of the trial it replaces, on any node, and
+    # ends where that one was to end.
+    user_attrs = {
+        names.RETRY_OF: trial.number,
+        names.RETRY_REASON: reason,
+        names.CHECKPOINT_FROM: trial.number,
+    }
+    if names.TRAIN_UNTIL_EPOCH in trial.user_attrs:
+        user_attrs[names.TRAIN_UNTIL_EPOCH] = trial.user_attrs[names.TRAIN_UNTIL_EPOCH]
+    rerun = optuna.trial.create_trial(
+        state=TrialState.WAITING,
+        system_attrs={
+            "fixed_params": fixed,
+            "failed_trial": history[0],
+            "retry_history": history,
+        },
+        user_attrs=user_attrs,
+    )
+    attempts = 0
+
+    def add() -> None:
+        nonlocal attempts
+        attempts += 1
+        # After a connection lost at the commit, the re-run may be stored already: never twice.
+        if attempts == 1 or not is_requeued(study, trial.number):
+            study.add_trial(rerun)
+
+    ride_out(add, what=f"re-queue trial {trial.number}")
+    return True
+
+
+def is_requeued(study: optuna.Study, number: int) -> bool:
+    """Does a re-run of trial `number` exist?"""
+    return any(retry_history(other)[-1:] == [number] for other in study.get_trials(deepcopy=False))
+
+
+def stale_trial_callback(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Heartbeat callback: a trial whose process died is re-run, within the study's retry limit."""
+    from orchestrator.record.study.spec import load_spec
+
+    spec = ride_out(lambda: load_spec(study), what="read the study's settings")
+    requeue(study, trial, max_retries=spec.max_retries if spec else 2, reason="lost")

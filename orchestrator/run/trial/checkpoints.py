@@ -1,0 +1,173 @@
+"""A trial's checkpoints on the trial process's side: the handle it trains with, and the tidying
+after it was told.
+
+The handle (orchestrator/record/checkpoints/handle.py) is made from the study's settings
+(`--checkpoint-every`, `--artifacts`) and the trial's own attributes (`checkpoint_from`,
+`train_until_epoch`), read fresh from the storage: a sampler may have set them after the ask.
+
+What a trial keeps when it ends (bounded disk):
+- re-queued (out of memory, stopped, timed out): its checkpoints, for the re-run;
+- ended at `train_until_epoch`: its latest, which the next segment of its lineage copies;
+- complete and the study's best so far: its latest (its final weights; `best` says where),
+  and the previous best's goes;
+- anything else: none.
+A trial that resumed from a failed one (a re-run) also drops that one's, once it saved its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.record.checkpoints import files as stored
+from orchestrator.record.checkpoints.handle import CheckpointHandle
+from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
+from orchestrator.record.trials import attr_names as names
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import optuna
+
+    from orchestrator.record.study.spec import StudySpec
+
+logger = logging.getLogger(__name__)
+
+# Which trial's final weights the study keeps: {"trial": n, "artifact_id": id} (system attribute).
+BEST_WEIGHTS_ATTR = "orchestrator:best_weights"
+_warned_no_store: set[str] = set()
+
+
+def open_handle(
+    study: optuna.Study, trial: optuna.Trial, spec: StudySpec, storage_url: str, saves: bool = True
+) -> Any:
+    """The trial's handle: its store, cadence, where it resumes from and where it ends. An
+    adapter that does not save (`saves` False) gets no store: no folder is made for it."""
+    location = (spec.artifacts or stored.default_location(storage_url)) if saves else None
+    store = None
+    if location is not None:
+        try:
+            store = stored.open_store(location)
+        except Exception as error:  # a folder not writable, a bucket's library missing
+            print(f"checkpoints are off: {location} cannot hold them ({error})", flush=True)
+    if (
+        saves
+        and store is None
+        and spec.checkpoint_every > 0
+        and storage_url not in _warned_no_store
+    ):
+        _warned_no_store.add(storage_url)
+        print(  # once per process: the trial's log says why nothing resumes
+            "checkpoints are off: a study on a database server keeps them where --artifacts "
+            "says (a folder every node shares, s3://BUCKET or gs://BUCKET)",
+            flush=True,
+        )
+    attrs = storage_of(study).get_trial(trial_id_of(trial)).user_attrs
+    source, until = attrs.get(names.CHECKPOINT_FROM), attrs.get(names.TRAIN_UNTIL_EPOCH)
+    return CheckpointHandle(
+        study,
+        trial,
+        store=store,
+        every=spec.checkpoint_every,
+        source=source if isinstance(source, int) and not isinstance(source, bool) else None,
+        until=until if isinstance(until, int) and not isinstance(until, bool) else None,
+    )
+
+
+def takes_checkpoint(train: Callable[..., Any]) -> bool:
+    """Whether an adapter's `train` accepts `checkpoint=` (older adapters do not: they still run)."""
+    try:
+        parameters = inspect.signature(train).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.name == "checkpoint" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
+    )
+
+
+def reporting_to(
+    handle: CheckpointHandle, report: Callable[[int, float], None], saves: bool
+) -> Any:
+    """`report`, which also ends the trial once `train_until_epoch` was reported (and saved).
+
+    Between an epoch's report and its checkpoint a stop waits (it comes at the save): a trial
+    stopped there would lose an epoch it had finished."""
+    from orchestrator.run.trial.signals import hold_stop, release_stop
+
+    def report_epoch(epoch: int, value: float) -> None:
+        release_stop()  # the adapter did not save the last epoch held for: wait no longer
+        if saves and handle.due(epoch):
+            hold_stop()  # from before the value is stored: a stop after it would lose the epoch
+        report(epoch, value)
+        handle.reported(epoch, value, saves=saves)
+
+    handle.on_saved = release_stop
+
+    for name in ("flush",):  # the reporter's extras stay reachable
+        if hasattr(report, name):
+            setattr(report_epoch, name, getattr(report, name))
+    return report_epoch
+
+
+def tidy(study: optuna.Study, trial: optuna.Trial, handle: Any, state: str, requeued: bool) -> None:
+    """Drop the checkpoints nothing will read again (see the module's docstring)."""
+    store = getattr(handle, "_store", None)
+    if handle is None or store is None:
+        return
+    own = list(handle.saved)
+    keep: list[str] = []
+    if requeued:
+        keep = [c.artifact_id for c in own]
+    elif own and state == "COMPLETE" and (handle.until is not None or _now_best(study, trial)):
+        keep = [own[-1].artifact_id]
+        if handle.until is None:
+            _replace_best(study, store, trial.number, own[-1].artifact_id)
+    for checkpoint in own:
+        if checkpoint.artifact_id not in keep:
+            stored.remove(store, checkpoint.artifact_id)
+    for artifact_id in handle.unnamed:  # written while the database was away, never named
+        stored.remove(store, artifact_id)
+    if own and handle.source is not None:
+        _drop_failed_source(study, store, handle.source)
+
+
+def _now_best(study: optuna.Study, trial: optuna.Trial) -> bool:
+    from orchestrator.record.trials.best import best_of_study
+
+    best = best_of_study(study)  # None for several objectives: no single best to keep
+    return best is not None and best.number == trial.number
+
+
+def _replace_best(study: optuna.Study, store: Any, number: int, artifact_id: str) -> None:
+    storage, study_id = storage_of(study), study_id_of(study)
+    before = storage.get_study_system_attrs(study_id).get(BEST_WEIGHTS_ATTR)
+    storage.set_study_system_attr(
+        study_id, BEST_WEIGHTS_ATTR, {"trial": number, "artifact_id": artifact_id}
+    )
+    if isinstance(before, dict) and before.get("trial") != number:
+        by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+        earlier = by_number.get(before.get("trial"))
+        # A segment of a lineage keeps its checkpoint for the segments that copy it.
+        if earlier is not None and names.TRAIN_UNTIL_EPOCH not in earlier.user_attrs:
+            stored.remove(store, str(before.get("artifact_id")))
+
+
+def _drop_failed_source(study: optuna.Study, store: Any, source: int) -> None:
+    """A re-run that saved its own no longer needs what the failed trials it replaces saved: the
+    one it names, and back along their `checkpoint_from` while they failed (a re-run stopped
+    before its first save handed on its source's)."""
+    from optuna.trial import TrialState
+
+    from orchestrator.record.checkpoints.handle import ARTIFACT_PREFIX
+
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    number: Any = source
+    while isinstance(number, int) and number in by_number:
+        trial = by_number.pop(number)  # popped: a loop of names ends
+        if trial.state != TrialState.FAIL:
+            return
+        for key in trial.system_attrs:
+            if key.startswith(ARTIFACT_PREFIX):
+                stored.remove(store, key[len(ARTIFACT_PREFIX) :])
+        number = trial.user_attrs.get(names.CHECKPOINT_FROM)

@@ -1,0 +1,83 @@
+"""Whether a trial that ended early is run again: after an out-of-memory error, a stop by the
+pool, or `--trial-timeout`, its parameters are queued as a new trial within the retry limit.
+
+An OOM with the GPU to itself also lowers that kind of GPU's batch limit, so the re-run (and
+every later trial there) draws a batch that can fit: `orchestrator.run.oom_policy` decides.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.record.store.optuna_private import storage_of, trial_id_of
+from orchestrator.record.trials import attr_names as names
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from orchestrator.record.study.spec import StudySpec
+    from orchestrator.run.messages import TrialJob
+    from orchestrator.run.trial.context import TrialContext
+    from orchestrator.run.trial.result import RunResult
+
+
+def requeue_if_interrupted(
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    trial: optuna.Trial,
+    result: RunResult,
+    *,
+    alone: bool,
+) -> bool:
+    """Queue a re-run of a trial that ran out of memory, was stopped or timed out; True if queued.
+
+    Out of memory with the GPU to itself means this batch size does not fit this GPU: the GPU's
+    batch limit goes below it and the re-run gets half the batch (none if it was the smallest)."""
+    from orchestrator.record.store import records
+    from orchestrator.record.trials.retry import requeue
+    from orchestrator.run.oom_policy import retry_after_oom
+
+    if result.timed_out:  # its retries count, like an OOM's
+        frozen = _still_running(ctx, trial)
+        if frozen is None:
+            return False
+        return requeue(ctx.study, frozen, max_retries=spec.max_retries, reason="timeout")
+    if not (result.oom or result.interrupted):
+        return False
+    retry_params, reason = None, "oom" if result.oom else "interrupted"
+    if result.oom:  # the policy: orchestrator.run.oom_policy
+        retry = retry_after_oom(result.batch_size, job.batch_bounds[0], alone=alone)
+        if retry.batch_limit is not None:
+            records.lower_batch_limit(
+                ctx.engine,
+                study_name=ctx.config.study_name,
+                gpu_name=ctx.gpu_name,
+                max_batch_size=retry.batch_limit,
+                trial_number=trial.number,
+            )
+        if not retry.requeue:
+            return False
+        if retry.batch_size is not None:
+            retry_params = {names.BATCH_SIZE: retry.batch_size}
+    frozen = _still_running(ctx, trial)
+    if frozen is None:
+        return False
+    return requeue(
+        ctx.study,
+        frozen,
+        max_retries=spec.max_retries if result.oom else None,
+        params=retry_params,
+        reason=reason,
+    )
+
+
+def _still_running(ctx: TrialContext, trial: optuna.Trial) -> FrozenTrial | None:
+    """The trial as stored, or None when it was failed as lost while its process was frozen
+    (its heartbeat went stale): the study queued its re-run then, and a second one would run
+    the same trial twice."""
+    from optuna.trial import TrialState
+
+    frozen = storage_of(ctx.study).get_trial(trial_id_of(trial))
+    return frozen if frozen.state == TrialState.RUNNING else None

@@ -1,0 +1,365 @@
+"""One trial inside a warm trial process: ask, heartbeat, run, classify the outcome, tell, record.
+
+Shaped like Optuna's own `_run_trial`, one small function a step. The process around it, made
+once and reused trial after trial, is `orchestrator.run.trial.worker`; what it opened once is the
+`TrialContext`. A trial knows nothing of concurrency beyond the numbers it records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.record.store.optuna_private import trial_id_of
+from orchestrator.record.trials import attr_names as names
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.record.study.spec import StudySpec
+    from orchestrator.run.trial.context import TrialContext
+
+from orchestrator.record.trials.attrs import set_user_attrs
+from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
+from orchestrator.run.trial.checkpoints import open_handle, takes_checkpoint, tidy
+from orchestrator.run.trial.clock import time_limit
+from orchestrator.run.trial.errors import fail_with, settle
+from orchestrator.run.trial.memory import (
+    hold_simulated,
+    measure_vram_peak_mb,
+    release_memory,
+    reporting_memory,
+    reset_memory,
+)
+from orchestrator.run.trial.requeue import requeue_if_interrupted
+from orchestrator.run.trial.result import RunResult
+from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
+from orchestrator.run.trial.spool import Told, kept_until_told, noted
+from orchestrator.run.trial.training import train
+
+logger = logging.getLogger(__name__)
+
+
+def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
+    """Ask for a trial and run it to the end. The supervisor hears its number as soon as it has
+    one (("asked", n)) and its batch size once drawn (("sized", batch)), and answers with a `Go`
+    when the trial fits the GPU; `company.value` says whether another trial shared the GPU."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    spec = ctx.refresh_spec()
+    ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
+    ctx.study.pruner = ctx.pruner
+    trial, lock = ask(ctx, spec)
+    if trial is None:
+        return TrialOutcome(None, "NONE")
+    channel.send(("asked", trial.number))
+    if spec.sampler != "pso":
+        ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
+    fit_fixed_batch_size(trial, job.batch_bounds)
+    log_file = _log_file(ctx, trial)
+    try:
+        with _output_to(log_file), _heartbeat(ctx, trial):
+            result = run_objective(ctx, job, spec, trial, channel, log_file)
+            alone = result.oom and not company.value
+            told = Told(*told_values(ctx, trial, result), attrs=told_attrs(result))
+            with kept_until_told(ctx, trial, result, told):  # an outage past the bound keeps it
+                requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
+                tell(ctx, trial, told)
+                record(ctx, trial, result, lock)
+            publish(ctx, trial)
+            tidy_checkpoints(ctx, trial, result, requeued)
+    except UpdateFinishedTrialError:
+        return _late(trial.number, log_file)
+    return TrialOutcome(
+        trial.number,
+        result.state.name,
+        oom=result.oom,
+        alone=alone,
+        batch_size=result.batch_size,
+        value=None if isinstance(result.value, list) else result.value,  # several: in the study
+        vram_peak_mb=result.vram_peak_mb,
+        error=result.error,
+        requeued=requeued,
+        interrupted=result.interrupted,
+        cuda_error=result.cuda_error,
+        log_file=None if log_file is None else str(log_file),
+        timed_out=result.timed_out,
+    )
+
+
+def tidy_checkpoints(
+    ctx: TrialContext, trial: optuna.Trial, result: RunResult, requeued: bool
+) -> None:
+    """Drop the checkpoints nothing reads again; a store that refuses costs a line, not the trial."""
+    try:
+        tidy(ctx.study, trial, result.checkpoint, result.state.name, requeued)
+    except Exception as error:  # the trial is told already: tidying is best effort
+        logger.warning("trial %d: its checkpoints were not tidied: %s", trial.number, error)
+
+
+def _late(number: int, log_file: Path | None) -> TrialOutcome:
+    """This process was frozen (SIGSTOP, a swapped-out host) past the heartbeat's grace: the
+    study failed the trial as lost and queued its re-run, and now refuses its late write. The
+    result is dropped (the re-run has the parameters); the process carries on."""
+    return TrialOutcome(
+        number,
+        "FAIL",
+        error="its process woke after the trial was failed as lost and re-run; "
+        "its late result is dropped",
+        late=True,
+        log_file=None if log_file is None else str(log_file),
+    )
+
+
+def _log_file(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
+    from orchestrator.record.trials.logs import trial_log_path
+
+    if ctx.config.log_dir is None:
+        return None
+    return trial_log_path(ctx.config.log_dir, ctx.config.study_name, trial.number)
+
+
+def _output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
+    from orchestrator.record.trials.logs import captured
+
+    return contextlib.nullcontext() if path is None else captured(path)
+
+
+@dataclass(frozen=True)
+class LockTiming:
+    """How long an ask waited for the study's budget lock and then held it, in ms."""
+
+    wait_ms: float
+    held_ms: float
+
+
+def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTiming | None]:
+    """A new or queued trial (None when the study's budget is used up), and the lock's timing.
+
+    On PostgreSQL the budget lock, the count and the claim (with the trial's heartbeat row) are
+    one round trip (`record/budget/claim`); the trial is read back after the lock went. Nothing
+    is read before the ask: it does not need the study's trials."""
+    from orchestrator.record.budget import section as budget_section
+    from orchestrator.record.budget.claim import ask_within_budget
+
+    trial = ask_within_budget(ctx.study, ctx.config.storage_url, spec.trials, stop=stop_requested)
+    times = budget_section.last_times()
+    return trial, None if times is None else LockTiming(times.wait_ms, times.held_ms)
+
+
+def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
+    """A re-run carries its batch size fixed from the GPU it first ran on; on a smaller GPU it
+    must still fit this one's plan, so it is brought inside this GPU's bounds (and says so)."""
+    fixed = trial._fixed_params  # what Optuna hands out instead of sampling; read at ask()
+    batch = fixed.get(names.BATCH_SIZE)
+    if batch is None:
+        return
+    low, high = bounds
+    fitted = min(max(int(batch), low), high)
+    if fitted != batch:
+        fixed[names.BATCH_SIZE] = fitted
+        trial.set_user_attr("batch_size_fitted_from", int(batch))
+
+
+def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> contextlib.AbstractContextManager[Any]:
+    """The trial's heartbeat, alive through a database outage (Optuna's own thread dies at the
+    first error, and the trial would be failed as lost while it trains)."""
+    from orchestrator.record.outages.riding import Heartbeat
+    from orchestrator.record.store.storage import heartbeat_settings
+
+    return Heartbeat(ctx.storage, trial_id_of(trial), heartbeat_settings()[0])
+
+
+def run_objective(
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    trial: optuna.Trial,
+    channel: Channel,
+    log_file: Path | None = None,
+) -> RunResult:
+    """Draw the parameters, wait to be admitted, train; every way it can end is a RunResult."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from adapters.base import reporter
+    from orchestrator.record.study.objectives import several_values, unpruned_reporter
+
+    _placement_attrs(ctx, job, trial, log_file)
+    result = RunResult(TrialState.FAIL)
+    reset_memory(ctx)
+    try:
+        with interruptible():  # only this part can be interrupted: the outcome is written whole
+            params = ctx.adapter.suggest(trial, spec.options)
+            batch = params.get(names.BATCH_SIZE)
+            result.batch_size = None if batch is None else int(batch)
+            channel.send(("sized", result.batch_size))
+            go = channel.recv()
+            if not isinstance(go, Go):
+                raise Interrupted("stopped before it was admitted")
+            _admitted(ctx, trial, go, result)
+            report = (  # holds its values while the database is away
+                reporter(trial)
+                if len(spec.all_directions) == 1
+                else unpruned_reporter(trial.number)
+            )
+            result.flush = report.flush  # run before the result is told (trial_spool)
+            saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
+            result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage_url, saves)
+            with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
+                value = train(
+                    ctx,
+                    spec,
+                    trial,
+                    params,
+                    reporting_memory(ctx, result, channel, noted(result, report)),
+                    result.checkpoint,
+                )
+            hold_simulated(ctx, result)  # a model that never reports still held it all
+        several = several_values(value)  # an objective of several values returns a sequence
+        if several is None:
+            settle(result, value, trial.number)
+        else:
+            settle_several(result, several, trial.number)
+    except optuna.TrialPruned:
+        result.state = TrialState.PRUNED
+    except BaseException as caught:  # every end of the objective is an outcome (see fail_with)
+        if not fail_with(result, caught, trial.number):
+            raise
+    result.vram_peak_mb = measure_vram_peak_mb(ctx)
+    release_memory(ctx)
+    return result
+
+
+def _placement_attrs(
+    ctx: TrialContext, job: TrialJob, trial: optuna.Trial, log_file: Path | None
+) -> None:
+    device = ctx.config.device
+    attrs = {
+        names.HOST: ctx.config.host,
+        names.PID: os.getpid(),
+        names.GPU: ctx.gpu_name,
+        names.GPU_INDEX: device.index if device else None,
+        names.BATCH_BOUNDS: list(job.batch_bounds),
+    }
+    if log_file is not None:
+        attrs[names.LOG_FILE] = str(log_file)
+    set_user_attrs(trial, attrs)
+
+
+def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
+    """Admitted by its estimate: record it, and when. A simulated GPU now holds the trial's model
+    overhead; the rest of what it really needs comes with its first report (`hold_simulated`)."""
+    import datetime
+
+    from orchestrator.gpu.sim import process_holder
+
+    result.planned_mb = go.planned_mb
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+    set_user_attrs(
+        trial,
+        {
+            names.VRAM_PLANNED_MB: round(go.planned_mb, 1),
+            names.CONCURRENCY: go.concurrency,
+            names.ADMITTED_AT: now,
+        },
+    )
+    result.concurrency = go.concurrency
+    if ctx.ledger is not None:
+        held = ctx.memory.model_overhead_mb * ctx.config.sim_memory_scale
+        ctx.ledger.allocate(process_holder(), held)
+
+
+def told_attrs(result: RunResult) -> dict[str, Any]:
+    """The user attributes a trial's end sets."""
+    attrs: dict[str, Any] = {names.OOM: result.oom}
+    if result.vram_peak_mb is not None:
+        attrs[names.VRAM_PEAK_MB] = round(result.vram_peak_mb, 1)
+    if result.error:
+        attrs[names.ERROR] = result.error[:500]
+    if result.fail_reason:
+        attrs[names.FAIL_REASON] = result.fail_reason
+    return attrs
+
+
+def tell(ctx: TrialContext, trial: optuna.Trial, told: Told) -> None:
+    set_user_attrs(trial, told.attrs)
+    ctx.study.tell(trial, told.values, state=told.state)
+
+
+def settle_several(result: RunResult, values: list[float], number: int) -> None:
+    """Several objectives' values: one NaN among them fails the trial, as `settle` fails one."""
+    for value in values:
+        settle(result, value, number)
+        if result.fail_reason:
+            return
+    result.value = values  # type: ignore[assignment]
+
+
+def told_values(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> tuple[Any, Any]:
+    """The state and values the study is told: the objective's value, and what was measured when
+    the study optimises it too (orchestrator.record.study.objectives; an OOM there is infeasible)."""
+    import datetime
+
+    from optuna.trial import TrialState
+
+    from orchestrator.record.study import objectives
+
+    spec = ctx.spec
+    assert spec is not None
+    seconds = (datetime.datetime.now() - trial.datetime_start).total_seconds()
+    told = objectives.told(
+        objectives=spec.objectives,
+        directions=spec.all_directions,
+        state=result.state.name,
+        value=result.value,
+        oom=result.oom,
+        vram_peak_mb=result.vram_peak_mb,
+        seconds=seconds,
+    )
+    if told.violation is not None:
+        trial.set_constraint(objectives.CONSTRAINT, told.violation)
+    return TrialState[told.state], told.values
+
+
+def publish(ctx: TrialContext, trial: optuna.Trial) -> None:
+    """Where people look: the trial's optuna-dashboard note and, when the study names one, its
+    MLflow run (neither can fail the trial: a store that is away costs a warning)."""
+    from orchestrator.record.trials.notes import write_trial_note
+
+    frozen = ctx.storage.get_trial(trial_id_of(trial))
+    write_trial_note(ctx.study, frozen, metric=ctx.metric)
+    if ctx.tracker is not None:
+        ctx.tracker.log_trial(frozen)
+
+
+def record(
+    ctx: TrialContext,
+    trial: optuna.Trial,
+    result: RunResult,
+    lock: LockTiming | None,
+) -> None:
+    from orchestrator.record.store import records
+
+    device = ctx.config.device
+    records.record_trial_vram(
+        ctx.engine,
+        study_name=ctx.config.study_name,
+        trial_number=trial.number,
+        host=ctx.config.host,
+        gpu_index=device.index if device else None,
+        gpu_name=ctx.gpu_name,
+        batch_size=result.batch_size,
+        vram_planned_mb=result.planned_mb,
+        vram_peak_mb=result.vram_peak_mb,
+        concurrency=result.concurrency,
+        oom=result.oom,
+        state=result.state.name,
+        pid=os.getpid(),
+        ask_wait_ms=round(lock.wait_ms, 2) if lock else None,
+        ask_held_ms=round(lock.held_ms, 2) if lock else None,
+    )
