@@ -210,22 +210,17 @@ def plan(
 ) -> NodePlan:
     """What this host would run: per GPU, the trials at once and the batch sizes that fit."""
     from adapters.base import MemoryModel
-    from orchestrator.gpu import select_devices
-    from orchestrator.planning.cpu_cores import usable_cpu_cores
-    from orchestrator.planning.planner import plan_node
+    from orchestrator.planning.host_plan import host_plan
 
-    _, devices = select_devices(gpus)
-    return plan_node(
-        devices,
+    return host_plan(
+        gpus,
         MemoryModel(float(memory_model[0]), float(memory_model[1])),
         cpu_bound=cpu_bound,
-        cpu_cores=usable_cpu_cores(),
         swarm_size=swarm_size,
-        min_batch=batch_sizes[0],
-        max_batch=batch_sizes[1],
         concurrency=concurrency,
         budget_trials=n_trials,
-    )
+        batch_bounds=(batch_sizes[0], batch_sizes[1]),
+    ).plan
 
 
 def _run(

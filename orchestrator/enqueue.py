@@ -100,12 +100,14 @@ def checked_params(
 def _contains(dist: BaseDistribution, value: Any) -> bool:
     from optuna.distributions import CategoricalDistribution
 
+    from orchestrator.record.store.optuna_private import distribution_contains
+
     if isinstance(dist, CategoricalDistribution):
         return value in dist.choices
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     try:
-        return bool(dist._contains(dist.to_internal_repr(value)))  # optuna's own range check
+        return distribution_contains(dist, value)  # optuna's own range check
     except (TypeError, ValueError):
         return False
 

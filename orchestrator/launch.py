@@ -6,7 +6,6 @@ import logging
 import signal
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters import metric_name
@@ -17,21 +16,12 @@ if TYPE_CHECKING:
     import optuna
 
     from orchestrator.host_options import HostOptions
+    from orchestrator.planning.host_plan import HostPlan
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.result import Outcome
     from orchestrator.selection import Selection
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HostPlan:
-    """This host's devices and their plans for one adapter, checked to fit before any study work."""
-
-    probe: Any
-    devices: list[Any]
-    plan: Any  # orchestrator.planning.planner.NodePlan
-    cpu_bound: bool
 
 
 def plan_host(
@@ -44,34 +34,27 @@ def plan_host(
 ) -> HostPlan:
     """Find this host's GPUs and plan them for the adapter; a model that fits nowhere is a UserError."""
     from adapters.base import memory_model_of
-    from orchestrator.gpu import select_devices
-    from orchestrator.planning.cpu_cores import usable_cpu_cores
-    from orchestrator.planning.memory import measured_models
-    from orchestrator.planning.planner import plan_node
+    from orchestrator.planning.host_plan import host_plan
     from orchestrator.planning.workloads import workload_class
 
-    probe, devices = select_devices(options.gpus, sim_dir=sim_dir)
-    declared = memory_model_of(adapter, spec.options)
-    measured = measured_models(url, adapter.name, declared, [d.name for d in devices])
-    cpu_bound = workload_class(adapter.workload_class).cpu_bound
-    plan = plan_node(
-        devices,
-        declared,
-        cpu_bound=cpu_bound,
-        cpu_cores=usable_cpu_cores(),
+    host = host_plan(
+        options.gpus,
+        memory_model_of(adapter, spec.options),
+        cpu_bound=workload_class(adapter.workload_class).cpu_bound,
         swarm_size=spec.swarm_size,
         concurrency=options.concurrency,
         budget_trials=spec.trials,
-        gpu_memory_models=measured,
+        stored_models=(url, adapter.name),
+        sim_dir=sim_dir,
     )
-    for gpu in plan.gpus:
+    for gpu in host.plan.gpus:
         where = gpu.device.label if gpu.device else "no GPU (CPU only)"
         if not gpu.fits:
             raise UserError(
                 f"{where}: one trial needs about {gpu.per_trial_mb:.0f} MB but only "
                 f"{gpu.usable_mb:.0f} MB are usable; use a bigger GPU or a smaller model"
             )
-    return HostPlan(probe, devices, plan, cpu_bound)
+    return host
 
 
 def run_pool(

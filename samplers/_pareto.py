@@ -1,4 +1,5 @@
-"""Pareto dominance, crowding distance and leader tournaments, pure numpy: no Optuna.
+"""The swarm's archive of leaders: its front, crowding distance and tournaments, pure numpy: no
+Optuna. Dominance itself is the study's one rule, `orchestrator.record.trials.pareto`.
 
 Every objective is to be minimised here (the caller flips the maximised ones). A point with a
 constraint violation (the sum of its positive constraint values) is worse than any feasible
@@ -10,10 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def dominates(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether `a` is no worse than `b` in every objective and better in one."""
-    return bool(np.all(a <= b) and np.any(a < b))
+from orchestrator.record.trials.pareto import non_dominated
 
 
 def front(values: np.ndarray, violations: np.ndarray | None = None) -> np.ndarray:
@@ -31,14 +29,7 @@ def front(values: np.ndarray, violations: np.ndarray | None = None) -> np.ndarra
     else:
         violations = np.asarray(violations, dtype=float)
         candidates = np.flatnonzero(violations <= violations.min())
-    points = values[candidates]
-    keep = []
-    for i, point in enumerate(points):
-        better_or_equal = np.all(points <= point, axis=1)
-        strictly = np.any(points < point, axis=1)
-        if not np.any(better_or_equal & strictly):
-            keep.append(candidates[i])
-    return np.array(keep, dtype=int)
+    return candidates[non_dominated(values[candidates])]
 
 
 def crowding_distance(values: np.ndarray) -> np.ndarray:

@@ -23,7 +23,12 @@ from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
 from orchestrator.record.checkpoints import lineage as names
-from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
+from orchestrator.record.store.optuna_private import (
+    distribution_contains,
+    storage_of,
+    study_id_of,
+    trial_id_of,
+)
 from samplers._lhs import lhs_point
 from samplers._pbt_rules import (
     KEEP,
@@ -174,9 +179,7 @@ class PBTSampler(BaseSampler):
         record = _plan_of(study, trial)
         if record is not None and isinstance(record.get("params"), dict):
             value = record["params"].get(param_name)
-            if value is not None and param_distribution._contains(
-                param_distribution.to_internal_repr(value)
-            ):
+            if value is not None and distribution_contains(param_distribution, value):
                 return value
         member = int(record["member"]) if record else trial.number % self._population
         round_ = int(record.get("round", 0)) if record else trial.number // self._population

@@ -24,6 +24,7 @@ from orchestrator.record.store.optuna_private import (
     process_constraints_after_trial,
     storage_of,
     study_id_of,
+    study_trials,
     trial_id_of,
 )
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
@@ -301,7 +302,7 @@ class PSOSampler(BaseSampler):
         return self._local.enqueued
 
     def _view(self, study: Study) -> SwarmView:
-        trials = study._get_trials(deepcopy=False, use_cache=True)
+        trials = study_trials(study, use_cache=True)
         # One view per snapshot of the trials (Optuna refreshes that snapshot at every ask).
         key = (id(storage_of(study)), study_id_of(study), id(trials), len(trials))
         cached = getattr(self._local, "view", None)

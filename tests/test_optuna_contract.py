@@ -258,3 +258,40 @@ def test_the_private_names_we_read_are_where_optuna_keeps_them(tmp_path):
         assert session.query(models.TrialModel).count() == 2
     rdb = importlib.import_module(private.RDB_STORAGE_LOGGER)  # the logger is its module's name
     assert rdb.__name__ == private.RDB_STORAGE_LOGGER and hasattr(rdb, "RDBStorage")
+
+
+def test_the_private_reaches_still_do_what_they_did(tmp_path):
+    """The rest of optuna_private against the installed Optuna: the cache under a loaded
+    study, a trial's own copy, its fixed parameters, a distribution's range, the RDBStorage
+    methods the riding storage overrides."""
+    import importlib
+
+    from optuna.distributions import FloatDistribution
+    from optuna.storages import RDBStorage
+
+    from orchestrator.record.store import optuna_private as private
+
+    url = f"sqlite:///{tmp_path / 'private.db'}"
+    optuna.create_study(study_name="private", storage=url)
+    study = optuna.load_study(study_name="private", storage=url)
+    assert isinstance(private.rdb_storage_of(private.storage_of(study)), RDBStorage)
+    study.enqueue_trial({"x": 0.25})
+    trial = study.ask()
+    assert private.fixed_params_of(trial) == {"x": 0.25}
+    assert private.cached_trial_of(trial).number == trial.number
+    assert private.distribution_contains(FloatDistribution(0, 1), 0.5)
+    assert not private.distribution_contains(FloatDistribution(0, 1), 2.0)
+    private.forget_cached_trials(study)
+    assert [t.number for t in private.study_trials(study, use_cache=False)] == [0]
+    for name in (
+        private.SET_TRIAL_PARAM,
+        private.GET_BEST_TRIAL_ID,
+        private.GET_STALE_TRIAL_IDS,
+        private.CREATE_NEW_TRIAL,
+        private.GET_TRIALS,
+        "_get_prepared_new_trial",
+        "_set_trial_attr_without_commit",
+    ):
+        assert callable(getattr(RDBStorage, name)), name
+    assert hasattr(private.storage_of(study), "_add_trials_to_cache")
+    assert importlib.import_module(private.RDB_MODELS_MODULE) is private.rdb_models()

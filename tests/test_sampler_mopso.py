@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from optuna.trial import TrialState
 
+from orchestrator.record.trials.pareto import dominates
 from samplers import PSOSampler, make_sampler
-from samplers._pareto import crowding_distance, dominates, front, tournament, trim
+from samplers._pareto import crowding_distance, front, tournament, trim
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -60,11 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def plan_command(args: argparse.Namespace) -> int:
     import adapters
-    from orchestrator.gpu import select_devices
     from orchestrator.planning.calibrate import AdapterRef
-    from orchestrator.planning.cpu_cores import usable_cpu_cores
-    from orchestrator.planning.memory import DECLARED, measured_models
-    from orchestrator.planning.planner import plan_node
+    from orchestrator.planning.host_plan import host_plan
     from orchestrator.planning.workloads import workload_class
     from orchestrator.record.store.storage_url import resolve_storage_url
 
@@ -89,20 +86,20 @@ def plan_command(args: argparse.Namespace) -> int:
     url = resolve_storage_url(args.storage)
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-plan-") as sim_dir:
-        _probe, devices = select_devices(args.gpus, sim_dir=sim_dir)
-        if args.calibrate:
-            _calibrate(ref, adapter, options, devices, url, args)
-        measured = measured_models(url, adapter.name, declared, (device.name for device in devices))
-        plan = plan_node(
-            devices,
+        plan = host_plan(
+            args.gpus,
             declared,
             cpu_bound=workload.cpu_bound,
-            cpu_cores=args.cpu_cores or usable_cpu_cores(),
             swarm_size=args.swarm_size,
-            memory_model_source=DECLARED,
             concurrency=args.concurrency,
-            gpu_memory_models=measured,
-        )
+            cpu_cores=args.cpu_cores,
+            stored_models=(url, adapter.name),
+            sim_dir=sim_dir,
+            # --calibrate measures on the devices found and stores the models the plan then reads
+            before_planning=(lambda devices: _calibrate(ref, adapter, options, devices, url, args))
+            if args.calibrate
+            else None,
+        ).plan
     if args.json:
         print(json.dumps(plan_json(plan, adapter, args), indent=2))
     else:

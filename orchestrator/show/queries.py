@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
-from orchestrator.record.store.optuna_private import study_id_of
+from orchestrator.record.store.optuna_private import replace_trial_reads, study_id_of
 from orchestrator.show.views import (
     MULTI_OBJECTIVE,
     BestTrial,
@@ -295,9 +295,7 @@ def snapshot_study(study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Stu
 
     # Instance attributes win over the class's methods (and over `trials`, `best_trial`,
     # `best_value` and `best_params`, which call them).
-    snapshot.get_trials = get_trials
-    snapshot._get_trials = get_trials
-    snapshot._get_best_trial = best_trial
+    replace_trial_reads(snapshot, get_trials, best_trial)
     return snapshot
 
 

@@ -36,7 +36,14 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.record.budget import section as budget_section
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.storage import ASK_MARK
-from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
+from orchestrator.record.store.optuna_private import (
+    add_to_trial_cache,
+    forget_cached_trials,
+    rdb_storage_of,
+    storage_of,
+    study_id_of,
+    trial_id_of,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -240,13 +247,11 @@ def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:
     from optuna.trial import FrozenTrial, TrialState
 
     assert claim.trial_id is not None and claim.number is not None
-    cache = storage_of(study)
-    if hasattr(cache, "_add_trials_to_cache"):
-        from optuna.storages._cached_storage import _StudyInfo
-
-        # What Optuna's create enters (its trial id and number); the next read of the study
-        # reads the trial again, as it is unfinished.
-        entry = FrozenTrial(
+    # What Optuna's create enters (its trial id and number); the next read of the study reads
+    # the trial again, as it is unfinished.
+    add_to_trial_cache(
+        study,
+        FrozenTrial(
             number=claim.number,
             state=TrialState.RUNNING,
             value=None,
@@ -259,11 +264,9 @@ def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:
             system_attrs={},
             intermediate_values={},
             trial_id=claim.trial_id,
-        )
-        with cache._lock:
-            cache._studies.setdefault(study_id_of(study), _StudyInfo())
-            cache._add_trials_to_cache(study_id_of(study), [entry])
-    study._thread_local.cached_all_trials = None  # Optuna's ask syncs the study once a trial
+        ),
+    )
+    forget_cached_trials(study)  # Optuna's ask syncs the study once a trial
     return optuna.Trial(study, claim.trial_id)  # reads the trial back; the sampler's before_trial
 
 
@@ -274,7 +277,7 @@ def _ask_in_section(
     from orchestrator.record.store.locks import under_budget_lock
 
     storage = storage_of(study)
-    backend = getattr(storage, "_backend", storage)
+    backend = rdb_storage_of(storage)
     marks: dict[str, float] = {}
 
     def count_and_create() -> optuna.Trial | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
-from orchestrator.record.store.optuna_private import storage_of
+from orchestrator.record.store.optuna_private import rdb_storage_of, storage_of
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def study_location(study: optuna.Study) -> str | None:
     spec = load_spec(study)
     if spec is not None and spec.artifacts:
         return spec.artifacts
-    backend = getattr(storage_of(study), "_backend", storage_of(study))
+    backend = rdb_storage_of(storage_of(study))
     url = getattr(backend, "url", None)
     return None if url is None else default_location(str(url))
 

@@ -20,7 +20,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.checkpoints import files as stored
-from orchestrator.record.store.optuna_private import storage_of, trial_id_of
+from orchestrator.record.store.optuna_private import cached_trial_of, storage_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ class CheckpointHandle:
                 storage.set_trial_intermediate_value(own, step, value)
 
         ride_out(copy, what=f"carry the curve of trial {found.trial} over")
-        self._trial._cached_frozen_trial.intermediate_values.update(curve)  # as report keeps it
+        cached_trial_of(self._trial).intermediate_values.update(curve)  # as report keeps it
 
     def _write(self, epoch: int, state: dict[str, Any]) -> None:
         """Write the file, then name it in the trial's attributes. While the database is away

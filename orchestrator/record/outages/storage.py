@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.record.budget import section as budget_section
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.state import current
+from orchestrator.record.store import optuna_private as private
 from orchestrator.record.store.optuna_private import rdb_models, scoped_session, trial_id_of
 
 if TYPE_CHECKING:
@@ -29,8 +30,8 @@ _RIDDEN = {
     "get_all_studies": "list the studies",
     "create_new_trial": "ask for a trial",
     "set_trial_param": "store a trial's parameter",
-    "_set_trial_param": "store a trial's parameter",  # what Optuna's trial cache calls
-    "_get_best_trial_id": "read the best trial",
+    private.SET_TRIAL_PARAM: "store a trial's parameter",  # what Optuna's trial cache calls
+    private.GET_BEST_TRIAL_ID: "read the best trial",
     "get_trial_param": "read a trial's parameter",
     "set_trial_intermediate_value": "report a trial's progress",
     "set_trial_user_attr": "store a trial's attribute",
@@ -40,7 +41,7 @@ _RIDDEN = {
     "get_all_trials": "read the trials",
     "get_best_trial": "read the best trial",
     "record_heartbeat": "record a trial's heartbeat",
-    "_get_stale_trial_ids": "look for lost trials",
+    private.GET_STALE_TRIAL_IDS: "look for lost trials",
 }
 
 
@@ -84,7 +85,6 @@ def _get_trials(self: Any, study_id: int, states: Any, *args: Any, **kwargs: Any
     """Read trials, riding out an outage. Under the budget lock, before the claim, the one read
     is Optuna's look for a waiting trial (its cache asks for every unfinished trial, those that
     others run among them): only waiting ones are read there, and the rest are read after."""
-    from optuna.storages import RDBStorage
     from optuna.trial import TrialState
 
     if states is None and budget_section.before_claim(self.engine):
@@ -92,7 +92,7 @@ def _get_trials(self: Any, study_id: int, states: Any, *args: Any, **kwargs: Any
             return []  # the count under this lock found none: no read at all
         states = (TrialState.WAITING,)
     return ride_out(
-        lambda: RDBStorage._get_trials(self, study_id, states, *args, **kwargs),
+        lambda: private.rdb_get_trials(self, study_id, states, *args, **kwargs),
         what="read the trials",
     )
 
@@ -120,7 +120,7 @@ def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> A
     earlier = memory.get(key) if template_trial is None else None
     mark = str(earlier) if earlier is not None else uuid.uuid4().hex
     template = _new_trial_template() if template_trial is None else copy.deepcopy(template_trial)
-    template._system_attrs = {**template.system_attrs, ASK_MARK: mark}
+    private.set_system_attrs(template, {**template.system_attrs, ASK_MARK: mark})
     attempts = 0
 
     def attempt() -> Any:
@@ -168,11 +168,11 @@ def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> 
     with scoped_session(storage) as session:
         # Optuna's lock on the study row: numbering a new trial is not atomic otherwise.
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
-        trial = storage._get_prepared_new_trial(study_id, template, session)
+        trial = private.prepared_new_trial(storage, study_id, template, session)
         frozen = copy.deepcopy(template)
         frozen.number = trial.number
         frozen.datetime_start = trial.datetime_start
-        frozen._trial_id = trial.trial_id
+        private.set_trial_id(frozen, trial.trial_id)
     if claim:  # a plain ask under the budget lock: the lock goes now (a re-queue keeps it)
         budget_section.claimed(storage, trial_id_of(frozen))
     return frozen
@@ -213,8 +213,8 @@ def riding_storage_class() -> type[RDBStorage]:
 
         body = {name: _ridden(getattr(RDBStorage, name), what) for name, what in _RIDDEN.items()}
         body["set_trial_state_values"] = _set_trial_state_values
-        body["_create_new_trial"] = _create_new_trial
-        body["_get_trials"] = _get_trials
+        body[private.CREATE_NEW_TRIAL] = _create_new_trial
+        body[private.GET_TRIALS] = _get_trials
         body["__module__"] = __name__
         _RIDING_CLASS = type("RidingRDBStorage", (RDBStorage,), body)
     return _RIDING_CLASS

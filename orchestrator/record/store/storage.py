@@ -15,7 +15,7 @@ from orchestrator.errors import UserError
 from orchestrator.record.outages.riding import ride_out, when_a_connection_is_free
 from orchestrator.record.outages.state import note_connections, note_storage
 from orchestrator.record.outages.storage import riding_storage_class
-from orchestrator.record.store.optuna_private import RDB_STORAGE_LOGGER
+from orchestrator.record.store.optuna_private import RDB_STORAGE_LOGGER, use_engine
 from orchestrator.record.store.passwords import protect_output, remember_secret
 from orchestrator.record.store.storage_failures import missing_driver, unreachable
 from orchestrator.record.store.storage_url import is_sqlite, normalize_url, sqlite_path
@@ -245,8 +245,7 @@ def _hold_one_connection(storage: RDBStorage, url: str) -> None:
     opened_with = storage.engine
     storage.engine = sa.create_engine(url, **engine_kwargs(url, one_connection=True))
     storage.scoped_session = orm.scoped_session(orm.sessionmaker(bind=storage.engine))
-    storage._version_manager.engine = storage.engine
-    storage._version_manager.scoped_session = storage.scoped_session
+    use_engine(storage)
     opened_with.dispose()
     _ONE_CONNECTION[url] = storage
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 import datetime as dt
 import socket
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
     import optuna
 
-    from orchestrator.record.study.spec import StudySpec
 
 # Every setting of StudySpec is part of what a trial means unless it is named here: a setting
 # added later is guarded from the start.
@@ -39,6 +38,15 @@ NOT_COMPARED = frozenset({"sampler_pickle", "pruner_pickle"})
 ADMISSION_OPTIONS = frozenset({"overhead_mb", "per_sample_mb"})
 UPDATES_ATTR = "orchestrator_settings_updates"  # a list of {time, host, changes}
 NOT_SET = "(not set)"
+
+
+class Settings(Protocol):
+    """What drift compares: a study's settings, `record/study/spec.StudySpec`. Named by its
+    shape, not imported: `spec.save_spec` checks drift here, so an import back would be a loop."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a dataclass: each field is a setting
+    sampler: str
+    options: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,7 @@ class Drift:
         return {"setting": self.setting, "from": self.stored, "to": self.wanted}
 
 
-def differences(stored: StudySpec, wanted: StudySpec) -> list[Drift]:
+def differences(stored: Settings, wanted: Settings) -> list[Drift]:
     """The settings that change what a trial means, where `wanted` differs from `stored`."""
     drifts: list[Drift] = []
     for item in fields(stored):
@@ -111,7 +119,7 @@ def update_entry(drifts: list[Drift], *, host: str, when: dt.datetime) -> dict[s
 
 
 def check_stored(
-    study: optuna.Study, stored: StudySpec | None, wanted: StudySpec, *, update_settings: bool
+    study: optuna.Study, stored: Settings | None, wanted: Settings, *, update_settings: bool
 ) -> None:
     """Refuse `wanted` if the study already holds (`stored`) other settings that matter, or
     record the update when the user asked for one; a study with no settings yet takes any."""

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record.store.optuna_private import rdb_models, scoped_session, trial_id_of
+from orchestrator.record.store.optuna_private import (
+    cached_trial_of,
+    rdb_models,
+    rdb_storage_of,
+    scoped_session,
+    set_trial_attr_without_commit,
+    trial_id_of,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -22,7 +29,7 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
 
     models = rdb_models()
 
-    backend = getattr(trial.storage, "_backend", trial.storage)  # Optuna's cache wraps it
+    backend = rdb_storage_of(trial.storage)  # Optuna's cache wraps it
     if not isinstance(backend, RDBStorage) or not attrs:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
@@ -32,10 +39,10 @@ def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
     def write() -> None:
         with scoped_session(backend, True) as session:
             for key, value in attrs.items():
-                backend._set_trial_attr_without_commit(
-                    session, models.TrialUserAttributeModel, trial_id_of(trial), key, value
+                set_trial_attr_without_commit(
+                    backend, session, models.TrialUserAttributeModel, trial_id_of(trial), key, value
                 )
 
     # An upsert each: redone whole after a lost connection, it writes the same rows again.
     ride_out(write, what=f"write the attributes of trial {trial.number}")
-    trial._cached_frozen_trial.user_attrs.update(attrs)  # as set_user_attr keeps it
+    cached_trial_of(trial).user_attrs.update(attrs)  # as set_user_attr keeps it

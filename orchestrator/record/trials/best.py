@@ -101,6 +101,8 @@ def pareto_front(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> li
     For one objective it is the best trial."""
     from optuna.trial import TrialState
 
+    from orchestrator.record.trials.pareto import non_dominated
+
     signs = [1.0 if d == "minimize" else -1.0 for d in directions]
     done = [
         t
@@ -112,16 +114,7 @@ def pareto_front(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> li
         and feasible(t)
     ]
     keys = [tuple(s * v for s, v in zip(signs, t.values, strict=True)) for t in done]
-    front = []
-    for i, trial in enumerate(done):
-        dominated = any(
-            all(a <= b for a, b in zip(other, keys[i], strict=True)) and other != keys[i]
-            for other in keys
-        )
-        repeated = keys[i] in keys[:i]
-        if not dominated and not repeated:
-            front.append(trial)
-    return front
+    return [done[i] for i in non_dominated(keys) if keys[i] not in keys[:i]]
 
 
 def best_lineage(trials: Iterable[FrozenTrial], best: int | None) -> dict | None:

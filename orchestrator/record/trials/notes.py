@@ -14,7 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
+from orchestrator.record.store.optuna_private import (
+    rdb_storage_of,
+    storage_of,
+    study_id_of,
+    trial_id_of,
+)
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
@@ -170,7 +175,7 @@ def _note_attrs(storage: Any, study_id: int, trial_id: int) -> dict[str, Any]:
 
     from optuna.storages import RDBStorage
 
-    backend = getattr(storage, "_backend", storage)  # load_study wraps an RDBStorage in a cache
+    backend = rdb_storage_of(storage)  # load_study wraps an RDBStorage in a cache
     prefix = f"dashboard:{trial_id}:"
     if not isinstance(backend, RDBStorage):
         attrs = storage.get_study_system_attrs(study_id)

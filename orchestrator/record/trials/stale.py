@@ -8,7 +8,12 @@ from typing import TYPE_CHECKING
 from orchestrator.record.budget.section import connection_for
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.state import Outages, current
-from orchestrator.record.store.optuna_private import rdb_models, storage_of, study_id_of
+from orchestrator.record.store.optuna_private import (
+    rdb_models,
+    rdb_storage_of,
+    storage_of,
+    study_id_of,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -53,7 +58,7 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
     import sqlalchemy as sa
 
     storage = storage_of(study)
-    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    engine = getattr(rdb_storage_of(storage), "engine", None)
     if engine is None or engine.dialect.name != "postgresql":
         return False
     # The same look counts the server's connections: its trial processes meet a full server
@@ -92,7 +97,7 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
     from optuna.trial import TrialState
 
     storage = storage_of(study)
-    backend = getattr(storage, "_backend", storage)  # under Optuna's cache, the RDBStorage
+    backend = rdb_storage_of(storage)  # under Optuna's cache, the RDBStorage
     engine = getattr(backend, "engine", None)
     if engine is None or backend.get_heartbeat_interval() is None:
         return

@@ -25,6 +25,8 @@ import signal
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.store.optuna_private import RDB_MODELS_MODULE
+
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
@@ -57,7 +59,7 @@ PRELOAD = (
     "sqlalchemy.orm",
     "sqlalchemy.dialects.sqlite",
     "sqlalchemy.dialects.postgresql.psycopg2",
-    "optuna.storages._rdb.models",
+    RDB_MODELS_MODULE,
     "alembic.command",
     "alembic.config",
     "alembic.migration",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record.store.optuna_private import trial_id_of
+from orchestrator.record.store.optuna_private import fixed_params_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTi
 def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
     """A re-run carries its batch size fixed from the GPU it first ran on; on a smaller GPU it
     must still fit this one's plan, so it is brought inside this GPU's bounds (and says so)."""
-    fixed = trial._fixed_params  # what Optuna hands out instead of sampling; read at ask()
+    fixed = fixed_params_of(trial)  # what Optuna hands out instead of sampling; read at ask()
     batch = fixed.get(names.BATCH_SIZE)
     if batch is None:
         return
