@@ -386,3 +386,20 @@ def test_a_module_at_the_limits_passes(tmp_path: Path) -> None:
 def test_a_planted_module_without_its_job_fails(tmp_path: Path, package: str) -> None:
     root = _tree(tmp_path, {f"{package}/bare.py": "x = 1\n"})
     assert undocumented(root) == {f"{package}/bare.py"}
+
+
+def test_the_readme_command_table_names_the_modules_of_the_tree() -> None:
+    """Every command's row names its module, and every module that adds a command has a row."""
+    table = [
+        line.split("|")
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("| `python -m orchestrator")
+    ]
+    named = {cells[3].strip().strip("`") for cells in table}
+    assert all((ROOT / where).is_file() for where in named), named
+    registering = {
+        p.relative_to(ROOT).as_posix()
+        for p in (ROOT / "orchestrator" / "commands").glob("*.py")
+        if "\ndef register(" in p.read_text()
+    }
+    assert registering <= named, sorted(registering - named)
