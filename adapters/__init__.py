@@ -7,7 +7,7 @@ A broken third-party adapter is reported by name and never stops the others.
 
 from __future__ import annotations
 
-# Marks this package as gpu-study-orchestrator's (see orchestrator.own_packages).
+# Marks this package as gpu-study-orchestrator's (see orchestrator.imports).
 __gpu_study_orchestrator__ = True
 
 

@@ -8,7 +8,7 @@ Names are imported on first use, so importing this package does not import Optun
 
 from __future__ import annotations
 
-# Marks this package as gpu-study-orchestrator's (see orchestrator.own_packages).
+# Marks this package as gpu-study-orchestrator's (see orchestrator.imports).
 __gpu_study_orchestrator__ = True
 
 

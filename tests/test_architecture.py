@@ -10,7 +10,7 @@ docs/architecture.md states the rules; this file checks each of them as written 
     planning  planning/                             plugins, record, base
     plugins   adapters/, samplers/                  record, base
     record    record/                               base
-    base      errors, own_packages, gpu/            nothing of ours
+    base      errors, imports, gpu/                 nothing of ours
 
 An import is any `import`, `from ... import`, and `importlib.import_module("...")` or
 `__import__("...")` given a module's name as a literal. TYPE_CHECKING imports are annotations,
@@ -61,7 +61,7 @@ def layer_of(module: str) -> str | None:
         return None
     if len(parts) == 1:
         return "top"
-    if parts[1] in ("errors", "own_packages", "gpu"):
+    if parts[1] in ("errors", "imports", "gpu"):
         return "base"
     if parts[1] in ("record", "planning", "run", "show", "deploy"):
         return parts[1]
