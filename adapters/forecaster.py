@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from adapters._forecaster_layers import Forecaster
 from adapters.base import MemoryModel
 
 if TYPE_CHECKING:
@@ -110,6 +111,4 @@ def build_forecaster(
 
     The layers live in `_forecaster_layers`, imported here: torch is imported only when a model
     is built."""
-    from adapters._forecaster_layers import Forecaster
-
     return Forecaster(width, window, depth, horizon, dropout, HEADS)

@@ -62,7 +62,8 @@ class LazyImport(types.ModuleType):
     """A module imported on first attribute access (Optuna's `_LazyImport`, as ours).
 
     `torch = LazyImport("torch")` at a module's top costs nothing; `torch.zeros(...)` imports torch
-    then and every later access reads the real module's attributes straight from this one.
+    then, and every later access reads the real module's attributes straight from this one's
+    (copied once, so a training loop pays nothing per access).
     """
 
     def __init__(self, name: str) -> None:
@@ -71,7 +72,7 @@ class LazyImport(types.ModuleType):
 
     def _load(self) -> types.ModuleType:
         module = importlib.import_module(self._name)
-        self.__dict__.update(module.__dict__)  # later accesses no longer reach __getattr__
+        self.__dict__.update(module.__dict__)
         return module
 
     def __getattr__(self, item: str) -> Any:

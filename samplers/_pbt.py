@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 
 from orchestrator.record.checkpoints import lineage as names
 from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
+from orchestrator.record.study.spec import load_spec
 from samplers._lhs import lhs_point
 from samplers._pbt_rules import (
     KEEP,
@@ -234,8 +235,6 @@ class PBTSampler(BaseSampler):
     def _settings(self, study: Study) -> Settings:
         epochs = self._epochs
         if epochs is None:
-            from orchestrator.record.study.spec import load_spec
-
             spec = load_spec(study)
             if spec is None:
                 raise ValueError(

@@ -28,6 +28,8 @@ from orchestrator.record.store.optuna_private import (
 )
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
 from samplers._lhs import name_key, start_size
+from samplers._model.front_screen import front_move
+from samplers._model.screen import screened_move
 from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
 from samplers._moves import Swarm
 from samplers._space import clip_to_bounds
@@ -207,8 +209,6 @@ class PSOSampler(BaseSampler):
         if trial.number >= start_size(len(names)):
             # The model's modules (and scipy's solvers, 0.3 s to import) load at the first
             # screened move: a short study, or a trial of the start, never needs them.
-            from samplers._model.front_screen import front_move
-            from samplers._model.screen import screened_move
 
             move = front_move if view.several else screened_move
             with _one_blas_thread():

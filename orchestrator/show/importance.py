@@ -7,6 +7,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.show.text import plural
+
 if TYPE_CHECKING:
     import optuna
     from optuna.importance import BaseImportanceEvaluator
@@ -54,8 +56,6 @@ def importance_evaluator() -> BaseImportanceEvaluator:
 
 def importance_note(done: int) -> str:
     """Why the importances chart is missing with only `done` completed trials."""
-    from orchestrator.show.text import plural
-
     return (
         f"skipped: {plural(done, 'completed trial')}, "
         f"importances need at least {MIN_TRIALS_FOR_IMPORTANCE}"

@@ -7,6 +7,8 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
+from orchestrator.show.final_scores_text import final_score_lines
 from orchestrator.show.text import mb_text, plural
 from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction
 
@@ -121,8 +123,6 @@ def best_section(detail: StudyDetail) -> list[RenderableType]:
 
 def _spread(best: Any) -> str:
     """`, mean of 3 seeds (0.41, 1.2, 0.93), +- 0.33` for a trial run with --repeats."""
-    from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
-
     values = best.user_attrs.get(REPEAT_VALUES_ATTR)
     if not isinstance(values, list) or len(values) < 2:
         return ""
@@ -135,8 +135,6 @@ def _spread(best: Any) -> str:
 def scores_section(scores: FinalScores | None) -> list[RenderableType]:
     """The scores to trust: the selection's validation and test, beside the baselines."""
     from rich.markup import escape
-
-    from orchestrator.show.final_scores_text import final_score_lines
 
     if scores is None:
         return []

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.show.importance import MIN_TRIALS_FOR_IMPORTANCE
+from orchestrator.show.report.parallel import axes_for, rank_parameters
 
 if TYPE_CHECKING:
     import optuna
@@ -59,8 +60,6 @@ def best_curve(study: optuna.Study, groups: dict[str, list[Curve]]) -> Curve | N
 
 def parallel_axes(study: optuna.Study, metric: str) -> tuple[ParamRanking, list[Axis]]:
     """The completed trials' parameters ranked, and the axes of the most important of them."""
-    from orchestrator.show.report.parallel import axes_for, rank_parameters
-
     trials = completed(study)
     ranking = rank_parameters(study, trials, min_for_importance=MIN_TRIALS_FOR_IMPORTANCE)
     return ranking, axes_for(trials, ranking.shown(), metric)

@@ -15,9 +15,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+from orchestrator.show.importance import importance_evaluator
+
 if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
     import optuna
+    import plotly.graph_objects as go
     from optuna.trial import FrozenTrial
+else:
+    plt = LazyImport("matplotlib.pyplot")
+    optuna = LazyImport("optuna")
+    go = LazyImport("plotly.graph_objects")
 
 MAX_AXES = 8  # parameters drawn; the note says how many were left out
 
@@ -47,10 +56,6 @@ def rank_parameters(
     names = sorted({name for t in trials for name in t.params})
     if len(trials) >= min_for_importance:
         try:
-            import optuna
-
-            from orchestrator.show.importance import importance_evaluator
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 scores = optuna.importance.get_param_importances(
@@ -156,8 +161,6 @@ def axes_for(trials: Sequence[FrozenTrial], names: Sequence[str], metric: str) -
 
 
 def plotly_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> Any:
-    import plotly.graph_objects as go
-
     dimensions = []
     for axis in axes:
         dim: dict[str, Any] = {"label": axis.label, "values": axis.values}
@@ -177,7 +180,6 @@ def plotly_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> Any:
 
 
 def matplotlib_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> Any:
-    import matplotlib.pyplot as plt
     from matplotlib import cm, colors
     from matplotlib.collections import LineCollection
 
