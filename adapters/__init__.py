@@ -27,6 +27,7 @@ from adapters.base import (
     parse_options,
     problems_with,
 )
+from adapters.objective import ObjectiveAdapter, load_objective
 from orchestrator.errors import UserError
 
 __all__ = [
@@ -138,8 +139,6 @@ def resolve(ref: str, *, is_path: bool, objective: bool = False, **settings: Any
     objective function `module:qualname` when `objective` (with its name, direction and metric
     in `settings`)."""
     if objective:
-        from adapters.objective import ObjectiveAdapter, load_objective
-
         try:
             function = load_objective(ref)
         except (ImportError, AttributeError, ValueError) as error:

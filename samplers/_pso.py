@@ -19,6 +19,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
+from threadpoolctl import ThreadpoolController
 
 from orchestrator.record.store.optuna_private import (
     process_constraints_after_trial,
@@ -335,8 +336,6 @@ def _one_blas_thread() -> Any:
     177 s instead of 13)."""
     global _threadpools
     if _threadpools is None:
-        from threadpoolctl import ThreadpoolController
-
         _threadpools = ThreadpoolController()
     return _threadpools.limit(limits=1, user_api="blas")
 

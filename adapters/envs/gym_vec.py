@@ -60,14 +60,12 @@ class GymVecEnv:
         device: torch.device | str = "cpu",
         seed: int = 0,
     ) -> None:
-        from gymnasium.vector import AutoresetMode
-
         self.env = gym.make_vec(
             env_id,
             num_envs=num_envs,
             vectorization_mode="sync",
             # Fresh arrays from every step (so the tensors may share their memory), no checker.
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": True},
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": True},
             disable_env_checker=True,
         )
         self.env.action_space.seed(seed)

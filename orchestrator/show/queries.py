@@ -94,11 +94,9 @@ def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
 @contextmanager
 def _guarded(storage: RDBStorage) -> Iterator[None]:
     """Turn a database error during a read into the one-line 'cannot reach' message."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     try:
         yield
-    except SQLAlchemyError as error:
+    except sa.exc.SQLAlchemyError as error:
         raise unreachable(storage.url, error) from None
 
 

@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
 from orchestrator.show.importance import MIN_TRIALS_FOR_IMPORTANCE
 from orchestrator.show.report.parallel import axes_for, rank_parameters
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
     from orchestrator.show.report.parallel import Axis, ParamRanking
     from orchestrator.show.views import MemoryLine, StudyDetail, VramRow
+else:
+    optuna = LazyImport("optuna")
 
 # A trial's learning curve: its number and its (epoch, value) points.
 Curve = tuple[int, list[tuple[int, float]]]
@@ -33,9 +36,7 @@ CURVE_STYLES = {  # state -> (colour, dash, legend)
 
 
 def completed(study: optuna.Study) -> list[FrozenTrial]:
-    from optuna.trial import TrialState
-
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
 def curve_groups(trials: Sequence[FrozenTrial]) -> dict[str, list[Curve]]:

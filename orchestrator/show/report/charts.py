@@ -42,12 +42,14 @@ from orchestrator.show.views import slot_series
 if TYPE_CHECKING:
     import optuna
     import optuna.visualization as vis
+    import plotly.colors as plotly_colors
     import plotly.graph_objects as go
 
     from orchestrator.show.views import MemoryLine, StudyDetail, VramRow
 else:
     vis = LazyImport("optuna.visualization")
     go = LazyImport("plotly.graph_objects")
+    plotly_colors = LazyImport("plotly.colors")
 
 
 @dataclass(frozen=True)
@@ -330,6 +332,4 @@ def _hover(row: VramRow) -> str:
 
 
 def _palette() -> list[str]:
-    import plotly.colors
-
-    return list(plotly.colors.qualitative.Plotly)
+    return list(plotly_colors.qualitative.Plotly)

@@ -32,6 +32,7 @@ from orchestrator.show.views import slot_series
 
 if TYPE_CHECKING:
     import matplotlib
+    import matplotlib.collections as mcoll
     import matplotlib.pyplot as plt
     import numpy as np
     import optuna
@@ -44,6 +45,7 @@ else:
     plt = LazyImport("matplotlib.pyplot")
     np = LazyImport("numpy")
     mvis = LazyImport("optuna.visualization.matplotlib")
+    mcoll = LazyImport("matplotlib.collections")
 
 
 def write_pngs(
@@ -119,8 +121,6 @@ def _figure_of(axes: Any) -> Any:
 
 
 def _curves_axes(study: optuna.Study, metric: str) -> Any:
-    from matplotlib.collections import LineCollection
-
     figure, ax = plt.subplots()
     groups = curve_groups(study.get_trials(deepcopy=False))
     for state, curves in groups.items():
@@ -128,7 +128,7 @@ def _curves_axes(study: optuna.Study, metric: str) -> Any:
         style = {"solid": "-", "dash": "--", "dot": ":"}[dash]
         # One collection a state, not a line a trial (a study may hold thousands).
         ax.add_collection(
-            LineCollection(
+            mcoll.LineCollection(
                 [points for _, points in curves],
                 colors=colour,
                 linestyles=style,

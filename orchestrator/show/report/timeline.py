@@ -22,6 +22,7 @@ from orchestrator.show.report.gpu_timeline import (
 if TYPE_CHECKING:
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
+    import plotly.colors as plotly_colors
     import plotly.graph_objects as go
 
     from orchestrator.record.store.records import ConcurrencyEvent
@@ -29,6 +30,7 @@ else:
     mdates = LazyImport("matplotlib.dates")
     plt = LazyImport("matplotlib.pyplot")
     go = LazyImport("plotly.graph_objects")
+    plotly_colors = LazyImport("plotly.colors")
 
 STATE_COLOURS = {  # state -> (colour, legend)
     "COMPLETE": ("#1f77b4", "complete"),
@@ -86,9 +88,7 @@ def timeline_figure(lanes: list[Lane]) -> Any:
 
 
 def memory_figure(lanes: list[Lane], events: list[ConcurrencyEvent], until: dt.datetime) -> Any:
-    import plotly.colors
-
-    palette = list(plotly.colors.qualitative.Plotly)
+    palette = list(plotly_colors.qualitative.Plotly)
     figure = go.Figure()
     for i, lane in enumerate(lanes):
         colour = palette[i % len(palette)]
