@@ -43,13 +43,13 @@ from orchestrator.imports import LazyImport
 if TYPE_CHECKING:
     import optuna
     import torch
+    import torch.nn.functional as F
 
     from adapters.envs import StepResult
 
     # An n-step transition: observation, action, n-step return, the observation to bootstrap
     # from, and its discount (one row each per environment).
     Transition = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-    import torch.nn.functional as F
 else:
     torch = LazyImport("torch")
     F = LazyImport("torch.nn.functional")

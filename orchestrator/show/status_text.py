@@ -90,8 +90,9 @@ def heading(detail: StudyDetail) -> list[RenderableType]:
     budget = "?" if detail.budget is None else str(detail.budget)
     states = " · ".join(f"{state} {n}" for state, n in detail.states.items())
     retried = f" ({detail.retried} failed and re-run)" if detail.retried else ""
+    name, about_text = rich_markup.escape(detail.name), rich_markup.escape(", ".join(about))
     return [
-        f"[bold]Study {rich_markup.escape(detail.name)}[/] ({rich_markup.escape(', '.join(about))})",
+        f"[bold]Study {name}[/] ({about_text})",
         f"Trials: {detail.counted}/{budget} counted · {states}{retried}",
     ]
 

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from orchestrator.show.views import MemoryLine, StudyDetail, VramRow
 else:
     vis = LazyImport("optuna.visualization")
-    go = LazyImport("plotly.graph_objects")
     plotly_colors = LazyImport("plotly.colors")
+    go = LazyImport("plotly.graph_objects")
 
 
 @dataclass(frozen=True)

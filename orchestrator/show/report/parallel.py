@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     from optuna.trial import FrozenTrial
 else:
-    plt = LazyImport("matplotlib.pyplot")
-    optuna = LazyImport("optuna")
-    go = LazyImport("plotly.graph_objects")
     mcm = LazyImport("matplotlib.cm")
     mcoll = LazyImport("matplotlib.collections")
     mcolors = LazyImport("matplotlib.colors")
+    plt = LazyImport("matplotlib.pyplot")
+    optuna = LazyImport("optuna")
+    go = LazyImport("plotly.graph_objects")
 
 MAX_AXES = 8  # parameters drawn; the note says how many were left out
 

@@ -42,10 +42,10 @@ if TYPE_CHECKING:
     from orchestrator.show.views import StudyDetail
 else:
     matplotlib = LazyImport("matplotlib")
+    mcoll = LazyImport("matplotlib.collections")
     plt = LazyImport("matplotlib.pyplot")
     np = LazyImport("numpy")
     mvis = LazyImport("optuna.visualization.matplotlib")
-    mcoll = LazyImport("matplotlib.collections")
 
 
 def write_pngs(

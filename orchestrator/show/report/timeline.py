@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 else:
     mdates = LazyImport("matplotlib.dates")
     plt = LazyImport("matplotlib.pyplot")
-    go = LazyImport("plotly.graph_objects")
     plotly_colors = LazyImport("plotly.colors")
+    go = LazyImport("plotly.graph_objects")
 
 STATE_COLOURS = {  # state -> (colour, legend)
     "COMPLETE": ("#1f77b4", "complete"),
