@@ -208,9 +208,6 @@ class PSOSampler(BaseSampler):
             return {}
         screened = None
         if trial.number >= start_size(len(names)):
-            # The model's modules (and scipy's solvers, 0.3 s to import) load at the first
-            # screened move: a short study, or a trial of the start, never needs them.
-
             move = front_move if view.several else screened_move
             with _one_blas_thread():
                 screened = move(self._swarm, view, entropy, trial.number, search_space)
