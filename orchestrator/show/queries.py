@@ -10,21 +10,7 @@ from orchestrator.errors import UserError
 from orchestrator.imports import LazyImport
 from orchestrator.record.budget.counts import stored_count
 from orchestrator.record.store.locks import schema_lock
-from orchestrator.record.store.migrate import (
-    current_revision,
-    head_revision,
-    upgrade_orchestrator_schema,
-)
 from orchestrator.record.store.optuna_private import study_id_of
-from orchestrator.record.store.records import (
-    concurrency_events,
-    list_concurrency_events,
-    list_trial_vram,
-    load_memory_model,
-    memory_models,
-    trial_vram,
-    workers,
-)
 from orchestrator.record.store.storage import create_storage
 from orchestrator.record.store.storage_failures import unreachable
 from orchestrator.record.store.storage_url import describe_location, sqlite_path
@@ -60,10 +46,15 @@ if TYPE_CHECKING:
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
+    from orchestrator.record.store import migrate, records
     from orchestrator.record.store.records import ConcurrencyEvent
 else:
     optuna = LazyImport("optuna")
     sa = LazyImport("sqlalchemy")
+    # Our tables and their migrations import SQLAlchemy as they load: deferred like it, so that
+    # a command importing these reads keeps its `--help` free of SQLAlchemy.
+    migrate = LazyImport("orchestrator.record.store.migrate")
+    records = LazyImport("orchestrator.record.store.records")
 
 
 def open_for_reading(url: str) -> RDBStorage:
@@ -83,12 +74,12 @@ def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
     """A database written by an earlier version has our tables at an older revision: bring them
     to this version's (new columns only, nothing stored is lost), as `run` would. One with none
     of our tables (Optuna's alone) is left as it is: the views read what is there."""
-    revision = current_revision(storage)
-    if revision is None or revision == head_revision():
+    revision = migrate.current_revision(storage)
+    if revision is None or revision == migrate.head_revision():
         return
     with schema_lock(storage.url):
-        if current_revision(storage) != head_revision():
-            upgrade_orchestrator_schema(storage)
+        if migrate.current_revision(storage) != migrate.head_revision():
+            migrate.upgrade_orchestrator_schema(storage)
 
 
 @contextmanager
@@ -149,6 +140,7 @@ def _has_table(storage: RDBStorage, name: str) -> bool:
 
 
 def list_workers(storage: RDBStorage, study_name: str) -> list[Worker]:
+    workers = records.workers
     if not _has_table(storage, workers.name):
         return []
     query = (
@@ -178,11 +170,11 @@ def measured_lines(
     storage: RDBStorage, adapter: str | None, gpus: Iterable[str]
 ) -> list[MemoryLine]:
     """Memory models measured on these kinds of GPU for this adapter (orch_memory_models)."""
-    if adapter is None or not _has_table(storage, memory_models.name):
+    if adapter is None or not _has_table(storage, records.memory_models.name):
         return []
     lines = []
     for gpu in sorted(set(gpus)):
-        model = load_memory_model(storage.engine, adapter=adapter, gpu_name=gpu)
+        model = records.load_memory_model(storage.engine, adapter=adapter, gpu_name=gpu)
         if model is not None:
             lines.append(MemoryLine(gpu, model.model_overhead_mb, model.per_sample_mb, "measured"))
     return lines
@@ -190,16 +182,16 @@ def measured_lines(
 
 def recorded_vram(storage: RDBStorage, study_name: str) -> list[dict[str, Any]]:
     """The study's orch_trial_vram rows (none in a database without our tables)."""
-    if not _has_table(storage, trial_vram.name):
+    if not _has_table(storage, records.trial_vram.name):
         return []
-    return list_trial_vram(storage.engine, study_name)
+    return records.list_trial_vram(storage.engine, study_name)
 
 
 def recorded_concurrency(storage: RDBStorage, study_name: str) -> list[ConcurrencyEvent]:
     """The study's concurrency changes from orch_concurrency_events."""
-    if not _has_table(storage, concurrency_events.name):
+    if not _has_table(storage, records.concurrency_events.name):
         return []
-    return list_concurrency_events(storage.engine, study_name)
+    return records.list_concurrency_events(storage.engine, study_name)
 
 
 def study_detail(
