@@ -7,7 +7,7 @@ A broken third-party adapter is reported by name and never stops the others.
 
 from __future__ import annotations
 
-# Marks this package as gpu-study-orchestrator's (see orchestrator.own_packages).
+# Marks this package as gpu-study-orchestrator's (see orchestrator.imports).
 __gpu_study_orchestrator__ = True
 
 
@@ -27,6 +27,7 @@ from adapters.base import (
     parse_options,
     problems_with,
 )
+from adapters.objective import ObjectiveAdapter, load_objective
 from orchestrator.errors import UserError
 
 __all__ = [
@@ -138,8 +139,6 @@ def resolve(ref: str, *, is_path: bool, objective: bool = False, **settings: Any
     objective function `module:qualname` when `objective` (with its name, direction and metric
     in `settings`)."""
     if objective:
-        from adapters.objective import ObjectiveAdapter, load_objective
-
         try:
             function = load_objective(ref)
         except (ImportError, AttributeError, ValueError) as error:

@@ -1,8 +1,9 @@
 """The forecaster's layers in torch: the network `forecaster.build_forecaster` builds.
 
-This module imports torch as it loads, so only `build_forecaster` imports it, when a model is
-built: listing adapters and `plan` read `forecaster`'s memory model without torch. The number
-of attention heads is `forecaster.HEADS`, passed in, so the memory model and the network agree.
+This module imports torch as it loads, so `forecaster` defers it through `LazyImport` until a
+model is built: listing adapters and `plan` read `forecaster`'s memory model without torch. The
+number of attention heads is `forecaster.HEADS`, passed in, so the memory model and the network
+agree.
 """
 
 from __future__ import annotations

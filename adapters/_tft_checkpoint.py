@@ -11,10 +11,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
     import torch
 
     from adapters.base import Checkpoint
+else:
+    torch = LazyImport("torch")
 
 
 def save(
@@ -25,8 +29,6 @@ def save(
     stream: Any,
     best: tuple[float, int],
 ) -> None:
-    import torch
-
     if checkpoint is None or not checkpoint.due(epoch):
         return
     state: dict[str, Any] = {
@@ -47,8 +49,6 @@ def resume(
     checkpoint: Checkpoint | None, model: torch.nn.Module, step: Any, stream: Any
 ) -> tuple[float, int, int]:
     """(best score, its epoch, the epoch to start at) after loading the latest state, if any."""
-    import torch
-
     state = None if checkpoint is None else checkpoint.load()
     if state is None:
         return math.inf, 0, 0

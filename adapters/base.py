@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.record.outages.errors import is_outage
+from orchestrator.record.outages.riding import ride_out, single_attempt
 
 if TYPE_CHECKING:
     import optuna
     import torch
+else:
+    optuna = LazyImport("optuna")
 
 # The study-wide static batch-size range. Every adapter declares `batch_size` over this range
 # (log scale) so that every node shares one search space; the sampler maps proposals into the
@@ -206,9 +211,6 @@ def reporter(trial: optuna.Trial) -> Report:
     While the database is away the trial keeps training: the values wait in the reporter (no
     pruning decision is made without them) and go out with the next report once it is back, or
     with `report.flush()`, which the caller runs before it tells the result."""
-    from orchestrator.record.outages.errors import is_outage
-    from orchestrator.record.outages.riding import ride_out, single_attempt
-
     pending: list[tuple[int, float]] = []
 
     def deliver() -> None:
@@ -218,8 +220,6 @@ def reporter(trial: optuna.Trial) -> Report:
             pending.pop(0)
 
     def report(epoch: int, value: float) -> None:
-        import optuna
-
         pending.append((epoch, value))
         try:
             with single_attempt():

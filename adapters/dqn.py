@@ -38,16 +38,21 @@ from typing import TYPE_CHECKING, Any
 from adapters._rl import checkpoint as _rl_checkpoint
 from adapters._rl import frame as _rl
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Report
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
     import optuna
     import torch
+    import torch.nn.functional as F
 
     from adapters.envs import StepResult
 
     # An n-step transition: observation, action, n-step return, the observation to bootstrap
     # from, and its discount (one row each per environment).
     Transition = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+else:
+    torch = LazyImport("torch")
+    F = LazyImport("torch.nn.functional")
 
 
 @dataclass
@@ -94,8 +99,6 @@ def q_network(obs_dim: int, n_actions: int, hidden: int, device: torch.device) -
 
 def q_values(net: _rl.Weights, obs: torch.Tensor) -> torch.Tensor:
     """Q(s, a) = V(s) + A(s, a) - mean_a A(s, a), for a batch of observations."""
-    import torch.nn.functional as F
-
     h = F.relu(F.linear(obs, net["w1"], net["b1"]))
     h = F.relu(F.linear(h, net["w2"], net["b2"]))
     # Q is a fixed linear map of the head's outputs [V, A_1..A_n]: fold it into the head's
@@ -107,8 +110,6 @@ def q_values(net: _rl.Weights, obs: torch.Tensor) -> torch.Tensor:
 @functools.cache
 def dueling_map(n_actions: int, device: torch.device) -> torch.Tensor:
     """M such that head @ M = V + A - mean(A): row 0 (the value) all ones, then I - 1/n."""
-    import torch
-
     with torch.inference_mode(False):  # a plain tensor, whoever asks first, for autograd too
         identity = torch.eye(n_actions, device=device)
         return torch.cat([torch.ones(1, n_actions, device=device), identity - 1 / n_actions])
@@ -126,8 +127,6 @@ class PrioritizedReplay:
     BLOCK = 64
 
     def __init__(self, capacity: int, obs_dim: int, alpha: float, device: torch.device) -> None:
-        import torch
-
         self.capacity, self.obs_dim, self.alpha, self.device = capacity, obs_dim, alpha, device
         self.table = torch.zeros(capacity, 2 * obs_dim + 3, device=device)
         self.position = 0
@@ -147,8 +146,6 @@ class PrioritizedReplay:
         next_obs: torch.Tensor,
         discount: torch.Tensor,
     ) -> None:
-        import torch
-
         n = len(obs)
         if self.position + n <= self.capacity:  # the usual case: one slice, no index tensor
             rows: Any = slice(self.position, self.position + n)
@@ -181,8 +178,6 @@ class PrioritizedReplay:
         self, batch_size: int, beta: float, generator: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Rows to replay and their importance weights (None when replay is uniform)."""
-        import torch
-
         if self.alpha == 0:
             rows = torch.randint(self.size, (batch_size,), generator=generator, device=self.device)
             return rows, None
@@ -200,8 +195,6 @@ class PrioritizedReplay:
 
     def update(self, rows: torch.Tensor, td_error: torch.Tensor) -> None:
         """New priorities |TD error| + 1e-6 for the rows just replayed (prioritised only)."""
-        import torch
-
         weight = (td_error.abs().double() + 1e-6) ** self.alpha
         self.weight[rows] = weight
         self.max_weight = torch.maximum(self.max_weight, weight.max())  # no host sync
@@ -217,8 +210,6 @@ class NStepWindow:
 
     def push(self, obs: torch.Tensor, action: torch.Tensor, step: StepResult) -> Transition | None:
         """(obs, action, n-step return, observation to bootstrap from, its discount) or None."""
-        import torch
-
         # Per step, once: 1.0 while the episode goes on, and gamma where it did not terminate.
         goes_on = (~(step.terminated | step.truncated)).float()
         self.steps.append((obs, action, step, goes_on, (~step.terminated) * self.gamma))
@@ -252,8 +243,6 @@ class Learner:
 
     def act(self, obs: torch.Tensor, epsilon: float, n_actions: int) -> torch.Tensor:
         """Epsilon-greedy actions for every environment at once."""
-        import torch
-
         with torch.inference_mode():
             n, device = len(obs), obs.device
             explore = torch.rand(n, generator=self.generator, device=device) < epsilon
@@ -262,9 +251,6 @@ class Learner:
 
     def gradient_step(self, config: DQNConfig, beta: float) -> int:
         """One update of the online network on one replayed batch; returns the batch's size."""
-        import torch
-        import torch.nn.functional as F
-
         replay = self.replay
         rows, importance = replay.sample(config.batch_size, beta, self.generator)
         obs, next_obs, action, ret, discount = replay.batch(rows)

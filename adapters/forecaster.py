@@ -16,9 +16,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from adapters.base import MemoryModel
+from orchestrator.imports import LazyImport
 
+# The layers subclass torch's nn.Module, so their module imports torch as it loads: deferred
+# like torch itself, so that listing adapters and `plan` read the memory model without torch.
 if TYPE_CHECKING:
     import torch
+
+    from adapters import _forecaster_layers as layers
+else:
+    layers = LazyImport("adapters._forecaster_layers")
 
 HEADS = 4  # attention heads; every width in the search space is a multiple of this
 
@@ -106,10 +113,6 @@ def forecaster_memory_model(
 def build_forecaster(
     width: int, window: int, depth: int, horizon: int, dropout: float = 0.0
 ) -> torch.nn.Module:
-    """The forecaster for these sizes (public so tests and users can measure it).
-
-    The layers live in `_forecaster_layers`, imported here: torch is imported only when a model
-    is built."""
-    from adapters._forecaster_layers import Forecaster
-
-    return Forecaster(width, window, depth, horizon, dropout, HEADS)
+    """The forecaster for these sizes (public so tests and users can measure it); torch is
+    imported when the first model is built."""
+    return layers.Forecaster(width, window, depth, horizon, dropout, HEADS)

@@ -15,10 +15,12 @@ value already drawn) or `trial.params["batch_size"]`.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import BaseAdapter, MemoryModel
+from orchestrator.record.study.objectives import objective_value
 
 if TYPE_CHECKING:
     import optuna
@@ -89,7 +91,6 @@ class ObjectiveAdapter(BaseAdapter):
     ) -> float:
         assert self._trial is not None, "suggest() comes first"
         trial, self._trial = self._trial, None
-        from orchestrator.record.study.objectives import objective_value
 
         extra = (checkpoint,) if takes_handle(self._objective) else ()
         try:
@@ -104,8 +105,6 @@ class ObjectiveAdapter(BaseAdapter):
 
 def _positional(objective: Objective) -> list | None:
     """The objective's positional parameters; None for a builtin or C function."""
-    import inspect
-
     try:
         parameters = list(inspect.signature(objective).parameters.values())
     except (TypeError, ValueError):
@@ -117,8 +116,6 @@ def _positional(objective: Objective) -> list | None:
 def takes_handle(objective: Objective) -> bool:
     """Whether the objective takes a third argument, the checkpoint handle: a third positional
     parameter named `checkpoint` or without a default (one with a default is the user's own)."""
-    import inspect
-
     positional = [p for p in _positional(objective) or () if p.kind != p.VAR_POSITIONAL]
     if len(positional) < 3:
         return False

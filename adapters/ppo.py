@@ -32,10 +32,15 @@ from typing import TYPE_CHECKING, Any
 from adapters._rl import checkpoint as _rl_checkpoint
 from adapters._rl import frame as _rl
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Report
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
     import optuna
     import torch
+    import torch.nn.functional as F
+else:
+    torch = LazyImport("torch")
+    F = LazyImport("torch.nn.functional")
 
 
 @dataclass
@@ -69,8 +74,6 @@ def actor_critic(obs_dim: int, n_actions: int, hidden: int, device: torch.device
     Gains sqrt(2) for the hidden layers, 0.01 for the actor's output (a near-uniform first
     policy) and 1 for the critic's; biases 0 (CleanRL's and stable-baselines3's choice).
     """
-    import torch
-
     shapes: dict[str, tuple[int, ...]] = {}
     for name, outputs in (("actor", n_actions), ("critic", 1)):
         shapes |= {
@@ -92,9 +95,6 @@ def actor_critic(obs_dim: int, n_actions: int, hidden: int, device: torch.device
 
 def tower(net: _rl.Weights, name: str, obs: torch.Tensor) -> torch.Tensor:
     """One of the two MLPs (`actor` or `critic`) on a batch of observations."""
-    import torch
-    import torch.nn.functional as F
-
     w1, b1, w2, b2, w3, b3 = (net[f"{name}_{layer}"] for layer in LAYERS)
     h = torch.tanh(F.linear(obs, w1, b1))
     return F.linear(torch.tanh(F.linear(h, w2, b2)), w3, b3)
@@ -122,8 +122,6 @@ def collect(
     net: _rl.Weights, env: Any, obs: torch.Tensor, steps: int, generator: torch.Generator
 ) -> tuple[Rollout, torch.Tensor]:
     """Act for `steps` steps with the current policy; the rollout and the next observation."""
-    import torch
-
     fields: list[list[torch.Tensor]] = [[] for _ in range(7)]
     for _ in range(steps):
         with torch.inference_mode():
@@ -144,8 +142,6 @@ def advantages(
     config: PPOConfig, net: _rl.Weights, rollout: Rollout
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns; an episode's end stops the advantage flowing back."""
-    import torch
-
     steps, n_envs, obs_dim = rollout.obs.shape
     with torch.no_grad():
         both = torch.cat([rollout.obs, rollout.final_obs]).view(-1, obs_dim)
@@ -163,9 +159,6 @@ def advantages(
 
 def loss_on(config: PPOConfig, net: _rl.Weights, batch: torch.Tensor, obs_dim: int) -> torch.Tensor:
     """The PPO loss on one minibatch, a row per transition: obs, action, logprob, advantage, return."""
-    import torch
-    import torch.nn.functional as F
-
     obs, action = batch[:, :obs_dim], batch[:, obs_dim].long()
     old_logprob, adv, ret = batch[:, obs_dim + 1], batch[:, obs_dim + 2], batch[:, obs_dim + 3]
     log_probs = F.log_softmax(tower(net, "actor", obs), dim=1)
@@ -189,8 +182,6 @@ def update(
     run: _rl.Run,
 ) -> None:
     """`update_epochs` shuffled passes over the rollout in minibatches of exactly `batch_size`."""
-    import torch
-
     advantage, returns = advantages(config, net, rollout)
     obs_dim = rollout.obs.shape[-1]
     logprob = rollout.logits.log_softmax(dim=-1).gather(-1, rollout.action.unsqueeze(-1))

@@ -12,9 +12,16 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from adapters.envs.prices import load_prices, synthetic_prices
+from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
+else:
+    np = LazyImport("numpy")
+    torch = LazyImport("torch")
 
 VALIDATION_FRACTION = 0.2  # the later fifth of the series is held out
 
@@ -22,8 +29,6 @@ VALIDATION_FRACTION = 0.2  # the later fifth of the series is held out
 def load_close_prices(data: str, steps: int, seed: int) -> np.ndarray:
     """The trading environment's prices: the `close` column of the CSV at `data`, else its
     seeded regime-switching synthetic series of `steps` prices (see adapters/envs/prices.py)."""
-    from adapters.envs.prices import load_prices, synthetic_prices
-
     if data:
         return load_prices(data)
     return synthetic_prices(steps, seed=seed)
@@ -31,8 +36,6 @@ def load_close_prices(data: str, steps: int, seed: int) -> np.ndarray:
 
 def standardised_returns(prices: np.ndarray) -> np.ndarray:
     """Log returns scaled by the training part's standard deviation (no peeking ahead)."""
-    import numpy as np
-
     returns = np.diff(np.log(prices))
     train_end = int(len(returns) * (1.0 - VALIDATION_FRACTION))
     train = returns[:train_end]
@@ -42,8 +45,6 @@ def standardised_returns(prices: np.ndarray) -> np.ndarray:
 
 def split_windows(length: int, window: int, horizon: int) -> tuple[list[int], list[int]]:
     """Window start indices: training targets lie before the split, validation inputs after it."""
-    from orchestrator.errors import UserError
-
     span = window + horizon
     split = int(length * (1.0 - VALIDATION_FRACTION))
     train = list(range(0, split - span + 1))
@@ -58,8 +59,6 @@ def split_windows(length: int, window: int, horizon: int) -> tuple[list[int], li
 
 def windows_fit(length: int, window: int, horizon: int) -> bool:
     """Whether `length` returns give a training window and a held-out one (see split_windows)."""
-    from orchestrator.errors import UserError
-
     try:
         split_windows(length, window, horizon)
     except UserError:
@@ -84,15 +83,11 @@ class ShuffledStream:
     and every window is used equally often."""
 
     def __init__(self, windows: int, seed: int) -> None:
-        import torch
-
         self.windows = windows
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.pending = torch.empty(0, dtype=torch.long)
 
     def take(self, n: int) -> torch.Tensor:
-        import torch
-
         if len(self.pending) < n:
             shuffles = -(-(n - len(self.pending)) // self.windows)
             fresh = [

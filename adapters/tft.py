@@ -8,6 +8,7 @@ epoch, so a pruner stops poor trials early, and the best epoch's value is the re
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -35,10 +36,14 @@ from adapters.return_windows import (
     steps_per_epoch,
     windows_fit,
 )
+from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
     import optuna
     import torch
+else:
+    torch = LazyImport("torch")
 
 WIDTH_STEP = 16  # a multiple of forecaster.HEADS: every width splits into the heads
 WINDOW_STEP = 8
@@ -100,8 +105,6 @@ class SupervisedForecasterAdapter(BaseAdapter):
         """Bad sizes, a bad price file or too short a series fail before the study is created,
         not in every trial: the prices are loaded as the trials load them, and the largest
         window of the search space must leave windows to train on and a held-out part."""
-        from orchestrator.errors import UserError
-
         sizes = _sizes(options)
         data = str(options.get("data", ""))
         prices = load_close_prices(data, sizes["steps"], int(options.get("seed", 0)))
@@ -153,8 +156,6 @@ class SupervisedForecasterAdapter(BaseAdapter):
         report: Report,
         checkpoint: Checkpoint | None = None,
     ) -> float:
-        import torch
-
         started = time.perf_counter()
         sizes = _sizes(options)
         full = {**self.default_params, **params}
@@ -210,8 +211,6 @@ class _TrainingStep:
     it is slower, so fp32."""
 
     def __init__(self, model: torch.nn.Module, params: Mapping[str, Any], device: torch.device):
-        import torch
-
         self.model = model
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
@@ -224,17 +223,11 @@ class _TrainingStep:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
 
     def autocast(self) -> AbstractContextManager[Any]:
-        import contextlib
-
-        import torch
-
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast("cuda", dtype=self.amp_dtype)
 
     def __call__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        import torch
-
         with self.autocast():
             loss = torch.nn.functional.mse_loss(self.model(inputs).float(), targets)
         self.optimizer.zero_grad(set_to_none=True)
@@ -253,8 +246,6 @@ def _evaluate(
     autocast: Callable[[], AbstractContextManager[Any]],
 ) -> float:
     """Mean squared error over every held-out window."""
-    import torch
-
     model.eval()
     total, count = 0.0, 0
     with torch.no_grad():
@@ -274,8 +265,6 @@ def largest_window(max_window: int) -> int:
 
 def _sizes(options: Mapping[str, Any]) -> dict[str, int]:
     """The integer options, checked: bad ones are a UserError naming the fix."""
-    from orchestrator.errors import UserError
-
     defaults = SupervisedForecasterAdapter.options
     sizes = {
         key: int(options.get(key, defaults[key]))

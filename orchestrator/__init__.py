@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from orchestrator.own_packages import ForeignPackage, load_own_packages
+from orchestrator.imports import ForeignPackage, load_own_packages
 
 _COMMAND = bool(sys.argv) and sys.argv[0] == "-m"  # `python -m orchestrator`, not an import
 if _COMMAND:  # Ctrl-C or SIGTERM while the imports below run: one line, not a traceback

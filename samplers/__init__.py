@@ -8,7 +8,7 @@ Names are imported on first use, so importing this package does not import Optun
 
 from __future__ import annotations
 
-# Marks this package as gpu-study-orchestrator's (see orchestrator.own_packages).
+# Marks this package as gpu-study-orchestrator's (see orchestrator.imports).
 __gpu_study_orchestrator__ = True
 
 
@@ -22,7 +22,7 @@ _WHERE = {
     "BoundedSampler": "samplers._bounded",
     "bounded": "samplers._bounded",
     "make_sampler": "samplers._factory",
-    "SAMPLER_NAMES": "samplers._factory",  # what `run --sampler` accepts
+    "SAMPLER_NAMES": "samplers._names",  # what `run --sampler` accepts
     "latin_hypercube": "samplers._lhs",
 }
 

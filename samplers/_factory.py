@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from optuna.samplers import BaseSampler
+import optuna
+from optuna.samplers import BaseSampler
 
-# Every name `make_sampler` knows, the default first: the one list (`run --sampler` offers it).
-SAMPLER_NAMES = ("pso", "tpe", "random", "qmc", "cmaes", "nsga2", "grid", "pbt")
-# The samplers that model a single objective only: asked for more, they refuse.
-SINGLE_OBJECTIVE_ONLY = ("qmc", "cmaes", "pbt")
+from samplers._bounded import bounded
+from samplers._names import SAMPLER_NAMES, SINGLE_OBJECTIVE_ONLY
+from samplers._pbt import PBTSampler
+from samplers._pso import PSOSampler
 
 
 def make_sampler(
@@ -36,10 +36,6 @@ def make_sampler(
     values of each parameter (Optuna's GridSampler, which every process walks without repeats).
     "pbt" is population-based training of `swarm_size` members, shared as the swarm is.
     """
-    import optuna
-
-    from samplers._bounded import bounded
-
     _check(name, n_objectives, grid)
     if name == "pso":
         return _swarm(seed, swarm_size, bounds)
@@ -81,8 +77,6 @@ def _swarm(
 ) -> BaseSampler:
     """The particle swarm: one class for one objective or several (the study's directions decide
     how it is led); `swarm_size` None takes the swarm's own default."""
-    from samplers._pso import PSOSampler
-
     sized = {} if swarm_size is None else {"swarm_size": swarm_size}
     return PSOSampler(seed=seed, bounds=bounds, **sized)
 
@@ -90,8 +84,6 @@ def _swarm(
 def _population(seed: int | None, swarm_size: int | None) -> BaseSampler:
     """Population-based training (`samplers._pbt`) of `swarm_size` members; like the swarm it
     draws from `seed` and the trial number, and keeps its population in the storage."""
-    from samplers._pbt import PBTSampler
-
     sized = {} if swarm_size is None else {"population": swarm_size}
     return PBTSampler(seed=seed, **sized)
 

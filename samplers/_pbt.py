@@ -29,6 +29,7 @@ from orchestrator.record.store.optuna_private import (
     study_id_of,
     trial_id_of,
 )
+from orchestrator.record.study.spec import load_spec
 from samplers._lhs import lhs_point
 from samplers._pbt_rules import (
     KEEP,
@@ -237,8 +238,6 @@ class PBTSampler(BaseSampler):
     def _settings(self, study: Study) -> Settings:
         epochs = self._epochs
         if epochs is None:
-            from orchestrator.record.study.spec import load_spec
-
             spec = load_spec(study)
             if spec is None:
                 raise ValueError(

@@ -26,6 +26,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from samplers._space import from_unit
+
 QUANTILE = 0.25
 RESAMPLE_PROBABILITY = 0.25
 PERTURBATION_FACTORS = (1.2, 0.8)
@@ -202,8 +204,6 @@ def explore(
 
 def resample(dist: BaseDistribution, rng: np.random.Generator) -> Any:
     """A value drawn afresh from the distribution (log-uniform where it is log)."""
-    from samplers._space import from_unit
-
     return from_unit(dist, float(rng.random()))
 
 

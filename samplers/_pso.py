@@ -19,6 +19,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
+from threadpoolctl import ThreadpoolController
 
 from orchestrator.record.store.optuna_private import (
     process_constraints_after_trial,
@@ -29,6 +30,8 @@ from orchestrator.record.store.optuna_private import (
 )
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
 from samplers._lhs import name_key, start_size
+from samplers._model.front_screen import front_move
+from samplers._model.screen import screened_move
 from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
 from samplers._moves import Swarm
 from samplers._space import clip_to_bounds
@@ -206,11 +209,6 @@ class PSOSampler(BaseSampler):
             return {}
         screened = None
         if trial.number >= start_size(len(names)):
-            # The model's modules (and scipy's solvers, 0.3 s to import) load at the first
-            # screened move: a short study, or a trial of the start, never needs them.
-            from samplers._model.front_screen import front_move
-            from samplers._model.screen import screened_move
-
             move = front_move if view.several else screened_move
             with _one_blas_thread():
                 screened = move(self._swarm, view, entropy, trial.number, search_space)
@@ -336,8 +334,6 @@ def _one_blas_thread() -> Any:
     177 s instead of 13)."""
     global _threadpools
     if _threadpools is None:
-        from threadpoolctl import ThreadpoolController
-
         _threadpools = ThreadpoolController()
     return _threadpools.limit(limits=1, user_api="blas")
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
 
 def unit_edges(dist: BaseDistribution) -> tuple[float, float, bool]:
     """The continuous range the unit interval spans: (lo, hi, in_log_space)."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
     if isinstance(dist, CategoricalDistribution):
         return 0.0, float(len(dist.choices)), False
     if isinstance(dist, IntDistribution):
@@ -45,8 +45,6 @@ def _grid_point(dist: BaseDistribution, k: int) -> int | float:
     Summing steps in floats can land just past the grid (0.1 + 6 x 0.1 = 0.7000000000000001,
     outside [0.1, 0.7]): the result is re-rounded to the step's decimals and kept in the range.
     """
-    from optuna.distributions import IntDistribution
-
     assert dist.step is not None
     if isinstance(dist, IntDistribution):
         return int(min(max(dist.low + k * dist.step, dist.low), dist.high))
@@ -56,8 +54,6 @@ def _grid_point(dist: BaseDistribution, k: int) -> int | float:
 
 def _snap(dist: BaseDistribution, value: float, low: float, high: float) -> int | float:
     """Nearest value of `dist`'s grid inside [low, high] (which lie on the grid)."""
-    from optuna.distributions import FloatDistribution, IntDistribution
-
     if isinstance(dist, IntDistribution) or (
         isinstance(dist, FloatDistribution) and dist.step is not None
     ):
@@ -79,8 +75,6 @@ def grid_size(dist: BaseDistribution) -> int | None:
 
 def from_unit(dist: BaseDistribution, u: float) -> Any:
     """The value at coordinate `u` in [0, 1] (values outside are clipped)."""
-    from optuna.distributions import CategoricalDistribution
-
     u = min(max(float(u), 0.0), 1.0)
     lo, hi, log = unit_edges(dist)
     if isinstance(dist, CategoricalDistribution):
@@ -94,8 +88,6 @@ def from_unit(dist: BaseDistribution, u: float) -> Any:
 
 def to_unit(dist: BaseDistribution, value: Any) -> float:
     """The coordinate of `value`'s cell centre (the inverse of `from_unit` on the grid)."""
-    from optuna.distributions import CategoricalDistribution
-
     lo, hi, log = unit_edges(dist)
     if isinstance(dist, CategoricalDistribution):
         return (dist.choices.index(value) + 0.5) / len(dist.choices)
@@ -110,8 +102,6 @@ def grid_bounds(dist: BaseDistribution, bounds: tuple[float, float]) -> tuple[An
 
     Raises ValueError when nothing of `dist` lies inside `bounds`.
     """
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
     if isinstance(dist, CategoricalDistribution):
         raise ValueError("Bounds apply to numeric parameters only, not to categorical ones.")
     lo, hi = max(bounds[0], dist.low), min(bounds[1], dist.high)

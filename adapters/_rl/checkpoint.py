@@ -16,20 +16,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from adapters._rl.frame import Run
     from adapters.base import Checkpoint
+else:
+    np = LazyImport("numpy")
+    torch = LazyImport("torch")
 
 REPLAY_KEPT = 65_536  # transitions of DQN's replay kept in a checkpoint (newest first)
 
 
 def randomness(generator: torch.Generator) -> dict[str, Any]:
     """The run's generator and the global ones, as tensors and lists."""
-    import numpy as np
-    import torch
-
     kind, keys, position, has_gauss, gauss = np.random.get_state()
     return {
         "generator": generator.get_state(),
@@ -39,9 +42,6 @@ def randomness(generator: torch.Generator) -> dict[str, Any]:
 
 
 def restore_randomness(state: dict[str, Any], generator: torch.Generator) -> None:
-    import numpy as np
-    import torch
-
     generator.set_state(state["generator"])
     torch.set_rng_state(state["torch"])
     kind, keys, position, has_gauss, gauss = state["numpy"]
@@ -69,8 +69,6 @@ def restore_counts(state: dict[str, Any], run: Run) -> None:
 
 def replay_state(replay: Any) -> dict[str, Any]:
     """The newest transitions of a replay buffer, oldest first, with their priority weights."""
-    import torch
-
     kept = min(replay.size, REPLAY_KEPT)
     newest = (replay.position - kept + torch.arange(kept)) % replay.capacity
     rows = newest.to(replay.table.device)
@@ -118,8 +116,6 @@ def save_dqn(
 
 def resume_dqn(checkpoint: Checkpoint | None, learner: Any, run: Run) -> tuple[int, float]:
     """(the epoch to start at, the gradient steps owed) after loading the latest state, if any."""
-    import torch
-
     state = None if checkpoint is None else checkpoint.load()
     if state is None:
         return 0, 0.0
@@ -168,8 +164,6 @@ def resume_ppo(
     run: Run,
 ) -> tuple[int, int]:
     """(the next rollout, the next epoch) after loading the latest state; (0, 0) from scratch."""
-    import torch
-
     state = None if checkpoint is None else checkpoint.load()
     if state is None:
         return 0, 0

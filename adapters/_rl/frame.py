@@ -36,18 +36,20 @@ from adapters._rl.task import load_task as load_task
 from adapters._rl.task import suggest_trading as suggest_trading
 from adapters._rl.weights import Weights as Weights
 from adapters.base import BaseAdapter, Checkpoint, Report
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from adapters._rl.task import Policy
+else:
+    np = LazyImport("numpy")
+    torch = LazyImport("torch")
 
 
 def seed_everything(seed: int) -> None:
     """Seed torch (all devices) and numpy's global state: the same seed gives the same run."""
-    import numpy as np
-    import torch
-
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
 
@@ -93,8 +95,6 @@ def training(
     `Run` to fill in; however the run ends (a pruned trial raises out of `report`), the
     environments are closed and the run's time is recorded.
     """
-    import torch
-
     started = time.perf_counter()
     seed_everything(task.seed)
     generator = torch.Generator(device=device)

@@ -20,6 +20,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from adapters.envs import GymVecEnv, TradingEnv
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from adapters.envs.periods import Period
 
     Policy = Callable[[torch.Tensor], torch.Tensor]
+else:
+    torch = LazyImport("torch")
 
 WINDOW = 32  # log returns in a trading observation
 TRADING_DAYS = 252
@@ -74,10 +79,6 @@ def period_sharpes(
 ) -> list[float]:
     """`runs` copies of the policy side by side through `period` (a random policy's copies act
     independently): each copy's Sharpe ratio."""
-    import torch
-
-    from adapters.envs import TradingEnv
-
     env = TradingEnv(
         prices,
         num_envs=runs,
@@ -103,10 +104,6 @@ def period_sharpes(
 
 def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed: int) -> float:
     """Mean return of the first episode of each of `EVAL_EPISODES` copies, run side by side."""
-    import torch
-
-    from adapters.envs import GymVecEnv
-
     env = GymVecEnv(env_id, num_envs=EVAL_EPISODES, device=device, seed=seed)
     try:
         obs = env.reset()
@@ -127,8 +124,6 @@ def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed:
 
 def random_policy(n_actions: int, seed: int) -> Policy:
     """Uniformly random actions from a generator of its own: the same seed, the same actions."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     return lambda obs: torch.randint(n_actions, (obs.shape[0],), generator=generator).to(obs.device)
 
@@ -136,8 +131,6 @@ def random_policy(n_actions: int, seed: int) -> Policy:
 def buy_and_hold_sharpe(prices: np.ndarray, period: Period, *, cost_rate: float = 5e-4) -> float:
     """One unit bought at the period's first price and held to its last (what the trading
     environment's accounting gives a policy that always buys, in closed form)."""
-    import torch
-
     part = torch.as_tensor(prices[period.start : period.end], dtype=torch.float64)
     pnl = part[1:] / part[:-1] - 1.0
     pnl[0] -= cost_rate  # the one purchase
@@ -148,8 +141,6 @@ def trading_baselines(
     prices: np.ndarray, periods: dict[str, Period], *, return_scale: float
 ) -> dict[str, dict[str, float]]:
     """Buy-and-hold, flat and random Sharpe ratios on each named period, one unit at most."""
-    import torch
-
     cpu = torch.device("cpu")
 
     def random_mean(period: Period) -> float:
@@ -173,10 +164,6 @@ def trading_baselines(
 
 def gym_baselines(env_id: str, seed: int) -> dict[str, dict[str, float]]:
     """The random policy's mean return on the validation and the test episodes."""
-    import torch
-
-    from adapters.envs import GymVecEnv
-
     probe = GymVecEnv(env_id, num_envs=1, seed=seed)
     n_actions = probe.n_actions
     probe.close()

@@ -24,8 +24,17 @@ from adapters._rl.scoring import (
     trading_baselines,
 )
 from adapters.base import SEED_MAX, InputFile, Range
+from adapters.envs import (
+    REGIME_CHOICES,
+    GymVecEnv,
+    TradingEnv,
+    check_gym_id,
+    load_prices,
+    synthetic_prices,
+)
 from adapters.envs.periods import MAX_FOLDS, Period, Periods, trading_periods
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,6 +42,8 @@ if TYPE_CHECKING:
     import torch
 
     Policy = Callable[[torch.Tensor], torch.Tensor]
+else:
+    np = LazyImport("numpy")
 
 # Options both adapters accept (each adds its own `steps_per_epoch` default).
 COMMON_OPTIONS: dict[str, Any] = {
@@ -87,8 +98,6 @@ class Task:
         hold_penalty_weight: float = 0.0,
     ) -> Any:
         """The training environments: the training part of the prices, or Gymnasium copies."""
-        from adapters.envs import GymVecEnv, TradingEnv
-
         if not self.is_trading:
             return GymVecEnv(self.env_id, num_envs=num_envs, device=device, seed=self.seed)
         assert self.train is not None
@@ -149,8 +158,6 @@ class Market:
     periods: Periods
 
     def task(self, seed: int, train: Period, scored: Period) -> Task:
-        import numpy as np
-
         log_returns = np.diff(np.log(self.prices[train.start : train.end]))
         return Task(
             env_id="trading",
@@ -170,8 +177,6 @@ class Market:
 def load_market(options: Mapping[str, Any]) -> Market | None:
     """The prices and their periods on `--env trading`; None on a Gymnasium id. Every problem
     with the options is a one-line UserError."""
-    from adapters.envs import REGIME_CHOICES, check_gym_id, load_prices, synthetic_prices
-
     env_id = str(options.get("env", "trading"))
     steps = int(options.get("steps_per_epoch", 1))
     if steps < 1:

@@ -9,8 +9,12 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
     import torch
+else:
+    torch = LazyImport("torch")
 
 
 class Weights:
@@ -26,8 +30,6 @@ class Weights:
     def __init__(
         self, shapes: Mapping[str, tuple[int, ...]], device: torch.device, *, trainable: bool = True
     ) -> None:
-        import torch
-
         self.shapes = dict(shapes)
         sizes = [math.prod(shape) for shape in shapes.values()]
         self.flat = torch.zeros(sum(sizes), device=device)
@@ -56,8 +58,6 @@ class Weights:
 
         Each bias follows its weight in `shapes`, so a bias takes the fan-in of the one before.
         """
-        import torch
-
         fan_in = 1
         with torch.no_grad():
             for view in self.views.values():
@@ -65,8 +65,6 @@ class Weights:
                 view.uniform_(-1 / math.sqrt(fan_in), 1 / math.sqrt(fan_in))
 
     def optimizer(self, learning_rate: float, **kwargs: Any) -> torch.optim.Adam:
-        import torch
-
         fused = self.flat.device.type in ("cpu", "cuda")
         return torch.optim.Adam([self.flat], lr=learning_rate, fused=fused, **kwargs)
 
@@ -75,7 +73,5 @@ class Weights:
 
     def clip_grad_norm(self, max_norm: float) -> None:
         """As torch.nn.utils.clip_grad_norm_: scale all gradients so their L2 norm is at most max_norm."""
-        import torch
-
         norm = torch.linalg.vector_norm(self.grad)
         self.grad.mul_((max_norm / (norm + 1e-6)).clamp_max(1.0))

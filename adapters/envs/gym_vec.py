@@ -11,15 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.envs.base import StepResult
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
+    import gymnasium as gym
+    import numpy as np
     import torch
+else:
+    gym = LazyImport("gymnasium")
+    np = LazyImport("numpy")
+    torch = LazyImport("torch")
 
 
 def check_gym_id(env_id: str) -> None:
     """A UserError unless `env_id` is a registered Gymnasium id with a discrete action space."""
-    import gymnasium as gym
-
     try:
         gym.spec(env_id)
     except Exception as error:  # gymnasium raises several error types for unknown ids
@@ -55,17 +60,12 @@ class GymVecEnv:
         device: torch.device | str = "cpu",
         seed: int = 0,
     ) -> None:
-        import gymnasium as gym
-        import numpy as np
-        import torch
-        from gymnasium.vector import AutoresetMode
-
         self.env = gym.make_vec(
             env_id,
             num_envs=num_envs,
             vectorization_mode="sync",
             # Fresh arrays from every step (so the tensors may share their memory), no checker.
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP, "copy": True},
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": True},
             disable_env_checker=True,
         )
         self.env.action_space.seed(seed)
@@ -78,9 +78,6 @@ class GymVecEnv:
         self.finished_returns: list[float] = []
 
     def _tensor(self, array: Any) -> torch.Tensor:
-        import numpy as np
-        import torch
-
         if array.dtype != np.bool_:
             array = array.astype(np.float32, copy=False)
         tensor = torch.from_numpy(array)  # shares the step's fresh array: no copy on the host
@@ -92,8 +89,6 @@ class GymVecEnv:
         return self._tensor(obs)
 
     def step(self, actions: torch.Tensor) -> StepResult:
-        import numpy as np
-
         obs, reward, terminated, truncated, info = self.env.step(actions.cpu().numpy())
         done = terminated | truncated
         self.episode_return += reward

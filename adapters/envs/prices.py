@@ -19,10 +19,14 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from adapters.envs.price_dates import date_column, in_date_order, moment
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
     import numpy as np
+else:
+    np = LazyImport("numpy")
 
 REGIMES = ("trend", "mean_reversion", "volatile")
 REGIME_CHOICES = ("mixed", *REGIMES)
@@ -39,8 +43,6 @@ MIN_CSV_PRICES = 200
 
 def synthetic_prices(length: int = 10_000, *, seed: int = 0, regime: str = "mixed") -> np.ndarray:
     """`length` close prices (float64, all positive) from the regime-switching generator."""
-    import numpy as np
-
     if regime not in REGIME_CHOICES:
         raise UserError(f"regime {regime!r} is unknown: use one of {', '.join(REGIME_CHOICES)}")
     if length < 2:
@@ -76,10 +78,6 @@ def load_prices(path: str | Path) -> np.ndarray:
     header or no `close` column, a value that is not a number, a price that is not positive,
     a date that is not one or appears twice, or fewer than `MIN_CSV_PRICES` rows.
     """
-    import numpy as np
-
-    from adapters.envs.price_dates import in_date_order
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"price file {path} does not exist: give a CSV with a `close` column")
@@ -105,8 +103,6 @@ def _read_rows(
 ) -> tuple[list[float], list[tuple[int, float, str]], str | None]:
     """Each row's close price and, when the header has a date column, its (line, moment, text);
     and that column's name."""
-    from adapters.envs.price_dates import date_column, moment
-
     columns = [name.strip().lower() for name in (reader.fieldnames or [])]
     if "close" not in columns:
         found = ", ".join(columns) if columns else "no header"

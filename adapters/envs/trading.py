@@ -35,10 +35,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from adapters.envs.base import StepResult
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
+else:
+    torch = LazyImport("torch")
 
 SELL, HOLD, BUY = 0, 1, 2
 OBS_CLIP = 5.0
@@ -80,8 +83,6 @@ class TradingEnv:
         device: torch.device | str = "cpu",
         seed: int = 0,
     ) -> None:
-        import torch
-
         if max_position < 1:
             raise ValueError(f"max_position must be at least 1, not {max_position}")
         if window < 1:
@@ -119,8 +120,6 @@ class TradingEnv:
 
     def _start_state(self, num_envs: int, seed: int) -> None:
         """Every episode's clock, position and running return, on the env's device."""
-        import torch
-
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
@@ -137,8 +136,6 @@ class TradingEnv:
         self.ask_before_restart = self.device.type == "cpu"
 
     def _starts(self, count: int) -> torch.Tensor:
-        import torch
-
         if not self.random_starts:
             return torch.full((count,), self.first_t, dtype=torch.long, device=self.device)
         # Leave room for a whole episode where the range allows it.
@@ -152,8 +149,6 @@ class TradingEnv:
         )
 
     def observe(self) -> torch.Tensor:
-        import torch
-
         # scaled_returns[k] is the log return from price k to k+1, so the window ending at
         # price t is scaled_returns[t - window : t].
         returns = self.scaled_returns[self.t.unsqueeze(1) + self.offsets]
@@ -168,8 +163,6 @@ class TradingEnv:
         return self.observe()
 
     def step(self, actions: torch.Tensor) -> StepResult:
-        import torch
-
         actions = actions.to(self.device).long()
         new_position = (self.position + actions - 1).clamp(-self.max_position, self.max_position)
         traded = (new_position - self.position).abs().double()
@@ -196,8 +189,6 @@ class TradingEnv:
 
     def _restart(self, ended: torch.Tensor) -> torch.Tensor:
         """Start new episodes, flat, where `ended`; keep the ended ones' returns. The next obs."""
-        import torch
-
         self._ended_returns.append(torch.where(ended, self.episode_return, torch.nan))
         if len(self._ended_returns) >= RETURNS_KEPT:
             self._collect_returns()
@@ -208,8 +199,6 @@ class TradingEnv:
         return self.observe()
 
     def _collect_returns(self) -> None:
-        import torch
-
         if self._ended_returns:
             ended = torch.stack(self._ended_returns)
             self._finished_returns.extend(ended[~ended.isnan()].tolist())

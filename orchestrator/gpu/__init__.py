@@ -8,13 +8,17 @@ free of that part), and its trial processes cannot allocate past it
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import sys
 from dataclasses import replace
 
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import Device, Probe
+from orchestrator.gpu.nvml import NvmlProbe
 from orchestrator.gpu.sim import SimLedger, SimProbe, make_sim_devices
+from orchestrator.gpu.torch_cuda import TorchProbe
 
 __all__ = [
     "Device",
@@ -177,30 +181,19 @@ def _real_probe() -> Probe:
     return NoProbe()
 
 
-def _nvml_probe() -> Probe | None:
-    try:
-        from orchestrator.gpu.nvml import NvmlProbe
-    except ImportError:
-        return None
-    return NvmlProbe()
+def _nvml_probe() -> Probe:
+    return NvmlProbe()  # without pynvml, or without a driver, it finds no device
 
 
 def _torch_probe() -> Probe | None:
     if not _gpu_driver_present():
         return None  # torch could see no GPU either: spare this process torch's import (1-2 s)
-    try:
-        from orchestrator.gpu.torch_cuda import TorchProbe
-    except ImportError:
-        return None
     return TorchProbe()
 
 
 def _gpu_driver_present() -> bool:
     """Whether a GPU driver that torch could use is on this machine: NVIDIA's CUDA driver library
     loads, or AMD's compute device (ROCm) exists. Off Linux, assume it may be."""
-    import ctypes
-    import sys
-
     if not sys.platform.startswith("linux"):
         return True
     if os.path.exists("/dev/kfd"):

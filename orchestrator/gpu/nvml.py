@@ -59,6 +59,8 @@ class NvmlProbe:
 
     def _init(self) -> Any:
         if self._nvml is None:
+            # Looked up as each probe starts, not through LazyImport's copy made once a process:
+            # the module `sys.modules` holds then is the one probed (a stand-in, in the tests).
             import pynvml
 
             pynvml.nvmlInit()

@@ -18,8 +18,15 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.gpu.base import Device
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyImport("torch")
 
 SIM_NAME = "Simulated GPU"
 
@@ -70,8 +77,6 @@ class SimLedger:
         with self._locked() as holders:
             used = sum(holders.values())
             if used + mb > self.total_mb:
-                import torch
-
                 raise torch.cuda.OutOfMemoryError(
                     f"CUDA out of memory (simulated). Tried to allocate {mb:.0f} MiB; "
                     f"{self.total_mb:.0f} MiB total, {used:.0f} MiB already held"

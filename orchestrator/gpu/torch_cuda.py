@@ -9,8 +9,15 @@ process of its own (or by `spawn`), so a context here is never forked.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from orchestrator.gpu.base import Device
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    import torch
+else:
+    torch = LazyImport("torch")
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +29,6 @@ class TorchProbe:
 
     def devices(self) -> list[Device]:
         try:
-            import torch
-
             if not torch.cuda.is_available():
                 return []
             found = []
@@ -47,8 +52,6 @@ class TorchProbe:
     def free_mb(self, device: Device) -> float:
         """Free MB on the device as CUDA reports it; 0.0 when it cannot say."""
         try:
-            import torch
-
             free, _total = torch.cuda.mem_get_info(device.index)
             return free / MIB
         except Exception as error:

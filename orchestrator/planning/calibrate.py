@@ -10,16 +10,22 @@ number a trial process records as `vram_peak_mb`, so calibration and trials meas
 from __future__ import annotations
 
 import logging
+import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import adapters
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, MemoryModel, option_defaults
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 from orchestrator.planning.memory import fit_memory_model
 
 if TYPE_CHECKING:
     import torch
+else:
+    torch = LazyImport("torch")
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +41,6 @@ class AdapterRef:
     path: str | None = None
 
     def load(self) -> Any:
-        import adapters
-
         return adapters.resolve(self.path or self.name or "", is_path=bool(self.path))
 
 
@@ -97,8 +101,6 @@ def measure_peak(
     ref: AdapterRef, options: Mapping[str, Any], batch_size: int, device_index: int
 ) -> Measurement:
     """One epoch at `batch_size` on cuda:`device_index`; the peaks torch's allocator saw (MB)."""
-    import torch
-
     torch.set_num_threads(1)
     adapter = ref.load()
     device = torch.device("cuda", device_index)
@@ -117,9 +119,6 @@ def measure_in_fresh_process(
     ref: AdapterRef, options: Mapping[str, Any], batch_size: int, device_index: int
 ) -> Measurement:
     """`measure_peak` in a spawned process: nothing cached by an earlier run inflates the peak."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         return pool.submit(measure_peak, ref, dict(options), batch_size, device_index).result()

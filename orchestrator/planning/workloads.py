@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -154,7 +155,6 @@ def load_workload_classes(
     source = workloads_file(path, environ)
     if source is None:
         return dict(WORKLOAD_CLASSES)
-    import tomllib
 
     try:
         with open(source, "rb") as handle:

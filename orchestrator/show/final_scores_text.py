@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from orchestrator.record.study.final_scores import FinalScores
+from orchestrator.record.study.final_scores import FinalScores, final_scores_of
 
 
 def _pm(mean: float, std: float | None, seeds: int) -> str:
@@ -142,6 +142,4 @@ def final_scores_html(scores: FinalScores | None) -> str:
 
 def final_scores_section(user_attrs: dict) -> str:
     """The report's section from a study's user attributes ("" when nothing was stored)."""
-    from orchestrator.record.study.final_scores import final_scores_of
-
     return final_scores_html(final_scores_of(user_attrs))

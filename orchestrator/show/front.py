@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.trials.best import pareto_front
+
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
@@ -34,8 +36,6 @@ def front_of(
     trials: Iterable[FrozenTrial], directions: Sequence[str], metric_names: Sequence[str] | None
 ) -> list[FrontTrial]:
     """The Pareto front (orchestrator.record.trials.best's rule), as `best` shows it."""
-    from orchestrator.record.trials.best import pareto_front
-
     names = objective_names(metric_names, len(directions))
     return [
         FrontTrial(t.number, dict(zip(names, t.values, strict=True)), dict(t.params))

@@ -7,10 +7,15 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+from orchestrator.show.text import plural
+
 if TYPE_CHECKING:
     import optuna
     from optuna.importance import BaseImportanceEvaluator
     from optuna.trial import FrozenTrial
+else:
+    optuna = LazyImport("optuna")
 
 # Importances need enough completed trials to say anything; below this the chart is a note.
 MIN_TRIALS_FOR_IMPORTANCE = 8
@@ -24,15 +29,14 @@ _ANSWERS: weakref.WeakKeyDictionary[Any, dict[tuple, dict[str, float]]] = (
 
 
 def importance_evaluator() -> BaseImportanceEvaluator:
-    # PED-ANOVA needs no scikit-learn (fANOVA, Optuna's default, does).
-    from optuna.importance import BaseImportanceEvaluator, PedAnovaImportanceEvaluator
-
-    class RememberingEvaluator(BaseImportanceEvaluator):
+    # Made when asked for: its base class is Optuna's, which loads on first use.
+    class RememberingEvaluator(optuna.importance.BaseImportanceEvaluator):
         """PED-ANOVA, its answer kept per study and per count of trials (a study that grows
         is asked again)."""
 
         def __init__(self) -> None:
-            self.inner = PedAnovaImportanceEvaluator(target_quantile=0.25)
+            # PED-ANOVA needs no scikit-learn (fANOVA, Optuna's default, does).
+            self.inner = optuna.importance.PedAnovaImportanceEvaluator(target_quantile=0.25)
 
         def evaluate(
             self,
@@ -54,8 +58,6 @@ def importance_evaluator() -> BaseImportanceEvaluator:
 
 def importance_note(done: int) -> str:
     """Why the importances chart is missing with only `done` completed trials."""
-    from orchestrator.show.text import plural
-
     return (
         f"skipped: {plural(done, 'completed trial')}, "
         f"importances need at least {MIN_TRIALS_FOR_IMPORTANCE}"

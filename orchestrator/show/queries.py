@@ -7,7 +7,22 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.store.locks import schema_lock
 from orchestrator.record.store.optuna_private import replace_trial_reads, study_id_of
+from orchestrator.record.store.storage import create_storage
+from orchestrator.record.store.storage_failures import unreachable
+from orchestrator.record.store.storage_url import describe_location, sqlite_path
+from orchestrator.record.study.spec import (
+    count_trials,
+    load_existing_study,
+    load_spec,
+    retried_trial_numbers,
+    study_names,
+)
+from orchestrator.record.trials.best import best_lineage, directions_of, pick_best
+from orchestrator.record.trials.reader import read_trials
 from orchestrator.show.views import (
     MULTI_OBJECTIVE,
     BestTrial,
@@ -27,17 +42,23 @@ from orchestrator.show.views import (
 
 if TYPE_CHECKING:
     import optuna
+    import sqlalchemy as sa
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
+    from orchestrator.record.store import migrate, records
     from orchestrator.record.store.records import ConcurrencyEvent
+else:
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
+    # Our tables and their migrations import SQLAlchemy as they load: deferred like it, so that
+    # a command importing these reads keeps its `--help` free of SQLAlchemy.
+    migrate = LazyImport("orchestrator.record.store.migrate")
+    records = LazyImport("orchestrator.record.store.records")
 
 
 def open_for_reading(url: str) -> RDBStorage:
     """The storage at URL, for reading: an SQLite file that does not exist is an error, not a new file."""
-    from orchestrator.record.store.storage import create_storage
-    from orchestrator.record.store.storage_url import describe_location, sqlite_path
-
     path = sqlite_path(url)
     if path is not None and not path.exists():
         raise UserError(
@@ -53,31 +74,20 @@ def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
     """A database written by an earlier version has our tables at an older revision: bring them
     to this version's (new columns only, nothing stored is lost), as `run` would. One with none
     of our tables (Optuna's alone) is left as it is: the views read what is there."""
-    from orchestrator.record.store.locks import schema_lock
-    from orchestrator.record.store.migrate import (
-        current_revision,
-        head_revision,
-        upgrade_orchestrator_schema,
-    )
-
-    revision = current_revision(storage)
-    if revision is None or revision == head_revision():
+    revision = migrate.current_revision(storage)
+    if revision is None or revision == migrate.head_revision():
         return
     with schema_lock(storage.url):
-        if current_revision(storage) != head_revision():
-            upgrade_orchestrator_schema(storage)
+        if migrate.current_revision(storage) != migrate.head_revision():
+            migrate.upgrade_orchestrator_schema(storage)
 
 
 @contextmanager
 def _guarded(storage: RDBStorage) -> Iterator[None]:
     """Turn a database error during a read into the one-line 'cannot reach' message."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from orchestrator.record.store.storage_failures import unreachable
-
     try:
         yield
-    except SQLAlchemyError as error:
+    except sa.exc.SQLAlchemyError as error:
         raise unreachable(storage.url, error) from None
 
 
@@ -85,7 +95,6 @@ def the_study(storage: RDBStorage, name: str | None, label: str, command: str) -
     """The study named, or the storage's only one; one line when it holds none, or several."""
     if name:
         return name
-    from orchestrator.record.study.spec import study_names
 
     with _guarded(storage):
         names = study_names(storage)
@@ -104,8 +113,6 @@ def the_study(storage: RDBStorage, name: str | None, label: str, command: str) -
 
 def list_studies(storage: RDBStorage) -> list[StudyRow]:
     """Every study with its counts and best trial: aggregate queries, no trial read in full."""
-    from orchestrator.record.budget.counts import stored_count
-
     rows = []
     with _guarded(storage):
         for study in sorted(storage.get_all_studies(), key=lambda s: s.study_name):
@@ -129,16 +136,11 @@ def _stored_best(storage: RDBStorage, study_id: int, direction: str) -> BestTria
 
 
 def _has_table(storage: RDBStorage, name: str) -> bool:
-    import sqlalchemy as sa
-
     return sa.inspect(storage.engine).has_table(name)
 
 
 def list_workers(storage: RDBStorage, study_name: str) -> list[Worker]:
-    import sqlalchemy as sa
-
-    from orchestrator.record.store.records import workers
-
+    workers = records.workers
     if not _has_table(storage, workers.name):
         return []
     query = (
@@ -168,13 +170,11 @@ def measured_lines(
     storage: RDBStorage, adapter: str | None, gpus: Iterable[str]
 ) -> list[MemoryLine]:
     """Memory models measured on these kinds of GPU for this adapter (orch_memory_models)."""
-    from orchestrator.record.store.records import load_memory_model, memory_models
-
-    if adapter is None or not _has_table(storage, memory_models.name):
+    if adapter is None or not _has_table(storage, records.memory_models.name):
         return []
     lines = []
     for gpu in sorted(set(gpus)):
-        model = load_memory_model(storage.engine, adapter=adapter, gpu_name=gpu)
+        model = records.load_memory_model(storage.engine, adapter=adapter, gpu_name=gpu)
         if model is not None:
             lines.append(MemoryLine(gpu, model.model_overhead_mb, model.per_sample_mb, "measured"))
     return lines
@@ -182,20 +182,16 @@ def measured_lines(
 
 def recorded_vram(storage: RDBStorage, study_name: str) -> list[dict[str, Any]]:
     """The study's orch_trial_vram rows (none in a database without our tables)."""
-    from orchestrator.record.store.records import list_trial_vram, trial_vram
-
-    if not _has_table(storage, trial_vram.name):
+    if not _has_table(storage, records.trial_vram.name):
         return []
-    return list_trial_vram(storage.engine, study_name)
+    return records.list_trial_vram(storage.engine, study_name)
 
 
 def recorded_concurrency(storage: RDBStorage, study_name: str) -> list[ConcurrencyEvent]:
     """The study's concurrency changes from orch_concurrency_events."""
-    from orchestrator.record.store.records import concurrency_events, list_concurrency_events
-
-    if not _has_table(storage, concurrency_events.name):
+    if not _has_table(storage, records.concurrency_events.name):
         return []
-    return list_concurrency_events(storage.engine, study_name)
+    return records.list_concurrency_events(storage.engine, study_name)
 
 
 def study_detail(
@@ -206,15 +202,6 @@ def study_detail(
 ) -> StudyDetail:
     """Everything `status --study`, `best` and `report` show about one study (`trials`: its
     trials, when the caller has read them already)."""
-    from orchestrator.record.study.spec import (
-        count_trials,
-        load_existing_study,
-        load_spec,
-        retried_trial_numbers,
-    )
-    from orchestrator.record.trials.best import best_lineage, directions_of
-    from orchestrator.record.trials.reader import read_trials
-
     with _guarded(storage):  # Optuna's study and trials, then our orch_* tables
         study = load_existing_study(storage, name, storage_label)
         spec = load_spec(study)
@@ -257,9 +244,6 @@ def load_study_trials(storage: RDBStorage, name: str, storage_label: str) -> opt
     Optuna's plotting functions ask a study for its trials many times over and deep-copy them
     each time; at 3,000 trials that alone took the report past 20 s. The snapshot is an
     in-memory study that hands out the trials read once, without copying them."""
-    from orchestrator.record.study.spec import load_existing_study
-    from orchestrator.record.trials.reader import read_trials
-
     with _guarded(storage):
         study = load_existing_study(storage, name, storage_label)
         trials = read_trials(storage.engine, study_id_of(study), intermediate_values=True)
@@ -267,10 +251,6 @@ def load_study_trials(storage: RDBStorage, name: str, storage_label: str) -> opt
 
 
 def snapshot_study(study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Study:
-    import optuna
-
-    from orchestrator.record.trials.best import directions_of, pick_best
-
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory"
     try:
@@ -302,8 +282,6 @@ def snapshot_study(study: optuna.Study, trials: list[FrozenTrial]) -> optuna.Stu
 def trial_log_file(storage: RDBStorage, study_name: str, number: int, storage_label: str) -> str:
     """Where trial `number` of the study kept its own output; one line when there is no such
     trial, or it kept no log."""
-    from orchestrator.record.study.spec import load_existing_study
-
     study = load_existing_study(storage, study_name, storage_label)
     try:
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id_of(study), number)

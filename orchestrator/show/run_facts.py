@@ -10,10 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.show.text import to_utc
 
 if TYPE_CHECKING:
+    import yaml
     from optuna.trial import FrozenTrial
+else:
+    yaml = LazyImport("yaml")
 
 NOT_RECORDED = "not recorded"
 
@@ -87,6 +91,4 @@ def objective_names(
 
 def params_yaml(params: dict[str, Any]) -> str:
     """The parameters as a YAML mapping, in the order drawn, to paste into a training config."""
-    import yaml
-
     return yaml.safe_dump(dict(params), sort_keys=False, default_flow_style=False)

@@ -7,15 +7,27 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
+from orchestrator.imports import LazyImport
+from orchestrator.show.final_scores_text import final_score_lines
 from orchestrator.show.text import mb_text, plural
 from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction
 
 if TYPE_CHECKING:
+    import rich.box as rich_box
+    import rich.console as rich_console
+    import rich.markup as rich_markup
+    import rich.table as rich_table
     from rich.console import RenderableType
     from rich.table import Table
 
     from orchestrator.record.study.final_scores import FinalScores
     from orchestrator.show.views import StudyDetail, StudyRow, Worker
+else:
+    rich_box = LazyImport("rich.box")
+    rich_console = LazyImport("rich.console")
+    rich_markup = LazyImport("rich.markup")
+    rich_table = LazyImport("rich.table")
 
 
 def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
@@ -53,9 +65,7 @@ def render_detail(
     """One study in detail, a section after another (`limit`: VRAM rows of the last N trials,
     0 for all; `status --limit`; `settings_updates`: what `run --update-settings` recorded;
     `final_scores`: what the study's end scored, record/study/final_scores.py)."""
-    from rich.console import Group
-
-    return Group(
+    return rich_console.Group(
         *heading(detail),
         *updates_section(settings_updates),
         *best_section(detail),
@@ -69,8 +79,6 @@ def render_detail(
 
 def heading(detail: StudyDetail) -> list[RenderableType]:
     """The study's name and settings, then its trials by state."""
-    from rich.markup import escape
-
     about = [
         f"adapter {detail.adapter or '?'}",
         describe_direction(detail.direction, detail.directions),
@@ -82,8 +90,9 @@ def heading(detail: StudyDetail) -> list[RenderableType]:
     budget = "?" if detail.budget is None else str(detail.budget)
     states = " · ".join(f"{state} {n}" for state, n in detail.states.items())
     retried = f" ({detail.retried} failed and re-run)" if detail.retried else ""
+    name, about_text = rich_markup.escape(detail.name), rich_markup.escape(", ".join(about))
     return [
-        f"[bold]Study {escape(detail.name)}[/] ({escape(', '.join(about))})",
+        f"[bold]Study {name}[/] ({about_text})",
         f"Trials: {detail.counted}/{budget} counted · {states}{retried}",
     ]
 
@@ -91,8 +100,6 @@ def heading(detail: StudyDetail) -> list[RenderableType]:
 def updates_section(updates: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per `--update-settings`: when, on which host, each setting from and to; the
     trials before it ran under the settings it replaced."""
-    from rich.markup import escape
-
     lines = []
     for update in updates:
         changes = ", ".join(
@@ -100,7 +107,7 @@ def updates_section(updates: Sequence[Mapping[str, Any]]) -> list[str]:
             for change in update.get("changes", [])
         )
         when, host = update.get("time", "?"), update.get("host", "?")
-        lines.append(escape(f"Settings updated {when} on {host}: {changes}"))
+        lines.append(rich_markup.escape(f"Settings updated {when} on {host}: {changes}"))
     return lines
 
 
@@ -121,8 +128,6 @@ def best_section(detail: StudyDetail) -> list[RenderableType]:
 
 def _spread(best: Any) -> str:
     """`, mean of 3 seeds (0.41, 1.2, 0.93), +- 0.33` for a trial run with --repeats."""
-    from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
-
     values = best.user_attrs.get(REPEAT_VALUES_ATTR)
     if not isinstance(values, list) or len(values) < 2:
         return ""
@@ -134,13 +139,12 @@ def _spread(best: Any) -> str:
 
 def scores_section(scores: FinalScores | None) -> list[RenderableType]:
     """The scores to trust: the selection's validation and test, beside the baselines."""
-    from rich.markup import escape
-
-    from orchestrator.show.final_scores_text import final_score_lines
-
     if scores is None:
         return []
-    return ["Scores to trust:", *(escape("  " + line) for line in final_score_lines(scores))]
+    return [
+        "Scores to trust:",
+        *(rich_markup.escape("  " + line) for line in final_score_lines(scores)),
+    ]
 
 
 def workers_section(detail: StudyDetail) -> RenderableType:
@@ -289,10 +293,9 @@ def vram_per_gpu(detail: StudyDetail) -> RenderableType:
 
 
 def _table(title: str, *columns: str) -> Table:
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, header_style="bold")
+    table = rich_table.Table(
+        title=title, title_justify="left", box=rich_box.SIMPLE_HEAD, header_style="bold"
+    )
     for name in columns:
         # Free text wraps; names, numbers and times stay on one line.
         table.add_column(name, no_wrap=name != "detail", overflow="fold")

@@ -13,7 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.study.spec import SPEC_ATTR, StudySpec
 from orchestrator.record.trials import attr_names as names
+from orchestrator.record.trials.best import pick_best
 from orchestrator.show.text import to_utc
 
 if TYPE_CHECKING:
@@ -178,8 +180,6 @@ def best_of(trials: Iterable[FrozenTrial], direction: str) -> BestTrial | None:
 
     None for a multi-objective study: its trials carry several values and no single one is best.
     """
-    from orchestrator.record.trials.best import pick_best
-
     if direction == MULTI_OBJECTIVE:
         return None
     best = pick_best(trials, [direction])
@@ -339,8 +339,6 @@ def study_row(
     count: BudgetCount,
     best: BestTrial | None,
 ) -> StudyRow:
-    from orchestrator.record.study.spec import SPEC_ATTR, StudySpec
-
     spec_attr = user_attrs.get(SPEC_ATTR)
     spec = StudySpec.from_attr(spec_attr) if isinstance(spec_attr, dict) else None
     direction = direction_of(directions)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from optuna.distributions import CategoricalDistribution
 
 from samplers._space import from_unit, grid_bounds, grid_size, to_unit, unit_edges
 from samplers._swarm import SwarmCoefficients, dimension_clamp, reflect
@@ -55,8 +56,6 @@ class Space:
         space: Mapping[str, BaseDistribution],
         bounds: Mapping[str, tuple[float, float]] | None = None,
     ) -> Space:
-        from optuna.distributions import CategoricalDistribution
-
         names = tuple(sorted(space))
         dists = tuple(space[name] for name in names)
         choices = np.array(

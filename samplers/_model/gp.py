@@ -21,10 +21,19 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import linalg, optimize, special
+
+from orchestrator.imports import LazyImport
+
+# scipy's solvers take 0.3 s to import: a short study, or a trial of the start, never needs them.
+if TYPE_CHECKING:
+    from scipy import linalg, optimize, special
+else:
+    linalg = LazyImport("scipy.linalg")
+    optimize = LazyImport("scipy.optimize")
+    special = LazyImport("scipy.special")
 
 # The most finished trials a fit takes (the best half and an even spread of the rest): an exact
 # GP costs n^3, and past a few hundred points more of them no longer changes where to go next.

@@ -41,7 +41,7 @@ PRELOAD = (
     "psycopg2",
     "optuna",
     # Before `adapters` and `samplers`: importing the package loads ours, never a same-named
-    # folder in the working directory (orchestrator/own_packages.py).
+    # folder in the working directory (orchestrator/imports.py).
     "orchestrator",
     "adapters",
     "samplers",

@@ -11,7 +11,9 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
 from orchestrator.show.importance import MIN_TRIALS_FOR_IMPORTANCE
+from orchestrator.show.report.parallel import axes_for, rank_parameters
 
 if TYPE_CHECKING:
     import optuna
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
 
     from orchestrator.show.report.parallel import Axis, ParamRanking
     from orchestrator.show.views import MemoryLine, StudyDetail, VramRow
+else:
+    optuna = LazyImport("optuna")
 
 # A trial's learning curve: its number and its (epoch, value) points.
 Curve = tuple[int, list[tuple[int, float]]]
@@ -32,9 +36,7 @@ CURVE_STYLES = {  # state -> (colour, dash, legend)
 
 
 def completed(study: optuna.Study) -> list[FrozenTrial]:
-    from optuna.trial import TrialState
-
-    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
 
 
 def curve_groups(trials: Sequence[FrozenTrial]) -> dict[str, list[Curve]]:
@@ -59,8 +61,6 @@ def best_curve(study: optuna.Study, groups: dict[str, list[Curve]]) -> Curve | N
 
 def parallel_axes(study: optuna.Study, metric: str) -> tuple[ParamRanking, list[Axis]]:
     """The completed trials' parameters ranked, and the axes of the most important of them."""
-    from orchestrator.show.report.parallel import axes_for, rank_parameters
-
     trials = completed(study)
     ranking = rank_parameters(study, trials, min_for_importance=MIN_TRIALS_FOR_IMPORTANCE)
     return ranking, axes_for(trials, ranking.shown(), metric)

@@ -14,11 +14,14 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.show.importance import (
     MIN_TRIALS_FOR_IMPORTANCE,
     importance_evaluator,
     importance_note,
 )
+from orchestrator.show.report import optuna_plots as plots
+from orchestrator.show.report import timeline
 from orchestrator.show.report.chart_data import (
     CURVE_STYLES,
     best_curve,
@@ -31,11 +34,22 @@ from orchestrator.show.report.chart_data import (
     point_mb,
     vram_points,
 )
+from orchestrator.show.report.gpu_timeline import cpu_only_note, trial_lanes
+from orchestrator.show.report.parallel import plotly_parallel
+from orchestrator.show.text import plural, to_utc
+from orchestrator.show.views import slot_series
 
 if TYPE_CHECKING:
     import optuna
+    import optuna.visualization as vis
+    import plotly.colors as plotly_colors
+    import plotly.graph_objects as go
 
     from orchestrator.show.views import MemoryLine, StudyDetail, VramRow
+else:
+    vis = LazyImport("optuna.visualization")
+    plotly_colors = LazyImport("plotly.colors")
+    go = LazyImport("plotly.graph_objects")
 
 
 @dataclass(frozen=True)
@@ -64,10 +78,6 @@ def plotly_charts(
 
 def objective_charts(study: optuna.Study, metric: str) -> list[Chart]:
     """History, learning curves, importances, parallel coordinates, slice and contour."""
-    import optuna.visualization as vis
-
-    from orchestrator.show.report import optuna_plots as plots
-
     done = len(completed(study))
     if done == 0:
         none = "no completed trial yet"
@@ -116,8 +126,6 @@ SEARCH_CHARTS = (  # the charts of the search that need completed trials: (key, 
 
 def objective_charts_of_several(study: optuna.Study, names: list[str]) -> list[Chart]:
     """Several objectives: their Pareto front; the one-value charts say why they are missing."""
-    from orchestrator.show.report import optuna_plots as plots
-
     title = "Pareto front"
     if not completed(study):
         front = Chart("pareto", title, None, "no completed trial yet")
@@ -134,9 +142,6 @@ def objective_charts_of_several(study: optuna.Study, names: list[str]) -> list[C
 
 def gpu_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
     """The trials on each GPU over time, and the memory they held there."""
-    from orchestrator.show.report import timeline
-    from orchestrator.show.report.gpu_timeline import trial_lanes
-
     trials = study.get_trials(deepcopy=False)
     until = timeline_end(trials, detail)
     lanes = trial_lanes(trials, until)
@@ -158,8 +163,6 @@ def gpu_charts(study: optuna.Study, detail: StudyDetail) -> list[Chart]:
 
 def timeline_end(trials: list, detail: StudyDetail) -> dt.datetime:
     """Where the timelines end: now while a trial runs, else the last end or sign of a worker."""
-    from orchestrator.show.text import to_utc
-
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     if any(t.state.name == "RUNNING" for t in trials):
         return now
@@ -169,8 +172,6 @@ def timeline_end(trials: list, detail: StudyDetail) -> dt.datetime:
 
 
 def parallel_chart(study: optuna.Study, metric: str) -> Chart:
-    from orchestrator.show.report.parallel import plotly_parallel
-
     title = "Parallel coordinates"
     ranking, axes = parallel_axes(study, metric)
     if not ranking.names:
@@ -181,8 +182,6 @@ def parallel_chart(study: optuna.Study, metric: str) -> Chart:
 
 
 def curves_chart(study: optuna.Study, metric: str) -> Chart:
-    import plotly.graph_objects as go
-
     title = "Learning curves"
     groups = curve_groups(study.get_trials(deepcopy=False))
     if not groups:
@@ -227,8 +226,6 @@ def curves_chart(study: optuna.Study, metric: str) -> Chart:
 
 
 def vram_chart(detail: StudyDetail) -> Chart:
-    import plotly.graph_objects as go
-
     title = "Batch size vs peak VRAM per GPU"
     rows = vram_points(detail)
     if not rows:
@@ -258,14 +255,10 @@ def vram_chart(detail: StudyDetail) -> Chart:
 
 def no_vram_note(detail: StudyDetail) -> str:
     """Why there is no VRAM to show: a CPU-only study has none to record."""
-    from orchestrator.show.report.gpu_timeline import cpu_only_note
-
     return cpu_only_note(detail.vram) or "no trial has recorded its VRAM yet"
 
 
 def _add_vram_points(figure: Any, gpu: str, colour: str, mine: list[VramRow]) -> None:
-    import plotly.graph_objects as go
-
     fine = [r for r in mine if not r.oom]
     ooms = [r for r in mine if r.oom]
     for group, symbol, what in ((fine, "circle", "peak"), (ooms, "x", "OOM (at planned MB)")):
@@ -289,8 +282,6 @@ def _add_vram_points(figure: Any, gpu: str, colour: str, mine: list[VramRow]) ->
 def _add_memory_line(
     figure: Any, line: MemoryLine, colour: str, xs: list[float], style: tuple[float, str]
 ) -> None:
-    import plotly.graph_objects as go
-
     width, same_as = style
     figure.add_trace(
         go.Scatter(
@@ -308,10 +299,6 @@ def _add_memory_line(
 
 
 def slots_chart(detail: StudyDetail) -> Chart:
-    import plotly.graph_objects as go
-
-    from orchestrator.show.views import slot_series
-
     title = "Slots over time, with OOMs"
     series = slot_series(detail.concurrency_events, until=last_time(detail))
     if not series and not detail.ooms:
@@ -340,13 +327,9 @@ def slots_chart(detail: StudyDetail) -> Chart:
 
 
 def _hover(row: VramRow) -> str:
-    from orchestrator.show.text import plural
-
     at_once = "" if row.concurrency is None else f", {plural(row.concurrency, 'trial')} at once"
     return f"trial #{row.trial}{at_once}"
 
 
 def _palette() -> list[str]:
-    import plotly.colors
-
-    return list(plotly.colors.qualitative.Plotly)
+    return list(plotly_colors.qualitative.Plotly)

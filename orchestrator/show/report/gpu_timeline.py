@@ -17,7 +17,7 @@ import datetime as dt
 import functools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from orchestrator.record.trials import attr_names as names
@@ -117,8 +117,6 @@ def _lane_order(key: tuple[str, int | None, str]) -> tuple[str, int, str]:
 
 def pack_rows(bars: Sequence[Bar]) -> list[Bar]:
     """Each bar on the lowest row where it overlaps no other: as many rows as trials ran at once."""
-    from dataclasses import replace
-
     row_ends: list[dt.datetime] = []
     out = []
     for bar in sorted(bars, key=lambda b: (b.start, b.trial)):

@@ -9,12 +9,24 @@ their cost grows with every trial.
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+from orchestrator.show.importance import MIN_TRIALS_FOR_IMPORTANCE
+from orchestrator.show.queries import snapshot_study
+from orchestrator.show.report.chart_data import completed
+from orchestrator.show.report.parallel import rank_parameters
+
 if TYPE_CHECKING:
     import optuna
+    import optuna.visualization as vis
+    import optuna.visualization.matplotlib as mvis
+else:
+    vis = LazyImport("optuna.visualization")
+    mvis = LazyImport("optuna.visualization.matplotlib")
 
 SLICE_PARAMS = 6  # the slice plot's panels, most important parameters first
 CONTOUR_PARAMS = 3  # a 3 x 3 grid at most: every pair of the three most important
@@ -25,8 +37,6 @@ SAMPLE_SEED = 0  # the same study gives the same sample, report after report
 def sample_numbers(numbers: Sequence[int], best: int | None, limit: int = MAX_PLOTTED) -> list[int]:
     """At most `limit` of the trial `numbers`, drawn at random with a fixed seed, `best` always
     among them; all of them when there are no more than `limit` (pure)."""
-    import random
-
     if len(numbers) <= limit:
         return sorted(numbers)
     rest = [n for n in numbers if n != best]
@@ -38,9 +48,6 @@ def sample_numbers(numbers: Sequence[int], best: int | None, limit: int = MAX_PL
 def plotted(study: optuna.Study) -> tuple[optuna.Study, str | None]:
     """The study the slice and contour draw (a sample of its completed trials past
     MAX_PLOTTED) and the words that say it is a sample (None: every completed trial)."""
-    from orchestrator.show.queries import snapshot_study
-    from orchestrator.show.report.chart_data import completed
-
     trials = completed(study)
     if len(trials) <= MAX_PLOTTED:
         return study, None
@@ -58,18 +65,12 @@ def plotted(study: optuna.Study) -> tuple[optuna.Study, str | None]:
 
 def ranked_params(study: optuna.Study) -> list[str]:
     """The completed trials' parameters, most important first (as the parallel coordinates)."""
-    from orchestrator.show.importance import MIN_TRIALS_FOR_IMPORTANCE
-    from orchestrator.show.report.chart_data import completed
-    from orchestrator.show.report.parallel import rank_parameters
-
     trials = completed(study)
     ranking = rank_parameters(study, trials, min_for_importance=MIN_TRIALS_FOR_IMPORTANCE)
     return list(ranking.names)
 
 
 def slice_figure(study: optuna.Study, params: Sequence[str], metric: str) -> Any:
-    import optuna.visualization as vis
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         figure = vis.plot_slice(study, params=list(params[:SLICE_PARAMS]), target_name=metric)
@@ -93,8 +94,6 @@ def fit_the_page(figure: Any) -> Any:
 
 
 def contour_figure(study: optuna.Study, params: Sequence[str], metric: str) -> Any:
-    import optuna.visualization as vis
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         figure = vis.plot_contour(study, params=list(params[:CONTOUR_PARAMS]), target_name=metric)
@@ -105,22 +104,16 @@ def contour_figure(study: optuna.Study, params: Sequence[str], metric: str) -> A
 
 
 def pareto_figure(study: optuna.Study, names: Sequence[str]) -> Any:
-    import optuna.visualization as vis
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return vis.plot_pareto_front(study, target_names=list(names))
 
 
 def slice_png(study: optuna.Study, params: Sequence[str], metric: str) -> Any:
-    import optuna.visualization.matplotlib as mvis
-
     return mvis.plot_slice(study, params=list(params[:SLICE_PARAMS]), target_name=metric)
 
 
 def pareto_png(study: optuna.Study, names: Sequence[str]) -> Any:
-    import optuna.visualization.matplotlib as mvis
-
     return mvis.plot_pareto_front(study, target_names=list(names))
 
 

@@ -14,8 +14,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from adapters import metric_name
+from adapters.study_adapter import resolve_adapter
 from orchestrator.errors import UserError
+from orchestrator.record.study.spec import SPEC_ATTR, load_spec
+from orchestrator.show.final_scores_text import final_scores_section
+from orchestrator.show.report.charts import plotly_charts
+from orchestrator.show.report.gpu_timeline import cpu_only_note
+from orchestrator.show.report.lineage import lineage_section
+from orchestrator.show.report.pngs import write_pngs
 from orchestrator.show.report.summary import summary_html, vram_html
+from orchestrator.show.report.trials import (
+    CSV_NAME,
+    SORT_SCRIPT,
+    table_html,
+    trial_table,
+    write_csv,
+)
+from orchestrator.show.run_facts import objective_names, run_facts
 
 if TYPE_CHECKING:
     import optuna
@@ -48,10 +64,6 @@ class ReportFiles:
 
 def study_metric(study: optuna.Study) -> str:
     """What the study's value is, in the adapter's words; "value" when the adapter is unknown here."""
-    from adapters import metric_name
-    from adapters.study_adapter import resolve_adapter
-    from orchestrator.record.study.spec import load_spec
-
     spec = load_spec(study)
     if spec is None:
         return "value"
@@ -65,15 +77,6 @@ def write_report(
     study: optuna.Study, detail: StudyDetail, out_dir: Path, *, metric: str | None = None
 ) -> ReportFiles:
     """Write index.html, one PNG per drawn chart and trials.csv into out_dir (created if missing)."""
-    from orchestrator.record.study.spec import SPEC_ATTR
-    from orchestrator.show.final_scores_text import final_scores_section
-    from orchestrator.show.report.charts import plotly_charts
-    from orchestrator.show.report.gpu_timeline import cpu_only_note
-    from orchestrator.show.report.lineage import lineage_section
-    from orchestrator.show.report.pngs import write_pngs
-    from orchestrator.show.report.trials import CSV_NAME, trial_table, write_csv
-    from orchestrator.show.run_facts import objective_names, run_facts
-
     out_dir = Path(out_dir)
     _writable(out_dir)
     trials = study.get_trials(deepcopy=False)
@@ -166,8 +169,6 @@ def chart_sections(charts: list[Chart], pngs: list[Path]) -> list[str]:
 
 
 def trials_section(table: TrialTable, csv: Path | None) -> list[str]:
-    from orchestrator.show.report.trials import SORT_SCRIPT, table_html
-
     where = f" (also in <a href='{esc(csv.name)}'>{esc(csv.name)}</a>)" if csv else ""
     return [
         f"<h2>Trials</h2><p class='note'>click a column to sort by it{where}</p>",

@@ -15,9 +15,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+from orchestrator.show.importance import importance_evaluator
+
 if TYPE_CHECKING:
+    import matplotlib.cm as mcm
+    import matplotlib.collections as mcoll
+    import matplotlib.colors as mcolors
+    import matplotlib.pyplot as plt
     import optuna
+    import plotly.graph_objects as go
     from optuna.trial import FrozenTrial
+else:
+    mcm = LazyImport("matplotlib.cm")
+    mcoll = LazyImport("matplotlib.collections")
+    mcolors = LazyImport("matplotlib.colors")
+    plt = LazyImport("matplotlib.pyplot")
+    optuna = LazyImport("optuna")
+    go = LazyImport("plotly.graph_objects")
 
 MAX_AXES = 8  # parameters drawn; the note says how many were left out
 
@@ -47,10 +62,6 @@ def rank_parameters(
     names = sorted({name for t in trials for name in t.params})
     if len(trials) >= min_for_importance:
         try:
-            import optuna
-
-            from orchestrator.show.importance import importance_evaluator
-
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 scores = optuna.importance.get_param_importances(
@@ -123,14 +134,12 @@ class Axis:
 
 def axes_for(trials: Sequence[FrozenTrial], names: Sequence[str], metric: str) -> list[Axis]:
     """The metric's axis, then one per parameter; trials lacking a parameter are left out."""
-    from optuna.distributions import CategoricalDistribution
-
     rows = [t for t in trials if t.value is not None and all(n in t.params for n in names)]
     axes = [Axis(metric, [float(t.value) for t in rows])]
     for name in names:
         dist = next(t.distributions[name] for t in rows) if rows else None
         values = [t.params[name] for t in rows]
-        if isinstance(dist, CategoricalDistribution):
+        if isinstance(dist, optuna.distributions.CategoricalDistribution):
             choices = [c for c in dist.choices if c in set(values)] or list(dist.choices)
             index = {c: i for i, c in enumerate(choices)}
             axes.append(
@@ -156,8 +165,6 @@ def axes_for(trials: Sequence[FrozenTrial], names: Sequence[str], metric: str) -
 
 
 def plotly_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> Any:
-    import plotly.graph_objects as go
-
     dimensions = []
     for axis in axes:
         dim: dict[str, Any] = {"label": axis.label, "values": axis.values}
@@ -177,10 +184,6 @@ def plotly_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> Any:
 
 
 def matplotlib_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> Any:
-    import matplotlib.pyplot as plt
-    from matplotlib import cm, colors
-    from matplotlib.collections import LineCollection
-
     figure, ax = plt.subplots()
     n = len(axes[0].values)
     scaled = []
@@ -188,15 +191,15 @@ def matplotlib_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> 
         lo, hi = min(axis.values, default=0.0), max(axis.values, default=1.0)
         span = (hi - lo) or 1.0
         scaled.append([(v - lo) / span for v in axis.values])
-    norm = colors.Normalize(min(axes[0].values, default=0), max(axes[0].values, default=1))
+    norm = mcolors.Normalize(min(axes[0].values, default=0), max(axes[0].values, default=1))
     # Blues without its near-white end, which vanishes on the background; best trials darkest.
     blues = plt.get_cmap("Blues")([0.3 + 0.7 * i / 255 for i in range(256)])
-    cmap = colors.ListedColormap(blues[::-1] if reverse else blues)
+    cmap = mcolors.ListedColormap(blues[::-1] if reverse else blues)
     # The best trials drawn last, on top; one collection, not a line each (thousands of trials).
     order = sorted(range(n), key=lambda i: axes[0].values[i], reverse=reverse)
     lines = [list(zip(range(len(axes)), [s[i] for s in scaled], strict=True)) for i in order]
     shades = [cmap(norm(axes[0].values[i])) for i in order]
-    ax.add_collection(LineCollection(lines, colors=shades, linewidths=1.2, alpha=0.8))
+    ax.add_collection(mcoll.LineCollection(lines, colors=shades, linewidths=1.2, alpha=0.8))
     ax.set_xlim(-0.2, len(axes) - 0.5)
     for x, axis in enumerate(axes):
         ax.axvline(x, color="#888", linewidth=0.8)
@@ -206,7 +209,7 @@ def matplotlib_parallel(axes: Sequence[Axis], *, metric: str, reverse: bool) -> 
     ax.set_yticks([])
     ax.set_ylim(-0.12, 1.12)
     ax.set_title("Parallel coordinates (most important parameters first)")
-    figure.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
+    figure.colorbar(mcm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
     return ax
 
 

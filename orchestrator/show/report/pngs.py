@@ -10,7 +10,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.show.importance import importance_evaluator
+from orchestrator.show.report import optuna_plots as plots
+from orchestrator.show.report import timeline
 from orchestrator.show.report.chart_data import (
     CURVE_STYLES,
     best_curve,
@@ -22,12 +25,27 @@ from orchestrator.show.report.chart_data import (
     point_mb,
     vram_points,
 )
+from orchestrator.show.report.charts import timeline_end
+from orchestrator.show.report.gpu_timeline import trial_lanes
+from orchestrator.show.report.parallel import matplotlib_parallel
+from orchestrator.show.views import slot_series
 
 if TYPE_CHECKING:
+    import matplotlib
+    import matplotlib.collections as mcoll
+    import matplotlib.pyplot as plt
+    import numpy as np
     import optuna
+    import optuna.visualization.matplotlib as mvis
 
     from orchestrator.show.report.charts import Chart
     from orchestrator.show.views import StudyDetail
+else:
+    matplotlib = LazyImport("matplotlib")
+    mcoll = LazyImport("matplotlib.collections")
+    plt = LazyImport("matplotlib.pyplot")
+    np = LazyImport("numpy")
+    mvis = LazyImport("optuna.visualization.matplotlib")
 
 
 def write_pngs(
@@ -38,14 +56,7 @@ def write_pngs(
     metric: str = "value",
     names: list[str] | None = None,
 ) -> list[Path]:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import optuna.visualization.matplotlib as mvis
-
-    from orchestrator.show.report import optuna_plots as plots
-    from orchestrator.show.report import timeline
 
     drawn = {chart.key for chart in charts if chart.figure is not None}
     shared = {chart.key: chart.data for chart in charts if chart.data is not None}
@@ -93,9 +104,6 @@ SIZED_BY_THEIR_CONTENT = {"timeline", "slice"}
 
 
 def _lanes(study: optuna.Study, detail: StudyDetail) -> tuple[list, Any]:
-    from orchestrator.show.report.charts import timeline_end
-    from orchestrator.show.report.gpu_timeline import trial_lanes
-
     trials = study.get_trials(deepcopy=False)
     until = timeline_end(trials, detail)
     return trial_lanes(trials, until), until
@@ -107,17 +115,12 @@ def _gpu_lanes(study: optuna.Study, detail: StudyDetail) -> tuple[list, list, An
 
 
 def _figure_of(axes: Any) -> Any:
-    import numpy as np
-
     if isinstance(axes, np.ndarray):  # parallel coordinates may hand back several axes
         axes = axes.flat[0]
     return axes.figure
 
 
 def _curves_axes(study: optuna.Study, metric: str) -> Any:
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import LineCollection
-
     figure, ax = plt.subplots()
     groups = curve_groups(study.get_trials(deepcopy=False))
     for state, curves in groups.items():
@@ -125,7 +128,7 @@ def _curves_axes(study: optuna.Study, metric: str) -> Any:
         style = {"solid": "-", "dash": "--", "dot": ":"}[dash]
         # One collection a state, not a line a trial (a study may hold thousands).
         ax.add_collection(
-            LineCollection(
+            mcoll.LineCollection(
                 [points for _, points in curves],
                 colors=colour,
                 linestyles=style,
@@ -151,15 +154,11 @@ def _curves_axes(study: optuna.Study, metric: str) -> Any:
 
 
 def _parallel_axes(study: optuna.Study, metric: str) -> Any:
-    from orchestrator.show.report.parallel import matplotlib_parallel
-
     _, axes = parallel_axes(study, metric)
     return matplotlib_parallel(axes, metric=metric, reverse=study.direction.name == "MINIMIZE")
 
 
 def _vram_axes(detail: StudyDetail) -> Any:
-    import matplotlib.pyplot as plt
-
     figure, ax = plt.subplots()
     rows = vram_points(detail)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -207,10 +206,6 @@ def _vram_axes(detail: StudyDetail) -> Any:
 
 
 def _slots_axes(detail: StudyDetail) -> Any:
-    import matplotlib.pyplot as plt
-
-    from orchestrator.show.views import slot_series
-
     figure, ax = plt.subplots()
     for s in slot_series(detail.concurrency_events, until=last_time(detail)):
         ax.step(s.times, s.slots, where="post", label=s.label)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.show.run_facts import RunFacts, params_yaml, wall_text
+from orchestrator.show.text import mb_text
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -109,8 +110,6 @@ def pareto_html(front: Sequence[FrozenTrial], names: list[str]) -> list[str]:
 
 def vram_html(detail: StudyDetail, cpu_note: str | None) -> list[str]:
     """VRAM by GPU, or, for a study that ran on the CPU only, why there is none."""
-    from orchestrator.show.text import mb_text
-
     if cpu_note is not None:
         return [f"<h2>VRAM by GPU</h2><p class='note'>{esc(cpu_note)}</p>"]
     if not detail.vram_by_gpu:

@@ -10,6 +10,7 @@ import datetime as dt
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.show.report.gpu_timeline import (
     CPU_ONLY_NOTE,
     Lane,
@@ -19,7 +20,17 @@ from orchestrator.show.report.gpu_timeline import (
 )
 
 if TYPE_CHECKING:
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    import plotly.colors as plotly_colors
+    import plotly.graph_objects as go
+
     from orchestrator.record.store.records import ConcurrencyEvent
+else:
+    mdates = LazyImport("matplotlib.dates")
+    plt = LazyImport("matplotlib.pyplot")
+    plotly_colors = LazyImport("plotly.colors")
+    go = LazyImport("plotly.graph_objects")
 
 STATE_COLOURS = {  # state -> (colour, legend)
     "COMPLETE": ("#1f77b4", "complete"),
@@ -43,8 +54,6 @@ def row_name(lane: Lane, row: int) -> str:
 
 
 def timeline_figure(lanes: list[Lane]) -> Any:
-    import plotly.graph_objects as go
-
     figure = go.Figure()
     order = [row_name(lane, r) for lane in lanes for r in range(lane.rows)]
     for state, (colour, legend) in STATE_COLOURS.items():
@@ -79,10 +88,7 @@ def timeline_figure(lanes: list[Lane]) -> Any:
 
 
 def memory_figure(lanes: list[Lane], events: list[ConcurrencyEvent], until: dt.datetime) -> Any:
-    import plotly.colors
-    import plotly.graph_objects as go
-
-    palette = list(plotly.colors.qualitative.Plotly)
+    palette = list(plotly_colors.qualitative.Plotly)
     figure = go.Figure()
     for i, lane in enumerate(lanes):
         colour = palette[i % len(palette)]
@@ -123,9 +129,6 @@ def memory_note(lanes: list[Lane]) -> tuple[bool, str]:
 
 
 def timeline_axes(lanes: list[Lane]) -> Any:
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-
     names = [row_name(lane, r) for lane in lanes for r in range(lane.rows)]
     figure, ax = plt.subplots(figsize=(9, max(3.0, 1.2 + 0.3 * len(names))))
     position = {name: len(names) - 1 - i for i, name in enumerate(names)}
@@ -152,8 +155,6 @@ def timeline_axes(lanes: list[Lane]) -> Any:
 
 
 def memory_axes(lanes: list[Lane], events: list[ConcurrencyEvent], until: dt.datetime) -> Any:
-    import matplotlib.pyplot as plt
-
     figure, ax = plt.subplots()
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, lane in enumerate(lanes):

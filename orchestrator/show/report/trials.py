@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.trials import attr_names as names
+from orchestrator.show.text import to_utc
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -57,8 +58,6 @@ def trial_table(trials: Sequence[FrozenTrial], metric: str | Sequence[str]) -> T
 
 def _utc_text(moment: dt.datetime | None) -> str | None:
     """Optuna's local time as UTC, to the second: '2026-12-01 19:32:47' (sorts as text)."""
-    from orchestrator.show.text import to_utc
-
     utc = to_utc(moment)
     return None if utc is None else utc.strftime("%Y-%m-%d %H:%M:%S")
 
