@@ -8,17 +8,27 @@ free of that part), and its trial processes cannot allocate past it
 
 from __future__ import annotations
 
-import ctypes
 import math
 import os
 import sys
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
 from orchestrator.gpu.base import Device, Probe
-from orchestrator.gpu.nvml import NvmlProbe
 from orchestrator.gpu.sim import SimLedger, SimProbe, make_sim_devices
-from orchestrator.gpu.torch_cuda import TorchProbe
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    import ctypes
+
+    from orchestrator.gpu import nvml, torch_cuda
+else:
+    # The real probes load only when a GPU is looked for: `--gpus` is checked by every
+    # command's parser, and `--help` should not pay for ctypes and the probes' modules.
+    ctypes = LazyImport("ctypes")
+    nvml = LazyImport("orchestrator.gpu.nvml")
+    torch_cuda = LazyImport("orchestrator.gpu.torch_cuda")
 
 __all__ = [
     "Device",
@@ -182,13 +192,13 @@ def _real_probe() -> Probe:
 
 
 def _nvml_probe() -> Probe:
-    return NvmlProbe()  # without pynvml, or without a driver, it finds no device
+    return nvml.NvmlProbe()  # without pynvml, or without a driver, it finds no device
 
 
 def _torch_probe() -> Probe | None:
     if not _gpu_driver_present():
         return None  # torch could see no GPU either: spare this process torch's import (1-2 s)
-    return TorchProbe()
+    return torch_cuda.TorchProbe()
 
 
 def _gpu_driver_present() -> bool:
