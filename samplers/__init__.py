@@ -22,7 +22,7 @@ _WHERE = {
     "BoundedSampler": "samplers._bounded",
     "bounded": "samplers._bounded",
     "make_sampler": "samplers._factory",
-    "SAMPLER_NAMES": "samplers._names",  # what `run --sampler` accepts
+    "SAMPLER_NAMES": "samplers._factory",  # what `run --sampler` accepts
     "latin_hypercube": "samplers._lhs",
 }
 

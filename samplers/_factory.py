@@ -1,17 +1,32 @@
-"""make_sampler: a sampler by name, as `run --sampler NAME` asks for it."""
+"""make_sampler: a sampler by name, as `run --sampler NAME` asks for it.
+
+Optuna and the samplers load when a sampler is made, not when its name is read: `run --help`
+offers `SAMPLER_NAMES` without loading Optuna. A new sampler is its module, its name and branch
+here, and its tests.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import optuna
-from optuna.samplers import BaseSampler
+from orchestrator.imports import LazyImport
 
-from samplers._bounded import bounded
-from samplers._names import SAMPLER_NAMES, SINGLE_OBJECTIVE_ONLY
-from samplers._pbt import PBTSampler
-from samplers._pso import PSOSampler
+if TYPE_CHECKING:
+    import optuna
+    from optuna.samplers import BaseSampler
+
+    from samplers import _bounded, _pbt, _pso
+else:
+    optuna = LazyImport("optuna")
+    _bounded = LazyImport("samplers._bounded")
+    _pbt = LazyImport("samplers._pbt")
+    _pso = LazyImport("samplers._pso")
+
+# Every name `make_sampler` knows, the default first: the one list (`run --sampler` offers it).
+SAMPLER_NAMES = ("pso", "tpe", "random", "qmc", "cmaes", "nsga2", "grid", "pbt")
+# The samplers that model a single objective only: asked for more, they refuse.
+SINGLE_OBJECTIVE_ONLY = ("qmc", "cmaes", "pbt")
 
 
 def make_sampler(
@@ -40,7 +55,7 @@ def make_sampler(
     if name == "pso":
         return _swarm(seed, swarm_size, bounds)
     if name == "pbt":
-        return bounded(_population(seed, swarm_size), bounds)
+        return _bounded.bounded(_population(seed, swarm_size), bounds)
     own_seed = None if seed is None else (seed + independent_seed_offset) % 2**32
     if name == "tpe":
         # Constant liar, as Optuna advises for parallel workers; it works for several
@@ -69,7 +84,7 @@ def make_sampler(
             independent_sampler=optuna.samplers.RandomSampler(seed=own_seed),
             warn_independent_sampling=False,
         )
-    return bounded(sampler, bounds)
+    return _bounded.bounded(sampler, bounds)
 
 
 def _swarm(
@@ -78,14 +93,14 @@ def _swarm(
     """The particle swarm: one class for one objective or several (the study's directions decide
     how it is led); `swarm_size` None takes the swarm's own default."""
     sized = {} if swarm_size is None else {"swarm_size": swarm_size}
-    return PSOSampler(seed=seed, bounds=bounds, **sized)
+    return _pso.PSOSampler(seed=seed, bounds=bounds, **sized)
 
 
 def _population(seed: int | None, swarm_size: int | None) -> BaseSampler:
     """Population-based training (`samplers._pbt`) of `swarm_size` members; like the swarm it
     draws from `seed` and the trial number, and keeps its population in the storage."""
     sized = {} if swarm_size is None else {"population": swarm_size}
-    return PBTSampler(seed=seed, **sized)
+    return _pbt.PBTSampler(seed=seed, **sized)
 
 
 def _check(name: str, n_objectives: int, grid: Mapping[str, Sequence[Any]] | None) -> None:
