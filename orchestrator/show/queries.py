@@ -30,21 +30,22 @@ if TYPE_CHECKING:
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
 
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.records import ConcurrencyEvent
 
 
-def open_for_reading(url: str) -> RDBStorage:
-    """The storage at URL, for reading: an SQLite file that does not exist is an error, not a new file."""
+def open_for_reading(location: StorageLocation) -> RDBStorage:
+    """The storage at `location`, for reading: an SQLite file that does not exist is an error,
+    not a new file."""
     from orchestrator.record.store.storage import create_storage
-    from orchestrator.record.store.storage_url import describe_location, sqlite_path
 
-    path = sqlite_path(url)
+    path = location.sqlite_path
     if path is not None and not path.exists():
         raise UserError(
-            f"no study database at {describe_location(url)}: start a study with "
+            f"no study database at {location.describe()}: start a study with "
             "`python -m orchestrator run ADAPTER`, or point --storage at an existing one"
         )
-    storage = create_storage(url)
+    storage = create_storage(location)
     bring_our_tables_up_to_date(storage)
     return storage
 
@@ -59,11 +60,12 @@ def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
         head_revision,
         upgrade_orchestrator_schema,
     )
+    from orchestrator.record.store.storage import location_of
 
     revision = current_revision(storage)
     if revision is None or revision == head_revision():
         return
-    with schema_lock(storage.url):
+    with schema_lock(location_of(storage)):
         if current_revision(storage) != head_revision():
             upgrade_orchestrator_schema(storage)
 
@@ -73,12 +75,13 @@ def _guarded(storage: RDBStorage) -> Iterator[None]:
     """Turn a database error during a read into the one-line 'cannot reach' message."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from orchestrator.record.store.storage import location_of
     from orchestrator.record.store.storage_failures import unreachable
 
     try:
         yield
     except SQLAlchemyError as error:
-        raise unreachable(storage.url, error) from None
+        raise unreachable(location_of(storage), error) from None
 
 
 def the_study(storage: RDBStorage, name: str | None, label: str, command: str) -> str:
