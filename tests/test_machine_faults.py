@@ -101,7 +101,10 @@ RACER = """
 import sys, time
 kind, url, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if kind == "ours":
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.migrate import open_storage as opened
+
+    url = StorageLocation.parse(url)
 else:
     from optuna.storages import RDBStorage as opened
 while time.time() < at:  # every racer starts at one moment, imports done
