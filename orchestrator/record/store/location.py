@@ -62,7 +62,7 @@ class StorageLocation:
     @property
     def sqlite_path(self) -> Path | None:
         """The file of an SQLite URL, or None for memory and other backends."""
-        if not self.is_sqlite or self.database in (None, "", ":memory:"):
+        if not self.is_sqlite or not self.database or self.database == ":memory:":
             return None
         return Path(self.database)
 

@@ -1,7 +1,8 @@
 """Opening a study's storage: the one place Optuna's RDBStorage is built, and its settings.
 
-The storage is a checked `StorageLocation` (`location`), its password hidden from every line of output
-(`passwords`), and every database call of the storage rides out an outage (`riding_storage`).
+The storage is a `StorageLocation`, read and checked where the user gave it (`location`); its
+password is hidden from every line of output (`passwords`), and every database call of the
+storage rides out an outage (`riding_storage`).
 """
 
 from __future__ import annotations
