@@ -20,7 +20,7 @@ import torch
 
 from adapters.base import reporter
 from adapters.synthetic import adapter
-from orchestrator.record.store.storage_url import normalize_url, sqlite_path
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.spec import StudySpec, pruner_for
 from samplers import make_sampler
 
@@ -28,7 +28,8 @@ from samplers import make_sampler
 def main() -> None:
     url, name, sampler, trials, epochs = sys.argv[1:6]
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    path = sqlite_path(url)
+    location = StorageLocation.parse(url)
+    path = location.sqlite_path
     if path is not None:  # the journal mode `run` sets on a study's file
         sqlite3.connect(path).execute("PRAGMA journal_mode=WAL").connection.close()
     spec = StudySpec(
@@ -36,7 +37,7 @@ def main() -> None:
     )
     study = optuna.create_study(
         study_name=name,
-        storage=normalize_url(url),
+        storage=location.url,
         sampler=make_sampler(sampler, seed=None, swarm_size=spec.swarm_size),
         pruner=pruner_for(spec),
         load_if_exists=True,  # bench_overhead's study-size part runs it on a filled study

@@ -42,6 +42,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.record.store.location import StorageLocation
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "control_plane.json"
 STUDY = "control-plane"
@@ -85,7 +87,7 @@ def prepare_study(url: str, trials: int, asks: int) -> None:
     from orchestrator.record.store.migrate import open_storage
     from orchestrator.record.study.spec import StudySpec, save_spec
 
-    storage = open_storage(url)
+    storage = open_storage(StorageLocation.parse(url))
     study = optuna.create_study(study_name=STUDY, storage=storage)
     save_spec(
         study,
@@ -147,7 +149,9 @@ def child(url: str, folder: Path, index: int) -> None:
     from orchestrator.record.study.spec import load_spec
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = create_storage(url, heartbeat=True, wait=True)  # as a trial process opens it
+    storage = create_storage(
+        StorageLocation.parse(url), heartbeat=True, wait=True
+    )  # as a trial process opens it
     study = optuna.load_study(
         study_name=STUDY, storage=storage, sampler=optuna.samplers.RandomSampler()
     )
@@ -159,7 +163,7 @@ def child(url: str, folder: Path, index: int) -> None:
     while True:
         started = time.perf_counter()
         # The trial process's ask: the claim in one round trip, then the trial read back.
-        trial = ask_within_budget(study, url, spec.trials)
+        trial = ask_within_budget(study, StorageLocation.parse(url), spec.trials)
         asked = time.perf_counter()
         if trial is None:
             break

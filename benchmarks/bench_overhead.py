@@ -165,10 +165,10 @@ def prefill(url: str, study_name: str, finished: int, *, epochs: int = EPOCHS) -
     import optuna
 
     from adapters.synthetic import synthetic_value
-    from orchestrator.record.store.storage_url import normalize_url
+    from orchestrator.record.store.location import StorageLocation
     from samplers._space import to_unit
 
-    study = optuna.load_study(study_name=study_name, storage=normalize_url(url))
+    study = optuna.load_study(study_name=study_name, storage=StorageLocation.parse(url).url)
     template = study.trials[0]
     dists = template.distributions
     rng = random.Random(0)
@@ -204,11 +204,11 @@ def steady_interval_s(url: str, study_name: str, after: int) -> float:
     """Median time from one trial's start to the next's, for trials numbered `after` and up."""
     import optuna
 
-    from orchestrator.record.store.storage_url import normalize_url
+    from orchestrator.record.store.location import StorageLocation
 
-    trials = optuna.load_study(study_name=study_name, storage=normalize_url(url)).get_trials(
-        deepcopy=False
-    )
+    trials = optuna.load_study(
+        study_name=study_name, storage=StorageLocation.parse(url).url
+    ).get_trials(deepcopy=False)
     starts = sorted(t.datetime_start for t in trials if t.number >= after and t.datetime_start)
     gaps = [(b - a).total_seconds() for a, b in zip(starts[1:], starts[2:], strict=False)]
     return statistics.median(gaps)
@@ -256,8 +256,8 @@ def part_size(kinds: list[str], server: str | None, sizes: list[int], new: int) 
 def part_lock(kinds: list[str], server: str | None, sizes: list[int], new: int) -> list[dict]:
     import sqlalchemy as sa
 
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.records import list_trial_vram
-    from orchestrator.record.store.storage_url import normalize_url
 
     rows = []
     for kind in kinds:
@@ -284,7 +284,7 @@ def part_lock(kinds: list[str], server: str | None, sizes: list[int], new: int) 
                         "--json",
                     )
                 )
-                engine = sa.create_engine(normalize_url(url))
+                engine = sa.create_engine(StorageLocation.parse(url).url)
                 asks = [r for r in list_trial_vram(engine, "crowd") if r["ask_held_ms"] is not None]
                 engine.dispose()
             held = sorted(r["ask_held_ms"] for r in asks)

@@ -101,11 +101,13 @@ def _training(pid: int) -> bool:
 def count(url: str, result: Result) -> None:
     import optuna
 
-    from orchestrator.record.store.storage_url import normalize_url
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import count_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    trials = optuna.load_study(study_name="synthetic", storage=normalize_url(url)).trials
+    trials = optuna.load_study(
+        study_name="synthetic", storage=StorageLocation.parse(url).url
+    ).trials
     counted = count_trials(trials)
     result.complete, result.failed = counted.complete, counted.failed
     result.re_run, result.running, result.waiting = (
@@ -118,9 +120,9 @@ def count(url: str, result: Result) -> None:
 def wait_for_complete(url: str, number: int, timeout: float = 120) -> None:
     import sqlalchemy as sa
 
-    from orchestrator.record.store.storage_url import normalize_url
+    from orchestrator.record.store.location import StorageLocation
 
-    engine = sa.create_engine(normalize_url(url))
+    engine = sa.create_engine(StorageLocation.parse(url).url)
     deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline:

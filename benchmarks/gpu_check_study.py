@@ -46,6 +46,7 @@ from benchmarks.gpu_check_run import (
     run_logged,
     say,
 )
+from orchestrator.record.store.location import StorageLocation
 
 UNDERSIZE = UndersizedForecaster.options["undersize"]  # the memory model, 50 times too low
 CONTEXT_BATCHES = [64, 512]
@@ -178,7 +179,7 @@ def evaluate(run, gpu, plan, rc, took, samples, context, nvml_note) -> None:
     from orchestrator.record.store.storage import create_storage
     from orchestrator.record.study.spec import count_trials, load_spec
 
-    storage = create_storage(storage_url(run))
+    storage = create_storage(StorageLocation.parse(storage_url(run)))
     try:
         study = optuna.load_study(study_name=STUDY, storage=storage)
     except KeyError:

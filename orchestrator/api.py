@@ -246,7 +246,7 @@ def _run(
         check_storage_for_workers,
     )
     from orchestrator.launch import execute, open_for_trials
-    from orchestrator.record.store.storage_url import parse_url, resolve_storage_url
+    from orchestrator.record.store.location import StorageLocation
 
     spec = _with_checkpoints(spec, host)
     check_host({"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(HostOptions)))
@@ -255,14 +255,13 @@ def _run(
     with said_as_api():
         settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
         check_host_options(settings)
-        url = resolve_storage_url(storage)
-        parse_url(url)
-        check_storage_for_workers(url)
+        location = StorageLocation.resolve(storage)
+        check_storage_for_workers(location)
     adapter = resolve_adapter(spec)  # the objective imports here, or says why not
-    spare, opened = open_for_trials(url, uses_torch=uses_torch(adapter))
+    spare, opened = open_for_trials(location, uses_torch=uses_torch(adapter))
     existing, spec = _resume(opened, name, spec)
     execute(
-        url=url,
+        location=location,
         storage=opened,
         adapter=adapter,
         spec=spec,

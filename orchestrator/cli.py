@@ -82,8 +82,8 @@ def package_version() -> str:
 
 def remember_secrets(argv: list[str]) -> None:
     """Every password on the command line or in $ORCHESTRATOR_STORAGE is hidden from then on."""
+    from orchestrator.record.store.location import STORAGE_ENV
     from orchestrator.record.store.passwords import protect_output, remember_secret
-    from orchestrator.record.store.storage_url import STORAGE_ENV
 
     for token in [*argv, os.environ.get(STORAGE_ENV, "")]:
         remember_secret(token)

@@ -11,11 +11,15 @@ import argparse
 import math
 import os
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
 from orchestrator.record.outages.riding import DEFAULT_RETRY_SECONDS
 from orchestrator.run.pool.stopping import Stop
 from orchestrator.run.trial.context import Recycling
+
+if TYPE_CHECKING:
+    from orchestrator.record.store.location import StorageLocation
 
 
 @dataclass(frozen=True)
@@ -56,11 +60,11 @@ class HostOptions:
             trial_timeout=self.trial_timeout,
         )
 
-    def log_dir_for(self, url: str) -> str:
+    def log_dir_for(self, location: StorageLocation) -> str:
         """Where trials' logs go: --log-dir, else beside the study's SQLite file or here."""
         from orchestrator.record.trials.logs import default_log_dir
 
-        return str(self.log_dir) if self.log_dir else str(default_log_dir(url))
+        return str(self.log_dir) if self.log_dir else str(default_log_dir(location))
 
     @property
     def shows_progress(self) -> bool:
@@ -328,11 +332,9 @@ def check_log_dir(log_dir: str) -> None:
                 path.rmdir()
 
 
-def check_storage_for_workers(url: str) -> None:
+def check_storage_for_workers(location: StorageLocation) -> None:
     """Trial processes open the storage themselves: an in-memory database cannot be shared."""
-    from orchestrator.record.store.storage_url import is_sqlite, sqlite_path
-
-    if is_sqlite(url) and sqlite_path(url) is None:
+    if location.is_sqlite and location.sqlite_path is None:
         raise UserError(
             "an in-memory SQLite storage cannot be shared with trial processes: "
             "use a file, e.g. --storage sqlite:///study.db"

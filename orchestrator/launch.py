@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from orchestrator.host_options import HostOptions
     from orchestrator.planning.host_plan import HostPlan
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.result import Outcome
     from orchestrator.selection import Selection
@@ -26,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def plan_host(
     *,
-    url: str,
+    location: StorageLocation,
     adapter: Any,
     spec: StudySpec,
     options: HostOptions,
@@ -44,7 +45,7 @@ def plan_host(
         swarm_size=spec.swarm_size,
         concurrency=options.concurrency,
         budget_trials=spec.trials,
-        stored_models=(url, adapter.name),
+        stored_models=(location, adapter.name),
         sim_dir=sim_dir,
     )
     for gpu in host.plan.gpus:
@@ -59,7 +60,7 @@ def plan_host(
 
 def run_pool(
     *,
-    url: str,
+    location: StorageLocation,
     storage: Any,
     study: optuna.Study,
     spec: StudySpec,
@@ -85,7 +86,7 @@ def run_pool(
     progress = _progress(options)
     finished = FinishedTrials(study, callbacks) if callbacks else None
     pool = Pool.on_storage(
-        storage_url=url,
+        storage_location=location,
         engine=storage.engine,
         study=study,
         spec=spec,
@@ -95,7 +96,7 @@ def run_pool(
         cpu_bound=host.cpu_bound,
         sim_memory_scale=options.sim_memory_scale,
         recycling=options.recycling(),
-        log_dir=options.log_dir_for(url),
+        log_dir=options.log_dir_for(location),
         spare=spare,
         adapter=adapter,
         timeout_s=options.timeout,
@@ -219,7 +220,7 @@ def log_plan(gpu: Any) -> None:
 
 def plan_and_run(
     *,
-    url: str,
+    location: StorageLocation,
     storage: Any,
     adapter: Any,
     spec: StudySpec,
@@ -245,7 +246,7 @@ def plan_and_run(
         return opened[-1]
 
     outcome = execute(
-        url=url,
+        location=location,
         storage=storage,
         adapter=adapter,
         spec=spec,
@@ -269,7 +270,7 @@ def plan_and_run(
 
 def execute(
     *,
-    url: str,
+    location: StorageLocation,
     storage: Any,
     adapter: Any,
     spec: StudySpec,
@@ -283,11 +284,13 @@ def execute(
     from orchestrator.record.spool.spool import deliver_kept
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
-        host = plan_host(url=url, adapter=adapter, spec=spec, options=options, sim_dir=sim_dir)
+        host = plan_host(
+            location=location, adapter=adapter, spec=spec, options=options, sim_dir=sim_dir
+        )
         study = open_study()
-        deliver_kept(study, options.log_dir_for(url))  # what the last run here could not store
+        deliver_kept(study, options.log_dir_for(location))  # what the last run here could not store
         return run_pool(
-            url=url,
+            location=location,
             storage=storage,
             study=study,
             spec=spec,
@@ -308,7 +311,7 @@ def _progress(options: HostOptions) -> Any:
     return make_progress(quiet=options.quiet, verbose=options.verbose)
 
 
-def open_for_trials(url: str, *, uses_torch: bool = True) -> tuple[list[Any], Any]:
+def open_for_trials(location: StorageLocation, *, uses_torch: bool = True) -> tuple[list[Any], Any]:
     """What `run`, `worker` and `optimize` do once every input is checked: start the trial
     processes' imports (`prestart`: they overlap what follows), then open the study's storage,
     migrating it, with heartbeats on. The prestarted processes and the storage."""
@@ -317,7 +320,9 @@ def open_for_trials(url: str, *, uses_torch: bool = True) -> tuple[list[Any], An
     from orchestrator.run.pool.processes import prestart
 
     spare = prestart(1, uses_torch=uses_torch)
-    storage = open_storage(url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback)
+    storage = open_storage(
+        location, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
+    )
     return spare, storage
 
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from orchestrator.record.store import records
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.spec import count_trials
 from tests.cli_helpers import run_cli
 
@@ -20,11 +20,11 @@ SIM_2GB = "Simulated GPU 1.95 GB"
 
 
 def _study(url, name):
-    return optuna.load_study(study_name=name, storage=normalize_url(url))
+    return optuna.load_study(study_name=name, storage=StorageLocation.parse(url).url)
 
 
 def _engine(url):
-    return sa.create_engine(normalize_url(url))
+    return sa.create_engine(StorageLocation.parse(url).url)
 
 
 def _admitted(trial) -> datetime.datetime:

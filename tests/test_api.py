@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 import orchestrator
 from orchestrator.record.store import records
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.spec import load_spec
 from tests.api_objective import objective
 
@@ -33,7 +33,9 @@ def test_a_plain_objective_runs_on_two_simulated_gpus_with_every_record(sqlite_u
     assert load_spec(study).trials == 6
     gpus = {t.user_attrs["gpu"] for t in trials}
     assert gpus <= {"Simulated GPU 12 GB", "Simulated GPU 24 GB"}
-    rows = records.list_trial_vram(sa.create_engine(normalize_url(sqlite_url)), study.study_name)
+    rows = records.list_trial_vram(
+        sa.create_engine(StorageLocation.parse(sqlite_url).url), study.study_name
+    )
     assert sorted(r["trial_number"] for r in rows) == [t.number for t in trials]
     for trial in trials:
         batch = trial.params["batch_size"]

@@ -9,7 +9,7 @@ import pytest
 from optuna.trial import TrialState
 
 import orchestrator
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from tests import api_failing
 
 FAST = {"gpus": "sim:24576", "pruner": "none", "concurrency": 1}
@@ -36,7 +36,7 @@ def test_the_first_error_is_raised_with_its_own_type_and_the_run_stops(storage_u
         orchestrator.optimize(api_failing.always_raises, n_trials=6, storage=storage_url, **FAST)
     assert any("trial 0 raised this" in note for note in raised.value.__notes__)
     study = optuna.load_study(
-        study_name="tests.api_failing:always_raises", storage=normalize_url(storage_url)
+        study_name="tests.api_failing:always_raises", storage=StorageLocation.parse(storage_url).url
     )
     assert len([t for t in study.trials if t.state == TrialState.FAIL]) < 6  # it stopped
 

@@ -10,6 +10,7 @@ from adapters.base import MemoryModel
 from orchestrator.gpu.sim import SimProbe, make_sim_devices
 from orchestrator.planning.planner import plan_node
 from orchestrator.record.store import records
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.study.spec import StudySpec, save_spec
 from orchestrator.run.pool.loop import Pool
@@ -21,7 +22,7 @@ def test_a_batch_of_2048_allowed_by_the_plan_reaches_the_trial_unclamped(tmp_pat
     plan = plan_node(devices, model, cpu_bound=False, cpu_cores=2, concurrency=1)
     assert plan.gpus[0].batch_bounds[1] >= 2048
 
-    storage = open_storage(sqlite_url, heartbeat=True)
+    storage = open_storage(StorageLocation.parse(sqlite_url), heartbeat=True)
     study = optuna.create_study(study_name="flow", storage=storage)
     spec = StudySpec(
         adapter="synthetic",
@@ -36,7 +37,7 @@ def test_a_batch_of_2048_allowed_by_the_plan_reaches_the_trial_unclamped(tmp_pat
         {"x": 1.0, "y": -2.0, "learning_rate": 1e-3, "batch_size": 2048, "activation": "gelu"}
     )
     Pool.on_storage(
-        storage_url=sqlite_url,
+        storage_location=StorageLocation.parse(sqlite_url),
         engine=storage.engine,
         study=study,
         spec=spec,

@@ -16,6 +16,7 @@ from orchestrator.record.budget import claim as budget_claim
 from orchestrator.record.budget import section as budget_section
 from orchestrator.record.budget.claim import ask_within_budget, claim_trial
 from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.locks import lock_key
 from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.store.storage import create_storage
@@ -40,12 +41,14 @@ def _advisory_locks(url: str) -> int:
 
 
 def _trial_process_study(url: str, name: str) -> optuna.Study:
-    storage = create_storage(url, heartbeat=True, wait=True)  # as a trial process opens it
+    storage = create_storage(
+        StorageLocation.parse(url), heartbeat=True, wait=True
+    )  # as a trial process opens it
     return optuna.load_study(study_name=name, storage=storage)
 
 
 def test_under_the_lock_there_is_one_round_trip_and_the_trial_comes_back_whole(postgres_url):
-    optuna.create_study(study_name="one", storage=open_storage(postgres_url))
+    optuna.create_study(study_name="one", storage=open_storage(StorageLocation.parse(postgres_url)))
     study = _trial_process_study(postgres_url, "one")
     storage = study._storage._backend
     sent: list[str] = []
@@ -67,7 +70,7 @@ def test_under_the_lock_there_is_one_round_trip_and_the_trial_comes_back_whole(p
     assert 0 <= claim.done_at - claim.locked_at < 5, "the server's own clock, granted to done"
 
     sent.clear()
-    trial = ask_within_budget(study, postgres_url, 5)
+    trial = ask_within_budget(study, StorageLocation.parse(postgres_url), 5)
     assert trial is not None and trial.number == 1
     assert sum("pg_advisory_xact_lock" in s for s in sent) == 1
     lock_at = next(i for i, s in enumerate(sent) if "pg_advisory_xact_lock" in s)
@@ -80,12 +83,14 @@ def test_under_the_lock_there_is_one_round_trip_and_the_trial_comes_back_whole(p
 
 
 def test_waiting_trials_are_claimed_first_with_their_fixed_params(postgres_url):
-    study = optuna.create_study(study_name="queued", storage=open_storage(postgres_url))
+    study = optuna.create_study(
+        study_name="queued", storage=open_storage(StorageLocation.parse(postgres_url))
+    )
     study.enqueue_trial({"x": 0.25})
     study.enqueue_trial({"x": 0.75})
     mine = _trial_process_study(postgres_url, "queued")
     seen = []
-    while (trial := ask_within_budget(mine, postgres_url, 3)) is not None:
+    while (trial := ask_within_budget(mine, StorageLocation.parse(postgres_url), 3)) is not None:
         seen.append((trial.number, trial.suggest_float("x", 0, 1)))
         mine.tell(trial, 0.0)
     assert seen[:2] == [(0, 0.25), (1, 0.75)], "queued first, in order, with their params"
@@ -99,7 +104,9 @@ def test_waiting_trials_are_claimed_first_with_their_fixed_params(postgres_url):
 
 def _fill(url: str) -> optuna.Study:
     """A study with a trial in every state, one failure re-queued and one final."""
-    study = optuna.create_study(study_name="mixed", storage=open_storage(url))
+    study = optuna.create_study(
+        study_name="mixed", storage=open_storage(StorageLocation.parse(url))
+    )
     study.add_trial(create_trial(state=TrialState.COMPLETE, value=1.0))
     study.add_trial(create_trial(state=TrialState.PRUNED))
     study.add_trial(create_trial(state=TrialState.FAIL))  # 2: re-queued as 5
@@ -118,18 +125,22 @@ def test_the_claim_counts_the_budget_as_the_study_counts_it(postgres_url):
     used = count.counted + count.running  # 1 complete, 1 pruned, 1 final failure, 1 running
     assert (used, count.waiting) == (4, 1)
     mine = _trial_process_study(postgres_url, "mixed")
-    trial = ask_within_budget(mine, postgres_url, used)
+    trial = ask_within_budget(mine, StorageLocation.parse(postgres_url), used)
     assert trial is not None and trial.number == 5, "a waiting re-run is handed out at the limit"
     mine.tell(trial, 1.0)
-    assert ask_within_budget(mine, postgres_url, used + 1) is None, "the re-run took the last"
-    trial = ask_within_budget(mine, postgres_url, used + 2)
+    assert ask_within_budget(mine, StorageLocation.parse(postgres_url), used + 1) is None, (
+        "the re-run took the last"
+    )
+    trial = ask_within_budget(mine, StorageLocation.parse(postgres_url), used + 2)
     assert trial is not None and trial.number == 6
-    assert ask_within_budget(mine, postgres_url, used + 2) is None
+    assert ask_within_budget(mine, StorageLocation.parse(postgres_url), used + 2) is None
 
 
 def test_a_retried_claim_finds_what_its_lost_answer_claimed(postgres_url):
-    study = optuna.create_study(study_name="lost", storage=open_storage(postgres_url))
-    storage = create_storage(postgres_url, heartbeat=True, wait=True)
+    study = optuna.create_study(
+        study_name="lost", storage=open_storage(StorageLocation.parse(postgres_url))
+    )
+    storage = create_storage(StorageLocation.parse(postgres_url), heartbeat=True, wait=True)
     params = {
         "key": lock_key("budget:lost"),
         "study": study._study_id,
@@ -148,7 +159,9 @@ def test_a_retried_claim_finds_what_its_lost_answer_claimed(postgres_url):
 
 
 def test_a_claim_waits_out_a_lock_held_longer_than_its_wait_slice(postgres_url):
-    study = optuna.create_study(study_name="held", storage=open_storage(postgres_url))
+    study = optuna.create_study(
+        study_name="held", storage=open_storage(StorageLocation.parse(postgres_url))
+    )
     mine = _trial_process_study(postgres_url, "held")
     holder = sa.create_engine(postgres_url, poolclass=sa.pool.NullPool)
     taken, hold_s = threading.Event(), 8 * budget_section.LOCK_WAIT_SLICE_MS / 1000
@@ -167,7 +180,7 @@ def test_a_claim_waits_out_a_lock_held_longer_than_its_wait_slice(postgres_url):
     thread = threading.Thread(target=hold)
     thread.start()
     taken.wait(10)
-    trial = ask_within_budget(mine, postgres_url, 1)
+    trial = ask_within_budget(mine, StorageLocation.parse(postgres_url), 1)
     got_at = time.monotonic()
     thread.join()
     holder.dispose()
@@ -181,14 +194,16 @@ BUDGET = 60
 def _asker(url: str) -> int:
     study = _trial_process_study(url, "crowd")
     ran = 0
-    while (trial := ask_within_budget(study, url, BUDGET)) is not None:
+    while (trial := ask_within_budget(study, StorageLocation.parse(url), BUDGET)) is not None:
         study.tell(trial, trial.suggest_float("x", 0, 1))
         ran += 1
     return ran
 
 
 def test_many_trial_processes_share_an_exact_budget(postgres_url):
-    study = optuna.create_study(study_name="crowd", storage=open_storage(postgres_url))
+    study = optuna.create_study(
+        study_name="crowd", storage=open_storage(StorageLocation.parse(postgres_url))
+    )
     for x in (0.1, 0.2, 0.3):
         study.enqueue_trial({"x": x})
     with multiprocessing.get_context("spawn").Pool(8) as pool:
@@ -205,13 +220,14 @@ def test_many_trial_processes_share_an_exact_budget(postgres_url):
 
 @pytest.mark.parametrize("heartbeat", [True, False])
 def test_on_sqlite_the_ask_is_the_locked_section(sqlite_url, heartbeat):
-    optuna.create_study(study_name="file", storage=open_storage(sqlite_url))
+    optuna.create_study(study_name="file", storage=open_storage(StorageLocation.parse(sqlite_url)))
     study = optuna.load_study(
-        study_name="file", storage=create_storage(sqlite_url, heartbeat=heartbeat, wait=True)
+        study_name="file",
+        storage=create_storage(StorageLocation.parse(sqlite_url), heartbeat=heartbeat, wait=True),
     )
     study.enqueue_trial({"x": 0.5})
     numbers = []
-    while (trial := ask_within_budget(study, sqlite_url, 3)) is not None:
+    while (trial := ask_within_budget(study, StorageLocation.parse(sqlite_url), 3)) is not None:
         numbers.append(trial.number)
         study.tell(trial, trial.suggest_float("x", 0, 1))
     assert numbers == [0, 1, 2]
@@ -231,10 +247,14 @@ def test_the_count_sees_a_trial_made_by_the_lock_holder_it_waited_for(postgres_u
                 f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
             )
         )
-    study = optuna.create_study(study_name="late", storage=open_storage(postgres_url))
+    study = optuna.create_study(
+        study_name="late", storage=open_storage(StorageLocation.parse(postgres_url))
+    )
     mine = _trial_process_study(postgres_url, "late")
     asked: list[optuna.Trial | None] = []
-    waiter = threading.Thread(target=lambda: asked.append(ask_within_budget(mine, postgres_url, 1)))
+    waiter = threading.Thread(
+        target=lambda: asked.append(ask_within_budget(mine, StorageLocation.parse(postgres_url), 1))
+    )
     with admin.connect() as conn:
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"), {"k": lock_key("budget:late")})
         waiter.start()

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.locks import under_budget_lock
 from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.store.storage import create_storage
@@ -32,7 +33,7 @@ def _advisory_locks(url: str) -> int:
 
 def _trial_process(url: str) -> int:
     """Ask and tell as a trial process does, until the budget is used; the trials it ran."""
-    storage = create_storage(url, heartbeat=True, wait=True)
+    storage = create_storage(StorageLocation.parse(url), heartbeat=True, wait=True)
     study = optuna.load_study(study_name="section", storage=storage)
 
     def count_and_create() -> optuna.Trial | None:
@@ -41,14 +42,20 @@ def _trial_process(url: str) -> int:
         return study.ask()
 
     ran = 0
-    while (trial := under_budget_lock(url, "section", count_and_create, what="ask")) is not None:
+    while (
+        trial := under_budget_lock(
+            StorageLocation.parse(url), "section", count_and_create, what="ask"
+        )
+    ) is not None:
         study.tell(trial, float(trial.number))
         ran += 1
     return ran
 
 
 def test_trial_processes_share_an_exact_budget_on_one_connection_each(postgres_url):
-    study = optuna.create_study(study_name="section", storage=open_storage(postgres_url))
+    study = optuna.create_study(
+        study_name="section", storage=open_storage(StorageLocation.parse(postgres_url))
+    )
     study.enqueue_trial({})  # one waiting trial: popped under the lock, not created
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         ran = pool.map(_trial_process, [postgres_url] * 4)
@@ -65,8 +72,10 @@ def test_trial_processes_share_an_exact_budget_on_one_connection_each(postgres_u
 
 
 def test_the_lock_goes_at_the_claim_and_the_process_holds_one_connection(postgres_url):
-    optuna.create_study(study_name="claim", storage=open_storage(postgres_url))
-    storage = create_storage(postgres_url, heartbeat=True, wait=True)
+    optuna.create_study(
+        study_name="claim", storage=open_storage(StorageLocation.parse(postgres_url))
+    )
+    storage = create_storage(StorageLocation.parse(postgres_url), heartbeat=True, wait=True)
     assert type(storage.engine.pool).__name__ == "OneAtATimePool"
     study = optuna.load_study(study_name="claim", storage=storage)
     seen: dict[str, int] = {}
@@ -79,7 +88,7 @@ def test_the_lock_goes_at_the_claim_and_the_process_holds_one_connection(postgre
         storage.record_heartbeat(trial._trial_id)  # the one connection, after the claim
         return trial
 
-    trial = under_budget_lock(postgres_url, "claim", section, what="ask")
+    trial = under_budget_lock(StorageLocation.parse(postgres_url), "claim", section, what="ask")
     assert seen == {"before": 1, "after": 0}
     assert storage.engine.pool.checkedout() == 0, "no connection held between calls"
     study.tell(trial, 1.0)

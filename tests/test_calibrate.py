@@ -27,6 +27,7 @@ from orchestrator.planning.memory import (
     measured_models,
     save_learnt_model,
 )
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.records import MeasuredMemoryModel, now
 
 if TYPE_CHECKING:
@@ -133,15 +134,18 @@ def test_only_finished_measured_trials_on_that_gpu_count() -> None:
 
 def test_planning_reads_no_storage_that_is_not_there(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'absent.db'}"
-    assert existing_engine(url) is None
-    assert measured_models(url, "synthetic", MemoryModel(1, 1), ["NVIDIA L4"]) == {}
+    assert existing_engine(StorageLocation.parse(url)) is None
+    assert (
+        measured_models(StorageLocation.parse(url), "synthetic", MemoryModel(1, 1), ["NVIDIA L4"])
+        == {}
+    )
     assert not (tmp_path / "absent.db").exists()
     import sqlite3
 
     sqlite3.connect(tmp_path / "other.db").execute(
         "CREATE TABLE unrelated (x INTEGER)"
     ).connection.close()
-    assert existing_engine(f"sqlite:///{tmp_path / 'other.db'}") is None
+    assert existing_engine(StorageLocation.parse(f"sqlite:///{tmp_path / 'other.db'}")) is None
 
 
 def test_finished_trials_refine_the_stored_model(sqlite_url) -> None:
@@ -152,7 +156,7 @@ def test_finished_trials_refine_the_stored_model(sqlite_url) -> None:
         save_memory_model,
     )
 
-    engine = open_storage(sqlite_url).engine
+    engine = open_storage(StorageLocation.parse(sqlite_url)).engine
     save_memory_model(
         engine, adapter="dqn", gpu_name="NVIDIA L4", model_overhead_mb=300.0, per_sample_mb=0.0002,
         source="calibration", samples=2,
@@ -182,7 +186,10 @@ def test_finished_trials_refine_the_stored_model(sqlite_url) -> None:
     assert stored.per_sample_mb == pytest.approx(model.per_sample_mb)
 
     found = measured_models(
-        sqlite_url, "dqn", MemoryModel(300.0, 0.0002), ["NVIDIA L4", "NVIDIA H100"]
+        StorageLocation.parse(sqlite_url),
+        "dqn",
+        MemoryModel(300.0, 0.0002),
+        ["NVIDIA L4", "NVIDIA H100"],
     )
     assert list(found) == ["NVIDIA L4"]
     assert found["NVIDIA L4"][1] == "measured (trials, 5 samples)"

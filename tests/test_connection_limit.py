@@ -36,6 +36,7 @@ from orchestrator.record.outages import riding as outage
 from orchestrator.record.outages import state as outage_state
 from orchestrator.record.outages.errors import FULL, outage_kind
 from orchestrator.record.outages.riding import Heartbeat
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.store.storage import create_storage
 from orchestrator.record.store.storage_failures import storage_failure
@@ -72,12 +73,12 @@ def _one(url: str, sql: str) -> object:
 def trial_process(url: str, go: str, index: int) -> None:
     """Ask, train for a moment with a heartbeat and reports, tell; until the budget is used."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = create_storage(url, heartbeat=True, wait=True)
+    storage = create_storage(StorageLocation.parse(url), heartbeat=True, wait=True)
     study = optuna.load_study(study_name=STUDY, storage=storage)
     Path(f"{go}.{index}").touch()
     while not Path(go).exists():
         time.sleep(0.01)
-    while (trial := ask_within_budget(study, url, BUDGET)) is not None:
+    while (trial := ask_within_budget(study, StorageLocation.parse(url), BUDGET)) is not None:
         x = trial.suggest_float("x", 0, 1)
         with Heartbeat(storage, trial._trial_id, 0.05):  # beside the main thread, one connection
             for step in range(3):
@@ -90,7 +91,7 @@ def test_forty_trial_processes_on_twenty_server_connections(tmp_path):
     with _server_and_bouncer() as (cluster, bouncer):
         direct = cluster.create_database("limit")
         assert _one(direct, "SHOW max_connections") == str(SERVER_CONNECTIONS)
-        made = open_storage(direct)
+        made = open_storage(StorageLocation.parse(direct))
         optuna.create_study(study_name=STUDY, storage=made)
         made.engine.dispose()  # no pooled connection of this process goes into the forks
         url = bouncer.database_url("limit")

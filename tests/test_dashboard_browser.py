@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.record.store.location import StorageLocation
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -293,7 +295,7 @@ def test_a_port_in_use_is_one_line(sqlite_url, capsys):
 def test_listening_beyond_localhost_says_it_is_the_users_choice(sqlite_url):
     from orchestrator.record.store.migrate import open_storage
 
-    open_storage(sqlite_url)
+    open_storage(StorageLocation.parse(sqlite_url))
     port = free_port()
     process = subprocess.Popen(
         [

@@ -28,7 +28,7 @@ from orchestrator.deploy.kubernetes import (
 )
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import WORKLOADS_ENV, workload_class
-from orchestrator.record.store.storage_url import STORAGE_ENV
+from orchestrator.record.store.location import STORAGE_ENV
 from orchestrator.record.study.spec import StudySpec
 
 REPO = Path(__file__).resolve().parents[1]

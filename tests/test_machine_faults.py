@@ -19,6 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import current_revision, head_revision, open_storage
 from tests.cli_helpers import run_cli
 
@@ -100,7 +101,10 @@ RACER = """
 import sys, time
 kind, url, at = sys.argv[1], sys.argv[2], float(sys.argv[3])
 if kind == "ours":
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.migrate import open_storage as opened
+
+    url = StorageLocation.parse(url)
 else:
     from optuna.storages import RDBStorage as opened
 while time.time() < at:  # every racer starts at one moment, imports done
@@ -126,7 +130,7 @@ def test_processes_that_create_one_database_at_once_all_open_it(tmp_path):
         results = [(racer.wait(timeout=120), racer.stderr.read()) for racer in racers]
         for code, err in results[:2]:
             assert code == 0, err
-        storage = open_storage(url)
+        storage = open_storage(StorageLocation.parse(url))
         assert current_revision(storage) == head_revision()
         assert optuna.get_all_study_names(storage) == []
 

@@ -9,6 +9,7 @@ from adapters.base import MemoryModel
 from orchestrator.launch import _refine_memory_models
 from orchestrator.planning.footprint import Footprint, observe_oom, observe_peak
 from orchestrator.planning.memory import learnt_model, measured_models, save_learnt_model
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.store.records import load_memory_model, record_trial_vram
 from orchestrator.run.pool.stored_study import StoredStudy
@@ -37,15 +38,17 @@ def _a_run_that_oomed(engine) -> Footprint:
 
 
 def _stored(url: str) -> MemoryModel:
-    ((model, _source),) = measured_models(url, "synthetic", DECLARED, [GPU]).values()
+    ((model, _source),) = measured_models(
+        StorageLocation.parse(url), "synthetic", DECLARED, [GPU]
+    ).values()
     return model
 
 
 def test_the_end_of_run_refinement_keeps_the_oom_floor(storage_url) -> None:
-    storage = open_storage(storage_url)
+    storage = open_storage(StorageLocation.parse(storage_url))
     footprint = _a_run_that_oomed(storage.engine)
     stored_study = StoredStudy(
-        storage_url=storage_url,
+        storage_location=StorageLocation.parse(storage_url),
         engine=storage.engine,
         study=SimpleNamespace(study_name="s"),
         spec=SimpleNamespace(trials=10, direction="minimize"),
@@ -85,7 +88,7 @@ def test_while_the_trials_say_too_little_the_footprints_decide() -> None:
 
 
 def test_a_calibration_keeps_its_source_and_a_run_after_it_stores_trials(sqlite_url) -> None:
-    engine = open_storage(sqlite_url).engine
+    engine = open_storage(StorageLocation.parse(sqlite_url)).engine
     calibrated = MemoryModel(900.0, 9.0)
     save_learnt_model(engine, adapter="synthetic", gpu_name=GPU, calibration=(calibrated, 2))
     stored = load_memory_model(engine, adapter="synthetic", gpu_name=GPU)

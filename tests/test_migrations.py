@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import (
     current_revision,
     head_revision,
@@ -19,11 +20,10 @@ from orchestrator.record.store.migrate import (
 )
 from orchestrator.record.store.records import TABLE_NAMES, VERSION_TABLE, include_object, metadata
 from orchestrator.record.store.storage import create_storage
-from orchestrator.record.store.storage_url import normalize_url
 
 
 def _tables(url: str) -> set[str]:
-    engine = sa.create_engine(normalize_url(url))
+    engine = sa.create_engine(StorageLocation.parse(url).url)
     try:
         return set(sa.inspect(engine).get_table_names())
     finally:
@@ -31,7 +31,7 @@ def _tables(url: str) -> set[str]:
 
 
 def _optuna_revision(url: str) -> str | None:
-    engine = sa.create_engine(normalize_url(url))
+    engine = sa.create_engine(StorageLocation.parse(url).url)
     try:
         with engine.connect() as conn:
             return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
@@ -41,7 +41,7 @@ def _optuna_revision(url: str) -> str | None:
 
 def test_optuna_first_then_ours(storage_url):
     optuna.create_study(study_name="before", storage=storage_url)  # Optuna's schema alone
-    storage = open_storage(storage_url)
+    storage = open_storage(StorageLocation.parse(storage_url))
     tables = _tables(storage_url)
     assert tables >= TABLE_NAMES
     assert {"alembic_version", VERSION_TABLE, "studies", "trials"} <= tables
@@ -50,7 +50,7 @@ def test_optuna_first_then_ours(storage_url):
 
 
 def test_ours_first_then_optuna_upgrade(storage_url):
-    storage = open_storage(storage_url)
+    storage = open_storage(StorageLocation.parse(storage_url))
     optuna_version = _optuna_revision(storage_url)
     # Optuna's own check and upgrade path must not see our chain as its own.
     assert optuna_version == storage.get_current_version()
@@ -63,7 +63,7 @@ def test_ours_first_then_optuna_upgrade(storage_url):
 
 
 def test_autogenerate_sees_no_difference_and_never_touches_optuna(storage_url):
-    storage = open_storage(storage_url)
+    storage = open_storage(StorageLocation.parse(storage_url))
     with storage.engine.connect() as conn:
         context = MigrationContext.configure(
             conn, opts={"include_object": include_object, "version_table": VERSION_TABLE}
@@ -81,7 +81,7 @@ def test_cli_db_upgrade_twice(storage_url):
         )
         assert done.returncode == 0, done.stderr
         assert f"orchestrator schema {head_revision()}" in done.stdout
-    create_storage(storage_url)
+    create_storage(StorageLocation.parse(storage_url))
 
 
 def test_wheel_ships_the_migration_scripts(tmp_path):
@@ -119,7 +119,7 @@ def test_reading_a_database_of_an_earlier_version_brings_our_tables_up_to_date(s
     from orchestrator.record.store.migrate import alembic_config
     from tests.cli_helpers import run_cli
 
-    storage = open_storage(storage_url)
+    storage = open_storage(StorageLocation.parse(storage_url))
     optuna.create_study(study_name="old", storage=storage)
     config = alembic_config(storage.url)
     with storage.engine.begin() as connection:

@@ -22,6 +22,7 @@ from test_dashboard_browser import (
     wait_for_port,
 )
 
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.trials.notes import save_trial_note, trial_note, write_trial_note
 from tests.cli_helpers import run_cli
 
@@ -104,7 +105,9 @@ for trial in study.get_trials():
 def test_notes_written_by_another_process_are_the_dashboards_notes(storage_url):
     from orchestrator.record.store.migrate import open_storage
 
-    study = optuna.create_study(study_name="notes", storage=open_storage(storage_url))
+    study = optuna.create_study(
+        study_name="notes", storage=open_storage(StorageLocation.parse(storage_url))
+    )
     for i in range(3):
         study.add_trial(frozen(value=float(i), number=i))
     env = dict(
@@ -182,7 +185,9 @@ def test_a_note_that_cannot_be_stored_costs_a_warning_not_the_trial(
 
     from orchestrator.record.store.migrate import open_storage
 
-    study = optuna.create_study(study_name="notes", storage=open_storage(sqlite_url))
+    study = optuna.create_study(
+        study_name="notes", storage=open_storage(StorageLocation.parse(sqlite_url))
+    )
     study.add_trial(frozen(number=0))
     trial = study.get_trials()[0]
 

@@ -16,6 +16,7 @@ from test_status import run_cli
 
 import orchestrator
 from orchestrator.errors import UserError
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.objectives import plan_objectives, told
 from orchestrator.record.study.spec import PICKLES_ATTR, SPEC_ATTR, load_spec
 from tests.optuna_objectives import draws_its_own_batch, quadratic, two_values
@@ -186,7 +187,9 @@ def test_logs_of_a_trial_that_printed_nothing_says_so(sqlite_url, tmp_path, caps
 
     monkeypatch.chdir(tmp_path)
     Path("trial-0.log").write_text("")
-    study = optuna.create_study(study_name="quiet", storage=open_storage(sqlite_url))
+    study = optuna.create_study(
+        study_name="quiet", storage=open_storage(StorageLocation.parse(sqlite_url))
+    )
     trial = study.ask()
     trial.set_user_attr("log_file", "trial-0.log")  # relative, as `--log-dir logs` gives
     study.tell(trial, 1.0)

@@ -19,6 +19,7 @@ from orchestrator.record.outages import riding as outage
 from orchestrator.record.outages import state as outage_state
 from orchestrator.record.outages.errors import CONNECTION, LOCKED, first_line, outage_kind
 from orchestrator.record.store import storage_failures
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.trials import stale as stale_trials
 from tests.pg_cluster import PgCluster
 
@@ -291,7 +292,9 @@ def test_a_trial_asked_for_but_never_started_is_failed_and_re_run(sqlite_url, mo
 
     monkeypatch.setattr(outage_state, "OUTAGES", outage_state.Outages())
     storage = open_storage(
-        sqlite_url, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
+        StorageLocation.parse(sqlite_url),
+        heartbeat=True,
+        heartbeat_stale_trial_callback=stale_trial_callback,
     )
     study = optuna.create_study(storage=storage, study_name="orphans")
     orphan = study.ask()
@@ -331,7 +334,9 @@ def test_an_ask_whose_answer_was_lost_makes_one_trial(sqlite_url, monkeypatch):
 
     state = outage_state.Outages(jitter=lambda: 0.01)
     monkeypatch.setattr(outage_state, "OUTAGES", state)
-    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="once")
+    study = optuna.create_study(
+        storage=open_storage(StorageLocation.parse(sqlite_url)), study_name="once"
+    )
     seen = _lose_the_first_answer(monkeypatch, riding_storage, "_create_once")
     trial = study.ask()
     assert seen["calls"] == 1  # the retry found the trial by its mark: no second insert
@@ -350,7 +355,9 @@ def test_an_ask_under_the_budget_lock_whose_answer_was_lost_makes_one_trial(
 
     state = outage_state.Outages(jitter=lambda: 0.01)
     monkeypatch.setattr(outage_state, "OUTAGES", state)
-    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="locked")
+    study = optuna.create_study(
+        storage=open_storage(StorageLocation.parse(sqlite_url)), study_name="locked"
+    )
     seen = _lose_the_first_answer(monkeypatch, riding_storage, "_create_once")
     sections = []
 
@@ -358,7 +365,9 @@ def test_an_ask_under_the_budget_lock_whose_answer_was_lost_makes_one_trial(
         sections.append(1)
         return study.ask()
 
-    trial = under_budget_lock(sqlite_url, "locked", section, what="ask for a trial")
+    trial = under_budget_lock(
+        StorageLocation.parse(sqlite_url), "locked", section, what="ask for a trial"
+    )
     assert len(sections) == 2  # the lost answer ran the section again
     assert seen["calls"] == 1  # ...whose ask found the trial by its mark: no second insert
     assert [t.number for t in study.get_trials()] == [trial.number] == [0]
@@ -375,7 +384,9 @@ def test_an_ask_under_the_budget_lock_lost_after_its_insert_makes_one_trial(
 
     state = outage_state.Outages(jitter=lambda: 0.01)
     monkeypatch.setattr(outage_state, "OUTAGES", state)
-    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="after")
+    study = optuna.create_study(
+        storage=open_storage(StorageLocation.parse(sqlite_url)), study_name="after"
+    )
     asked = []
 
     def section() -> optuna.Trial:
@@ -385,7 +396,9 @@ def test_an_ask_under_the_budget_lock_lost_after_its_insert_makes_one_trial(
             raise connection_lost()
         return trial
 
-    trial = under_budget_lock(sqlite_url, "after", section, what="ask for a trial")
+    trial = under_budget_lock(
+        StorageLocation.parse(sqlite_url), "after", section, what="ask for a trial"
+    )
     assert asked == [0, 0] and trial.number == 0
     assert len(study.get_trials()) == 1
     assert study.ask().number == 1  # a new section's ask is a new trial
@@ -397,7 +410,9 @@ def test_a_tell_whose_answer_was_lost_is_told_once(sqlite_url, monkeypatch):
     from orchestrator.record.store.migrate import open_storage
 
     monkeypatch.setattr(outage_state, "OUTAGES", outage_state.Outages(jitter=lambda: 0.01))
-    study = optuna.create_study(storage=open_storage(sqlite_url), study_name="told")
+    study = optuna.create_study(
+        storage=open_storage(StorageLocation.parse(sqlite_url)), study_name="told"
+    )
     trial = study.ask()
     seen = _lose_the_first_answer(monkeypatch, RDBStorage, "set_trial_state_values")
     study.tell(trial, 2.5)

@@ -21,6 +21,7 @@ from optuna.trial import TrialState
 from orchestrator.record.outages import riding as outage
 from orchestrator.record.outages import state as outage_state
 from orchestrator.record.store import records
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.locks import under_budget_lock
 from orchestrator.record.store.migrate import open_storage
 from tests.pg_cluster import PgCluster
@@ -84,7 +85,7 @@ def _heartbeat_age_s(engine: sa.Engine, trial_id: int) -> float:
 
 def test_records_locks_and_optuna_ride_out_a_restart_and_a_stop(cluster, state, caplog):
     url = cluster.create_database("ride")
-    storage = open_storage(url, heartbeat=True)
+    storage = open_storage(StorageLocation.parse(url), heartbeat=True)
     study = optuna.create_study(storage=storage, study_name="ride")
     engine = storage.engine
 
@@ -102,7 +103,9 @@ def test_records_locks_and_optuna_ride_out_a_restart_and_a_stop(cluster, state, 
         )
 
     def ask_and_tell(number: int) -> None:
-        trial = under_budget_lock(url, "ride", study.ask, what="ask for a trial")
+        trial = under_budget_lock(
+            StorageLocation.parse(url), "ride", study.ask, what="ask for a trial"
+        )
         x = trial.suggest_float("x", 0.0, 1.0)
         trial.set_user_attr("loop", number)
         study.tell(trial, x)
@@ -171,7 +174,9 @@ def test_a_training_trial_keeps_training_and_its_reports_arrive_later(cluster, s
     from adapters.base import reporter
 
     url = cluster.create_database("train")
-    study = optuna.create_study(storage=open_storage(url), study_name="train")
+    study = optuna.create_study(
+        storage=open_storage(StorageLocation.parse(url)), study_name="train"
+    )
     trial = study.ask()
     report = reporter(trial)
     epochs = 30
@@ -210,10 +215,10 @@ def test_a_process_the_study_starts_waits_for_the_database_to_open(cluster, stat
     cluster.stop()
     started = time.monotonic()
     with pytest.raises(UserError, match="cannot reach the storage"):
-        create_storage(url)
+        create_storage(StorageLocation.parse(url))
     assert time.monotonic() - started < 5
     threading.Timer(3, cluster.start).start()
-    storage = create_storage(url, wait=True)
+    storage = create_storage(StorageLocation.parse(url), wait=True)
     assert time.monotonic() - started >= 3
     assert storage.get_all_studies() == []
     assert state.outages == 1 and state.began_at is None

@@ -15,7 +15,7 @@ import pytest
 from optuna.trial import TrialState
 
 from orchestrator.record.checkpoints import lineage as names
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from tests.cli_helpers import run_cli, start_cli
 
 pytestmark = pytest.mark.postgres
@@ -24,7 +24,7 @@ POPULATION, EPOCHS, SEGMENTS = 4, 6, 3  # interval: a quarter of 6 epochs, round
 
 
 def _study(url: str) -> optuna.Study:
-    return optuna.load_study(study_name="pbt", storage=normalize_url(url))
+    return optuna.load_study(study_name="pbt", storage=StorageLocation.parse(url).url)
 
 
 def _wait_for_study(url: str, timeout: float = 120) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
 from orchestrator.planning.planner import plan_node
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.run.pool.loop import Pool
 from orchestrator.run.pool.placement import GpuLoad, Policy, place
 from orchestrator.run.simulated import SimTrial, SimulatedStudy, SimulatedTrials, speed
@@ -166,7 +166,7 @@ def test_run_on_two_simulated_gpus_puts_trials_on_both(sqlite_url):
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
-    study = optuna.load_study(study_name="synthetic", storage=normalize_url(sqlite_url))
+    study = optuna.load_study(study_name="synthetic", storage=StorageLocation.parse(sqlite_url).url)
     on_gpu = [t.user_attrs["gpu_index"] for t in study.trials]
     assert len(on_gpu) == 6
     assert on_gpu.count(0) >= 2 and on_gpu.count(1) >= 2, on_gpu

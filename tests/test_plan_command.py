@@ -11,6 +11,7 @@ import pytest
 
 from adapters.synthetic import SyntheticAdapter
 from orchestrator.cli import main
+from orchestrator.record.store.location import StorageLocation
 
 ROOT = Path(__file__).resolve().parents[1]
 DQN_LIKE = ["--option", "overhead_mb=300", "--option", "per_sample_mb=0.0002"]
@@ -140,7 +141,7 @@ def test_a_measured_model_is_used_and_named(capsys, storage) -> None:
     from orchestrator.record.store.migrate import open_storage
     from orchestrator.record.store.records import save_memory_model
 
-    engine = open_storage(storage).engine
+    engine = open_storage(StorageLocation.parse(storage)).engine
     save_memory_model(
         engine,
         adapter="synthetic",

@@ -15,8 +15,8 @@ from optuna.trial import TrialState
 from orchestrator.gpu.sim import SimLedger, SimProbe, make_sim_devices
 from orchestrator.planning.planner import plan_node
 from orchestrator.record.store import records
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import open_storage
-from orchestrator.record.store.storage_url import normalize_url
 from orchestrator.record.study.spec import StudySpec, count_trials, save_spec
 from orchestrator.run.pool.loop import Pool
 from tests.cli_helpers import cli_env, run_cli, start_cli
@@ -34,11 +34,11 @@ VRAM_ATTRS = (
 
 
 def _engine(url):
-    return sa.create_engine(normalize_url(url))
+    return sa.create_engine(StorageLocation.parse(url).url)
 
 
 def _study(url, name):
-    return optuna.load_study(study_name=name, storage=normalize_url(url))
+    return optuna.load_study(study_name=name, storage=StorageLocation.parse(url).url)
 
 
 def _assert_every_trial_recorded(url, name):
@@ -113,7 +113,7 @@ def test_the_watchdog_halves_the_memory_when_another_process_holds_it(tmp_path, 
     devices = make_sim_devices([6000], str(tmp_path))
     ledger = SimLedger(devices[0].ledger_path, 6000)
     ledger.allocate("another process", 5500)  # 500 MB free: under 10%
-    storage = open_storage(sqlite_url, heartbeat=True)
+    storage = open_storage(StorageLocation.parse(sqlite_url), heartbeat=True)
     study = optuna.create_study(study_name="watch", storage=storage)
     spec = StudySpec(
         adapter="synthetic",
@@ -128,7 +128,7 @@ def test_the_watchdog_halves_the_memory_when_another_process_holds_it(tmp_path, 
 
     plan = plan_node(devices, MemoryModel(20.0, 0.01), cpu_bound=False, cpu_cores=2, concurrency=4)
     pool = Pool.on_storage(
-        storage_url=sqlite_url,
+        storage_location=StorageLocation.parse(sqlite_url),
         engine=storage.engine,
         study=study,
         spec=spec,
@@ -289,7 +289,7 @@ def test_sigterm_lets_the_grace_period_pass_then_stops_and_re_queues(sqlite_url)
     )
     # Opened as the CLI opens it, under the schema lock: a plain `optuna.load_study` here would
     # create the database's tables at the moment the CLI does, and one of the two would fail.
-    storage = open_storage(sqlite_url)
+    storage = open_storage(StorageLocation.parse(sqlite_url))
 
     def training():
         try:
@@ -373,7 +373,7 @@ def test_timeout_starts_nothing_new_and_lets_running_trials_finish(sqlite_url):
 def test_a_worker_stops_when_trial_processes_cannot_start(sqlite_url):
     from orchestrator.run.pool.trial_endings import TrialsCannotStart
 
-    storage = open_storage(sqlite_url, heartbeat=True)
+    storage = open_storage(StorageLocation.parse(sqlite_url), heartbeat=True)
     study = optuna.create_study(study_name="broken", storage=storage)
     spec = StudySpec(adapter="no_such_adapter", trials=3, epochs=1, direction="minimize")
     save_spec(study, spec)
@@ -381,7 +381,7 @@ def test_a_worker_stops_when_trial_processes_cannot_start(sqlite_url):
 
     plan = plan_node([], MemoryModel(1.0, 0.0), cpu_bound=False, cpu_cores=2)
     pool = Pool.on_storage(
-        storage_url=sqlite_url,
+        storage_location=StorageLocation.parse(sqlite_url),
         engine=storage.engine,
         study=study,
         spec=spec,

@@ -6,6 +6,7 @@ import io
 
 import pytest
 
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.run.pool.progress import (
     LiveProgress,
     LogProgress,
@@ -238,13 +239,18 @@ def test_the_stored_front_is_worked_out_again_only_when_the_count_changes(tmp_pa
         direction="maximize",
         directions=["maximize", "minimize"],
     )
-    stored = StoredStudy(storage_url=url, engine=create_engine(url), study=study, spec=spec)
+    stored = StoredStudy(
+        storage_location=StorageLocation.parse(url),
+        engine=create_engine(url),
+        study=study,
+        spec=spec,
+    )
     assert stored.front_size(3) == 2
     study.add_trial(optuna.trial.create_trial(values=[3.0, 1.0]))  # dominates all three
     assert stored.front_size(3) == 2  # the count has not moved: not read again
     assert stored.front_size(4) == 1
     one = StoredStudy(
-        storage_url=url,
+        storage_location=StorageLocation.parse(url),
         engine=create_engine(url),
         study=study,
         spec=StudySpec(adapter="dqn", trials=10, epochs=1, direction="maximize"),

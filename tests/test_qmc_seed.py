@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from orchestrator.record.store import records
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.spec import SPEC_ATTR, StudySpec, load_spec, save_spec
 from tests.cli_helpers import run_cli, start_cli
 
@@ -61,7 +61,7 @@ def test_a_run_and_a_worker_draw_points_of_one_sequence(sqlite_url):
         "run", "synthetic", "--sampler", "qmc", "--trials", "2", "--storage", sqlite_url, *FAST
     )
     assert first.returncode == 0, first.stderr
-    study = optuna.load_study(study_name="synthetic", storage=normalize_url(sqlite_url))
+    study = optuna.load_study(study_name="synthetic", storage=StorageLocation.parse(sqlite_url).url)
     seed = study.user_attrs[SPEC_ATTR]["seed"]
     assert isinstance(seed, int) and 0 <= seed < 2**32  # drawn once, stored with the settings
 
@@ -82,8 +82,8 @@ def test_a_run_and_a_worker_draw_points_of_one_sequence(sqlite_url):
     assert runner.returncode == 0, run_err
     assert worker.returncode == 0, worker.stderr
 
-    study = optuna.load_study(study_name="synthetic", storage=normalize_url(sqlite_url))
-    engine = sa.create_engine(normalize_url(sqlite_url))
+    study = optuna.load_study(study_name="synthetic", storage=StorageLocation.parse(sqlite_url).url)
+    engine = sa.create_engine(StorageLocation.parse(sqlite_url).url)
     with engine.connect() as conn:
         supervisors = conn.execute(sa.select(records.workers.c.pid)).scalars().all()
     engine.dispose()
@@ -101,7 +101,7 @@ def test_a_run_and_a_worker_draw_points_of_one_sequence(sqlite_url):
 
 
 def test_a_study_stored_without_a_seed_derives_one_alike_in_every_process(sqlite_url):
-    storage = normalize_url(sqlite_url)
+    storage = StorageLocation.parse(sqlite_url).url
     study = optuna.create_study(study_name="old", storage=storage)
     save_spec(
         study,
@@ -124,5 +124,5 @@ def test_every_new_study_stores_its_seed(sqlite_url, sampler):
         "run", "synthetic", "--sampler", sampler, "--trials", "1", "--storage", sqlite_url, *FAST
     )
     assert done.returncode == 0, done.stderr
-    study = optuna.load_study(study_name="synthetic", storage=normalize_url(sqlite_url))
+    study = optuna.load_study(study_name="synthetic", storage=StorageLocation.parse(sqlite_url).url)
     assert isinstance(study.user_attrs[SPEC_ATTR]["seed"], int)

@@ -7,12 +7,12 @@ import multiprocessing as mp
 import sqlalchemy as sa
 
 from orchestrator.record.store import records
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import open_storage
-from orchestrator.record.store.storage_url import normalize_url
 
 
 def _write(url: str, limit: int) -> None:
-    engine = sa.create_engine(normalize_url(url))
+    engine = sa.create_engine(StorageLocation.parse(url).url)
     for step in range(5):
         records.lower_batch_limit(
             engine, study_name="s", gpu_name="L4", max_batch_size=limit + step, trial_number=limit
@@ -29,7 +29,7 @@ def _write(url: str, limit: int) -> None:
 
 
 def test_concurrent_batch_limits_keep_the_lowest_and_models_do_not_collide(storage_url):
-    storage = open_storage(storage_url)
+    storage = open_storage(StorageLocation.parse(storage_url))
     context = mp.get_context("spawn")
     writers = [
         context.Process(target=_write, args=(storage_url, limit)) for limit in (300, 400, 500)
@@ -45,7 +45,7 @@ def test_concurrent_batch_limits_keep_the_lowest_and_models_do_not_collide(stora
 
 
 def test_a_limit_only_goes_down(sqlite_url):
-    storage = open_storage(sqlite_url)
+    storage = open_storage(StorageLocation.parse(sqlite_url))
     for limit in (900, 1200, 700, 800):
         records.lower_batch_limit(
             storage.engine, study_name="s", gpu_name="g", max_batch_size=limit, trial_number=limit

@@ -16,6 +16,7 @@ from test_report import assert_png
 from test_status import _detail, build_study
 from test_status import run_cli as run_in_process
 
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.show.report.chart_data import line_styles
 from orchestrator.show.report.charts import curves_chart, plotly_charts, vram_chart
 from orchestrator.show.report.parallel import MAX_AXES, axes_for, explained_share, rank_parameters
@@ -27,7 +28,9 @@ def curves_study(url: str) -> optuna.Study:
     from orchestrator.record.store.migrate import open_storage
     from orchestrator.record.study.spec import StudySpec, save_spec
 
-    study = optuna.create_study(study_name="curves", storage=open_storage(url))
+    study = optuna.create_study(
+        study_name="curves", storage=open_storage(StorageLocation.parse(url))
+    )
     save_spec(study, StudySpec(adapter="synthetic", trials=4, epochs=4, direction="minimize"))
     dist = {"x": FloatDistribution(-5, 5)}
     for n, (state, steps) in enumerate(

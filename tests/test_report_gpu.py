@@ -24,6 +24,7 @@ from optuna.trial import TrialState, create_trial
 from test_report import REPO, assert_offline_page, assert_png
 from test_status import run_cli
 
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.show.report.gpu_timeline import (
     CPU_ONLY_NOTE,
     Bar,
@@ -159,7 +160,9 @@ def test_several_objectives_show_their_pareto_front(sqlite_url, tmp_path, capsys
     from orchestrator.record.store.migrate import open_storage
 
     study = optuna.create_study(
-        study_name="two", storage=open_storage(sqlite_url), directions=["minimize", "maximize"]
+        study_name="two",
+        storage=open_storage(StorageLocation.parse(sqlite_url)),
+        directions=["minimize", "maximize"],
     )
     study.set_metric_names(["loss", "sharpe"])
     dist = {"x": FloatDistribution(0, 1)}
@@ -185,7 +188,9 @@ def test_several_objectives_show_their_pareto_front(sqlite_url, tmp_path, capsys
 def test_a_cpu_only_study_says_why_it_has_no_vram(sqlite_url, tmp_path, capsys):
     from orchestrator.record.store.migrate import open_storage
 
-    study = optuna.create_study(study_name="cpu", storage=open_storage(sqlite_url))
+    study = optuna.create_study(
+        study_name="cpu", storage=open_storage(StorageLocation.parse(sqlite_url))
+    )
     dist = {"x": FloatDistribution(0, 1)}
     for n in range(3):
         attrs = {"gpu": "cpu", "host": "vm", "gpu_index": None, "concurrency": 1}

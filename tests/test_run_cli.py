@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from optuna.trial import TrialState
 
 from orchestrator.cli import main
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.records import TABLE_NAMES, VERSION_TABLE
-from orchestrator.record.store.storage_url import normalize_url
 from tests.cli_helpers import run_cli
 
 FAST = (
@@ -30,7 +30,10 @@ FAST = (
 
 
 def _states(url: str, name: str) -> list[TrialState]:
-    return [t.state for t in optuna.load_study(study_name=name, storage=normalize_url(url)).trials]
+    return [
+        t.state
+        for t in optuna.load_study(study_name=name, storage=StorageLocation.parse(url).url).trials
+    ]
 
 
 def test_run_then_resume_to_a_larger_budget(storage_url):
@@ -39,7 +42,7 @@ def test_run_then_resume_to_a_larger_budget(storage_url):
     assert "best trial #" in first.stdout
     assert _states(storage_url, "synthetic").count(TrialState.COMPLETE) == 6
 
-    engine = sa.create_engine(normalize_url(storage_url))
+    engine = sa.create_engine(StorageLocation.parse(storage_url).url)
     tables = set(sa.inspect(engine).get_table_names())
     engine.dispose()
     assert TABLE_NAMES | {VERSION_TABLE, "alembic_version", "trials", "studies"} <= tables

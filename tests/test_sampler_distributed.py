@@ -13,6 +13,7 @@ import os
 import optuna
 import pytest
 
+from orchestrator.record.store.location import StorageLocation
 from samplers import PSOSampler
 
 pytestmark = pytest.mark.postgres
@@ -33,7 +34,7 @@ def worker(url: str, name: str, n_trials: int, bounds, swarm_size: int, label: s
     from orchestrator.record.store.storage import create_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = create_storage(url)
+    storage = create_storage(StorageLocation.parse(url))
     start.wait()  # every process ready before any asks: they work side by side, not in turn
     for _ in range(n_trials):
         sampler = PSOSampler(swarm_size=swarm_size, seed=11, bounds=bounds)
@@ -56,7 +57,7 @@ def run_workers(url: str, name: str, jobs: list[tuple]) -> optuna.Study:
             database = engine.url.database
             conn.execute(sa.text(f'ALTER DATABASE "{database}" SET synchronous_commit = off'))
         engine.dispose()
-    study = optuna.create_study(study_name=name, storage=create_storage(url))
+    study = optuna.create_study(study_name=name, storage=create_storage(StorageLocation.parse(url)))
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(len(jobs))
     processes = [context.Process(target=worker, args=(url, name, *job, start)) for job in jobs]
@@ -145,4 +146,4 @@ def test_seeded_sequence_is_the_same_on_a_database(url_fixture, request) -> None
 
     from orchestrator.record.store.storage import create_storage
 
-    assert sequence(create_storage(url)) == sequence(None)
+    assert sequence(create_storage(StorageLocation.parse(url))) == sequence(None)

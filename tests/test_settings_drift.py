@@ -16,7 +16,7 @@ import pytest
 
 import orchestrator
 from orchestrator.errors import UserError
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.drift import UPDATES_ATTR, differences, drift_message
 from orchestrator.record.study.spec import StudySpec, load_spec, save_spec
 from tests.api_objective import objective
@@ -74,7 +74,7 @@ def test_the_line_says_how_to_go_on():
 
 def test_storing_other_settings_is_refused_where_they_are_stored(sqlite_url):
     """A run that raced another to create the study meets the same check when it stores."""
-    study = optuna.create_study(study_name="s", storage=normalize_url(sqlite_url))
+    study = optuna.create_study(study_name="s", storage=StorageLocation.parse(sqlite_url).url)
     save_spec(study, STORED)
     with pytest.raises(UserError, match=r"--epochs 6 \(stored: 3\)"):
         save_spec(study, STORED.updated(epochs=6))
@@ -150,7 +150,7 @@ def test_the_python_api_gets_the_same_rule(sqlite_url, tmp_path):
         orchestrator.optimize(
             objective, n_trials=2, epochs=2, **{**settings, "batch_sizes": (64, 512)}
         )
-    storage = normalize_url(sqlite_url)
+    storage = StorageLocation.parse(sqlite_url).url
     (name,) = optuna.get_all_study_names(storage)
     stored = load_spec(optuna.load_study(study_name=name, storage=storage))
     assert stored.epochs == 2 and stored.options["batch_size_max"] == 4096

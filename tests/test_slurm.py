@@ -13,7 +13,7 @@ from orchestrator.cli import main
 from orchestrator.deploy.slurm import SIM_GPU_ENV, SlurmJob, sbatch_script
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import WORKLOADS_ENV, parse_quantity, workload_class
-from orchestrator.record.store.storage_url import STORAGE_ENV
+from orchestrator.record.store.location import STORAGE_ENV
 from tests.cli_helpers import cli_env, run_cli
 
 SECRET = "postgresql://orch:s3cr3t-pw@db.example:5432/studies"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.deploy.slurm import SIM_GPU_ENV
-from orchestrator.record.store.storage_url import STORAGE_ENV
+from orchestrator.record.store.location import STORAGE_ENV, StorageLocation
 from tests.cli_helpers import cli_env, run_cli
 from tests.slurm_cluster import CRED_EXPIRE, NODES, SlurmCluster
 
@@ -43,7 +43,7 @@ def make_study(
     from orchestrator.record.store.migrate import open_storage
     from orchestrator.record.study.spec import StudySpec, save_spec
 
-    storage = open_storage(url)
+    storage = open_storage(StorageLocation.parse(url))
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize")
     spec = StudySpec.new(
         adapter="synthetic",
@@ -88,7 +88,7 @@ def trial_states(url: str, study: str) -> Counter:
 
     from orchestrator.record.store.storage import create_storage
 
-    storage = create_storage(url)
+    storage = create_storage(StorageLocation.parse(url))
     try:
         trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
         return Counter(t.state.name for t in trials)
@@ -146,7 +146,7 @@ def wait_for_a_checkpoint(url: str, study: str) -> None:
 
         from orchestrator.record.store.storage import create_storage
 
-        storage = create_storage(url)
+        storage = create_storage(StorageLocation.parse(url))
         try:
             trials = optuna.load_study(study_name=study, storage=storage).get_trials()
         finally:
@@ -163,7 +163,7 @@ def assert_reruns_resumed(url: str, study: str, epochs: int) -> int:
 
     from orchestrator.record.store.storage import create_storage
 
-    storage = create_storage(url)
+    storage = create_storage(StorageLocation.parse(url))
     try:
         trials = optuna.load_study(study_name=study, storage=storage).get_trials()
     finally:

@@ -6,6 +6,7 @@ import optuna
 
 from orchestrator.cli import main
 from orchestrator.record.store import records
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.trials.slurm_task import SlurmTask, slurm_task_of
 
@@ -28,7 +29,7 @@ def test_the_slurm_task_is_read_from_its_environment() -> None:
 
 def test_status_shows_each_workers_slurm_job_only_where_one_ran(tmp_path, capsys) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    storage = open_storage(url)
+    storage = open_storage(StorageLocation.parse(url))
     optuna.create_study(study_name="syn", storage=storage)
     kinds = {"host": "box", "gpu_name": "Simulated GPU", "study_name": "syn"}
     records.register_worker(storage.engine, gpu_index=0, pid=11, environ={}, **kinds)

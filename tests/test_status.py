@@ -14,6 +14,7 @@ import pytest
 
 from adapters.synthetic import synthetic_value
 from orchestrator.cli import main
+from orchestrator.record.store.location import StorageLocation
 
 BUDGET = 12
 GPUS = (("node-a", 0, "NVIDIA L4", 500.0, 0.02), ("node-b", 1, "NVIDIA L40S", 800.0, 0.05))
@@ -65,7 +66,7 @@ def build_study(url: str, name: str = "demo", *, completed: int = 10) -> dict:
     from orchestrator.record.store.migrate import open_storage
     from orchestrator.record.study.spec import StudySpec, save_spec
 
-    storage = open_storage(url)
+    storage = open_storage(StorageLocation.parse(url))
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize")
     save_spec(study, StudySpec(adapter="synthetic", trials=BUDGET, epochs=3, direction="minimize"))
     values = {}
@@ -248,7 +249,7 @@ def test_missing_sqlite_file_is_an_error_not_a_new_file(tmp_path, capsys):
 def test_empty_storage_says_how_to_start(sqlite_url, capsys):
     from orchestrator.record.store.migrate import open_storage
 
-    open_storage(sqlite_url)
+    open_storage(StorageLocation.parse(sqlite_url))
     code, out, _ = run_cli(capsys, "status", "--storage", sqlite_url)
     assert code == 0 and "No studies" in out and "run ADAPTER" in out
 
@@ -380,7 +381,9 @@ def build_multi_objective_study(url: str, name: str = "pareto") -> None:
     from orchestrator.record.store.migrate import open_storage
 
     study = optuna.create_study(
-        study_name=name, storage=open_storage(url), directions=["minimize", "maximize"]
+        study_name=name,
+        storage=open_storage(StorageLocation.parse(url)),
+        directions=["minimize", "maximize"],
     )
     for i in range(3):
         study.add_trial(

@@ -5,23 +5,21 @@ import sqlite3
 import pytest
 
 from orchestrator.errors import UserError
-from orchestrator.record.store.storage import create_storage, heartbeat_settings
-from orchestrator.record.store.storage_url import (
+from orchestrator.record.store.location import (
     DEFAULT_STORAGE,
     STORAGE_ENV,
+    StorageLocation,
     mask_password,
-    normalize_url,
-    parse_url,
-    resolve_storage_url,
 )
+from orchestrator.record.store.storage import create_storage, heartbeat_settings
 
 
 def test_flag_wins_over_environment_over_default():
     env = {STORAGE_ENV: "sqlite:///from-env.db"}
-    assert resolve_storage_url("sqlite:///flag.db", env) == "sqlite:///flag.db"
-    assert resolve_storage_url(None, env) == "sqlite:///from-env.db"
-    assert resolve_storage_url(None, {}) == DEFAULT_STORAGE == "sqlite:///orchestrator.db"
-    assert resolve_storage_url("", {STORAGE_ENV: ""}) == DEFAULT_STORAGE
+    assert StorageLocation.resolve("sqlite:///flag.db", env).text == "sqlite:///flag.db"
+    assert StorageLocation.resolve(None, env).text == "sqlite:///from-env.db"
+    assert StorageLocation.resolve(None, {}).text == DEFAULT_STORAGE == "sqlite:///orchestrator.db"
+    assert StorageLocation.resolve("", {STORAGE_ENV: ""}).text == DEFAULT_STORAGE
 
 
 @pytest.mark.parametrize(
@@ -40,38 +38,36 @@ def test_password_is_masked(url):
 
 
 def test_an_unencoded_at_sign_in_a_password_is_never_shown_as_the_host():
-    from orchestrator.record.store.storage_url import describe_location
-
-    where = describe_location("postgresql://alice:s3cr@t@127.0.0.1:5433/x")
+    where = StorageLocation.parse("postgresql://alice:s3cr@t@127.0.0.1:5433/x").describe()
     assert where == "PostgreSQL at 127.0.0.1:5433"
 
 
 def test_the_host_is_what_follows_the_last_at_sign():
     from sqlalchemy.engine import make_url
 
-    url = normalize_url("postgresql://u:Tr0ub@dorXsecret9@127.0.0.1:5432/db")
+    url = StorageLocation.parse("postgresql://u:Tr0ub@dorXsecret9@127.0.0.1:5432/db").url
     parsed = make_url(url)
     assert (parsed.host, parsed.port, parsed.password) == ("127.0.0.1", 5432, "Tr0ub@dorXsecret9")
 
 
 def test_an_at_sign_in_an_sqlite_path_is_a_path():
-    assert normalize_url("sqlite:////tmp/a@b/x@y.db") == "sqlite:////tmp/a@b/x@y.db"
+    assert StorageLocation.parse("sqlite:////tmp/a@b/x@y.db").url == "sqlite:////tmp/a@b/x@y.db"
 
 
 def test_a_password_with_an_at_sign_reaches_the_server_whole():
     """The issue's report: the password's tail was taken for the host and printed."""
     with pytest.raises(UserError) as caught:
-        create_storage("postgresql://u:Tr0ub@dorXsecret9@127.0.0.1:1/db")
+        create_storage(StorageLocation.parse("postgresql://u:Tr0ub@dorXsecret9@127.0.0.1:1/db"))
     message = str(caught.value)
     assert "127.0.0.1:1" in message and "Connection refused" in message
     assert "dorXsecret9" not in message and "Tr0ub" not in message
 
 
 def test_plain_postgresql_url_uses_the_installed_driver():
-    assert normalize_url("postgresql://u:p@h:5432/d").startswith(
+    assert StorageLocation.parse("postgresql://u:p@h:5432/d").url.startswith(
         "postgresql+psycopg2://u:p@h:5432/d"
     )
-    assert normalize_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert StorageLocation.parse("sqlite:///x.db").url == "sqlite:///x.db"
 
 
 @pytest.mark.parametrize(
@@ -89,14 +85,14 @@ def test_plain_postgresql_url_uses_the_installed_driver():
 )
 def test_malformed_or_unsupported_url_is_a_user_error(url):
     with pytest.raises(UserError, match="the storage URL") as caught:
-        parse_url(url)
+        StorageLocation.parse(url)
     assert "pw" not in str(caught.value).replace("PASSWORD", "")
     assert "\n" not in str(caught.value)
 
 
 def test_unreachable_postgres_names_host_and_port_not_password():
     with pytest.raises(UserError) as caught:
-        create_storage("postgresql://alice:s3cret@127.0.0.1:1/studies")
+        create_storage(StorageLocation.parse("postgresql://alice:s3cret@127.0.0.1:1/studies"))
     message = str(caught.value)
     assert "127.0.0.1:1" in message
     assert "s3cret" not in message
@@ -105,7 +101,7 @@ def test_unreachable_postgres_names_host_and_port_not_password():
 
 def test_sqlite_file_is_in_wal_mode_with_a_busy_timeout(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    storage = create_storage(url)
+    storage = create_storage(StorageLocation.parse(url))
     mode = sqlite3.connect(tmp_path / "study.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     assert storage.engine.dialect.name == "sqlite"
@@ -115,7 +111,7 @@ def test_sqlite_file_is_in_wal_mode_with_a_busy_timeout(tmp_path):
 
 
 def test_postgres_engine_checks_connections_before_use(postgres_url):
-    storage = create_storage(postgres_url)
+    storage = create_storage(StorageLocation.parse(postgres_url))
     assert storage.engine.pool._pre_ping
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.trials.logs import default_log_dir, last_lines, trial_log_path
 from tests.cli_helpers import cli_env, run_cli
 
@@ -69,8 +70,13 @@ def test_logs_for_a_trial_that_is_not_there_is_one_line(tmp_path):
 
 
 def test_where_logs_go(tmp_path):
-    assert default_log_dir("sqlite:////data/runs/dqn.db") == Path("/data/runs/dqn-logs")
-    assert default_log_dir("postgresql://u@h/db", cwd=tmp_path) == tmp_path / "orchestrator-logs"
+    assert default_log_dir(StorageLocation.parse("sqlite:////data/runs/dqn.db")) == Path(
+        "/data/runs/dqn-logs"
+    )
+    assert (
+        default_log_dir(StorageLocation.parse("postgresql://u@h/db"), cwd=tmp_path)
+        == tmp_path / "orchestrator-logs"
+    )
     assert trial_log_path("/logs", "dqn-l4", 3) == Path("/logs/dqn-l4/trial-3.log")
     odd = trial_log_path("/logs", "my study/1", 3)
     assert odd.parent.parent == Path("/logs") and odd.parent.name.startswith("my_study_1-")

@@ -10,6 +10,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState, create_trial
 
 from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials.reader import read_trials
@@ -23,7 +24,7 @@ DISTS = {
 
 
 def _study(url: str) -> optuna.Study:
-    storage = open_storage(url)
+    storage = open_storage(StorageLocation.parse(url))
     study = optuna.create_study(study_name="reads", storage=storage)
     for i, state in enumerate(
         [TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.FAIL]
@@ -90,7 +91,9 @@ def test_the_lean_reader_returns_the_trials_optuna_returns(storage_url):
 def test_user_attributes_written_at_once_read_back_as_optuna_s(storage_url):
     from orchestrator.record.trials.attrs import set_user_attrs
 
-    study = optuna.create_study(study_name="attrs", storage=open_storage(storage_url))
+    study = optuna.create_study(
+        study_name="attrs", storage=open_storage(StorageLocation.parse(storage_url))
+    )
     trial = study.ask()
     trial.set_user_attr("gpu", "before")
     set_user_attrs(trial, {"gpu": "sim:0", "batch_bounds": [64, 4096], "gpu_index": None})

@@ -17,7 +17,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from tests.cli_helpers import run_cli
 
 TINY = (
@@ -56,7 +56,7 @@ def ran(url):
         "--confirm-seeds", "3", "--quiet", timeout=1200,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    study = optuna.load_study(study_name="dqn", storage=normalize_url(url))
+    study = optuna.load_study(study_name="dqn", storage=StorageLocation.parse(url).url)
     return {"out": done.stdout, "study": study, "url": url}
 
 
@@ -147,7 +147,7 @@ def test_a_run_that_finds_the_budget_used_keeps_the_stored_scores(ran):
     before = ran["study"].user_attrs["final_scores"]
     done = run_cli("run", "dqn", "--storage", ran["url"], "--quiet", timeout=900)
     assert done.returncode == 0, done.stderr
-    fresh = optuna.load_study(study_name="dqn", storage=normalize_url(ran["url"]))
+    fresh = optuna.load_study(study_name="dqn", storage=StorageLocation.parse(ran["url"]).url)
     assert fresh.user_attrs["final_scores"] == before  # not scored again, confirmation kept
     assert fresh.user_attrs["orchestrator"]["repeats"] == 2
     assert done.stdout.strip().splitlines()[-1].startswith("sharpe: validation")
@@ -158,7 +158,7 @@ def test_best_confirm_scores_the_selection_again_and_stores_it(ran):
     study.set_user_attr("final_scores", None)
     done = run_cli("best", "--storage", ran["url"], "--confirm", "0", "--format", "text")
     assert done.returncode == 0, done.stderr
-    fresh = optuna.load_study(study_name="dqn", storage=normalize_url(ran["url"]))
+    fresh = optuna.load_study(study_name="dqn", storage=StorageLocation.parse(ran["url"]).url)
     scores = fresh.user_attrs["final_scores"]
     assert scores["confirmed"] == [] and scores["selected_trial"] == fresh.best_trial.number
     assert len(scores["test_values"]) == 2  # tested on the study's 2 seeds, as it was run

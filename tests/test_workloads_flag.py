@@ -6,7 +6,7 @@ import optuna
 
 from orchestrator.cli import main
 from orchestrator.planning.workloads import WORKLOADS_ENV
-from orchestrator.record.store.storage_url import normalize_url
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.spec import SPEC_ATTR
 from tests.cli_helpers import run_cli
 
@@ -31,7 +31,8 @@ def test_run_reads_the_workloads_file(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     study = optuna.load_study(
-        study_name="synthetic", storage=normalize_url(f"sqlite:///{tmp_path / 'orchestrator.db'}")
+        study_name="synthetic",
+        storage=StorageLocation.parse(f"sqlite:///{tmp_path / 'orchestrator.db'}").url,
     )
     assert study.user_attrs[SPEC_ATTR]["epochs"] == 3  # the file's default, not the class's 15
 

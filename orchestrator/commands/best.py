@@ -55,14 +55,14 @@ def format_params(params: Any, fmt: str) -> str:
 
 
 def best_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.show.queries import open_for_reading, study_detail, the_study
     from orchestrator.show.views import MULTI_OBJECTIVE
 
-    url = resolve_storage_url(args.storage)
-    storage = open_for_reading(url)
-    name = the_study(storage, args.study, describe_location(url), "best")
-    detail = study_detail(storage, name, describe_location(url))
+    location = StorageLocation.resolve(args.storage)
+    storage = open_for_reading(location)
+    name = the_study(storage, args.study, location.describe(), "best")
+    detail = study_detail(storage, name, location.describe())
     if detail.direction == MULTI_OBJECTIVE:
         if args.confirm is not None:
             raise UserError(

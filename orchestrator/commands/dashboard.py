@@ -60,12 +60,12 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.storage_url import mask_password, resolve_storage_url
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.show.queries import open_for_reading
 
-    url = resolve_storage_url(args.storage)
+    location = StorageLocation.resolve(args.storage)
     check_port_free(args.host, args.port)
-    storage = open_for_reading(url)
+    storage = open_for_reading(location)
     if args.host not in LOCAL_HOSTS:
         print(
             f"note: listening on {args.host}, not localhost, as you chose with --host: anyone who "
@@ -74,7 +74,7 @@ def dashboard_command(args: argparse.Namespace) -> int:
         )
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(
-        f"optuna-dashboard on http://{shown}:{args.port}/ for {mask_password(url)} (Ctrl-C stops it)",
+        f"optuna-dashboard on http://{shown}:{args.port}/ for {location.masked} (Ctrl-C stops it)",
         flush=True,
     )
     from optuna_dashboard import run_server

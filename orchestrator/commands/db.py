@@ -25,25 +25,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def upgrade_command(args: argparse.Namespace) -> int:
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.migrate import current_revision, open_storage
-    from orchestrator.record.store.storage_url import mask_password, resolve_storage_url
 
-    url = resolve_storage_url(args.storage)
-    storage = open_storage(url)
+    location = StorageLocation.resolve(args.storage)
+    storage = open_storage(location)
     print(
-        f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
+        f"{location.masked}: optuna schema {storage.get_current_version()}, "
         f"orchestrator schema {current_revision(storage)}"
     )
     return 0
 
 
 def current_command(args: argparse.Namespace) -> int:
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.migrate import current_revision, head_revision
     from orchestrator.record.store.storage import create_storage
-    from orchestrator.record.store.storage_url import mask_password, resolve_storage_url
 
-    url = resolve_storage_url(args.storage)
-    storage = create_storage(url)
+    location = StorageLocation.resolve(args.storage)
+    storage = create_storage(location)
     ours = current_revision(storage)
     behind = (
         ""
@@ -51,7 +51,7 @@ def current_command(args: argparse.Namespace) -> int:
         else f" (head is {head_revision()}: run `python -m orchestrator db upgrade`)"
     )
     print(
-        f"{mask_password(url)}: optuna schema {storage.get_current_version()}, "
+        f"{location.masked}: optuna schema {storage.get_current_version()}, "
         f"orchestrator schema {ours}{behind}"
     )
     return 0

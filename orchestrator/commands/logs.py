@@ -34,12 +34,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.show.queries import open_for_reading, trial_log_file
 
-    url = resolve_storage_url(args.storage)
-    storage = open_for_reading(url)
-    path = trial_log_file(storage, args.study, args.trial, describe_location(url))
+    location = StorageLocation.resolve(args.storage)
+    storage = open_for_reading(location)
+    path = trial_log_file(storage, args.study, args.trial, location.describe())
     try:
         with open(path, "rb") as log:
             text = log.read()

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
     from orchestrator.planning.planner import GpuPlan, NodePlan
+    from orchestrator.record.store.location import StorageLocation
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -63,7 +64,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from orchestrator.planning.calibrate import AdapterRef
     from orchestrator.planning.host_plan import host_plan
     from orchestrator.planning.workloads import workload_class
-    from orchestrator.record.store.storage_url import resolve_storage_url
+    from orchestrator.record.store.location import StorageLocation
 
     if args.swarm_size < 1:
         raise UserError(f"--swarm-size {args.swarm_size}: the swarm needs at least 1 particle")
@@ -83,7 +84,7 @@ def plan_command(args: argparse.Namespace) -> int:
     options = adapters.parse_options(adapter, args.option)
     declared = adapters.memory_model_of(adapter, options)
     workload = workload_class(adapter.workload_class, args.workloads)
-    url = resolve_storage_url(args.storage)
+    location = StorageLocation.resolve(args.storage)
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-plan-") as sim_dir:
         plan = host_plan(
@@ -93,10 +94,12 @@ def plan_command(args: argparse.Namespace) -> int:
             swarm_size=args.swarm_size,
             concurrency=args.concurrency,
             cpu_cores=args.cpu_cores,
-            stored_models=(url, adapter.name),
+            stored_models=(location, adapter.name),
             sim_dir=sim_dir,
             # --calibrate measures on the devices found and stores the models the plan then reads
-            before_planning=(lambda devices: _calibrate(ref, adapter, options, devices, url, args))
+            before_planning=(
+                lambda devices: _calibrate(ref, adapter, options, devices, location, args)
+            )
             if args.calibrate
             else None,
         ).plan
@@ -213,14 +216,13 @@ def _calibrate(
     adapter: Any,
     options: dict[str, Any],
     devices: Sequence[Device],
-    url: str,
+    location: StorageLocation,
     args: argparse.Namespace,
 ) -> None:
     """Measure on the first GPU of each name and store the models, before planning with them."""
     from orchestrator.planning.calibrate import SOURCE, calibrate, calibration_params
     from orchestrator.planning.memory import save_measured
     from orchestrator.record.store.migrate import open_storage
-    from orchestrator.record.store.storage_url import mask_password
 
     real = [device for device in devices if device.kind == "cuda"]
     if not real:
@@ -236,7 +238,7 @@ def _calibrate(
     first_by_name: dict[str, Device] = {}
     for device in real:
         first_by_name.setdefault(device.name, device)
-    engine = open_storage(url).engine
+    engine = open_storage(location).engine
     for name, device in first_by_name.items():
         result = calibrate(ref, options, device_index=device.index, gpu_name=name)
         save_measured(
@@ -251,4 +253,4 @@ def _calibrate(
             peaks = ", ".join(
                 f"batch {m.batch_size}: {m.peak_reserved_mb:,.0f} MB" for m in result.measurements
             )
-            print(f"calibrated {adapter.name} on {name} ({peaks}); stored in {mask_password(url)}")
+            print(f"calibrated {adapter.name} on {name} ({peaks}); stored in {location.masked}")

@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.storage_url import describe_location, resolve_storage_url
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.show.queries import (
         load_study_trials,
         open_for_reading,
@@ -38,9 +38,9 @@ def report_command(args: argparse.Namespace) -> int:
     )
     from orchestrator.show.report.page import write_report
 
-    url = resolve_storage_url(args.storage)
-    storage = open_for_reading(url)
-    label = describe_location(url)
+    location = StorageLocation.resolve(args.storage)
+    storage = open_for_reading(location)
+    label = location.describe()
     name = the_study(storage, args.study, label, "report")
     study = load_study_trials(storage, name, label)  # read once, for both
     detail = study_detail(storage, name, label, trials=study.get_trials())

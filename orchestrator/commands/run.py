@@ -159,11 +159,7 @@ def run_command(args: argparse.Namespace) -> int:
         check_storage_for_workers,
     )
     from orchestrator.launch import configure, open_for_trials, plan_and_run
-    from orchestrator.record.store.storage_url import (
-        describe_location,
-        parse_url,
-        resolve_storage_url,
-    )
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.trials.tracking import tracking_uri_to_store
 
     host = HostOptions.from_args(args)
@@ -174,22 +170,21 @@ def run_command(args: argparse.Namespace) -> int:
             "name an adapter (python -m orchestrator run dqn) or give --adapter-path module:attribute"
         )
     check_host_options(host)
-    url = resolve_storage_url(args.storage)
-    parse_url(url)
+    location = StorageLocation.resolve(args.storage)
     adapter = adapters.resolve(args.adapter_path or args.adapter, is_path=bool(args.adapter_path))
     options = checked_options(args, adapter)
     checkpoint_settings(args)  # a refused --artifacts is said before anything is opened
-    check_storage_for_workers(url)
+    check_storage_for_workers(location)
     queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
     mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
 
-    spare, storage = open_for_trials(url, uses_torch=uses_torch(adapter))
-    existing, spec = _resolve_spec(storage, args, adapter, options, describe_location(url))
+    spare, storage = open_for_trials(location, uses_torch=uses_torch(adapter))
+    existing, spec = _resolve_spec(storage, args, adapter, options, location.describe())
     spec = spec.updated(mlflow_uri=mlflow_uri, **checkpoint_settings(args))
     check_spec(spec)
     queue = _fitting_queue(queue, existing, spec)
     return plan_and_run(
-        url=url,
+        location=location,
         storage=storage,
         adapter=adapter,
         spec=spec,

@@ -14,6 +14,7 @@ import argparse
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
 from orchestrator.flags.common import (
@@ -23,6 +24,9 @@ from orchestrator.flags.common import (
     whole_number,
 )
 from orchestrator.planning.workloads import add_workloads_argument
+
+if TYPE_CHECKING:
+    from orchestrator.record.store.location import StorageLocation
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,11 +107,11 @@ def slurm_command(args: argparse.Namespace) -> int:
         python=sys.executable or "python3",
     )
     script = sbatch_script(job)
-    url = _storage_for_nodes(args.storage)  # a dry run is refused what a submit would be
+    storage = _storage_for_nodes(args.storage)  # a dry run is refused what a submit would be
     if args.dry_run:
         sys.stdout.write(script)
         return 0
-    job_id = submit(script, url)
+    job_id = submit(script, storage.text)
     print(
         f"submitted Slurm job {job_id}: {job.nodes} array task(s), one node and "
         f"{job.gpus_per_node} GPU(s) each, for study {job.study!r}"
@@ -126,12 +130,11 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
 
         return args.adapter, adapters.get(args.adapter).workload_class
     from adapters.study_adapter import resolve_adapter
-    from orchestrator.record.store.storage_url import describe_location
     from orchestrator.record.study.spec import load_existing_study, load_spec
     from orchestrator.show.queries import open_for_reading
 
-    url = _storage_for_nodes(args.storage)
-    study = load_existing_study(open_for_reading(url), args.study, describe_location(url))
+    storage = _storage_for_nodes(args.storage)
+    study = load_existing_study(open_for_reading(storage), args.study, storage.describe())
     spec = load_spec(study)
     if spec is None:
         raise UserError(
@@ -141,10 +144,10 @@ def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
     return spec.adapter, resolve_adapter(spec).workload_class
 
 
-def _storage_for_nodes(flag: str | None) -> str:
+def _storage_for_nodes(flag: StorageLocation | None) -> StorageLocation:
     """The storage tasks on other nodes reach the study through: --storage, else
     $ORCHESTRATOR_STORAGE, and a database server (an SQLite file is on one machine only)."""
-    from orchestrator.record.store.storage_url import STORAGE_ENV, is_sqlite, parse_url
+    from orchestrator.record.store.location import STORAGE_ENV, StorageLocation
 
     url = flag or os.environ.get(STORAGE_ENV, "")
     if not url:
@@ -152,20 +155,20 @@ def _storage_for_nodes(flag: str | None) -> str:
             f"no storage for the nodes: give --storage postgresql://USER@HOST:5432/DB, or "
             f"export {STORAGE_ENV}=... (sbatch passes it to every node; {STORAGE_ENV} is not set)"
         )
-    parse_url(url)
-    if is_sqlite(url):
+    location = StorageLocation.resolve(url)
+    if location.is_sqlite:
         where = "--storage" if flag else STORAGE_ENV
         raise UserError(
             f"{where} is an SQLite file: workers on several nodes need a database server, "
             "e.g. --storage postgresql://USER@HOST:5432/DB"
         )
-    return url
+    return location
 
 
 def submit(script: str, url: str) -> str:
     """`sbatch --parsable` with the script on its standard input and the storage in its
     environment (which sbatch exports to every task); the job id it prints."""
-    from orchestrator.record.store.storage_url import STORAGE_ENV
+    from orchestrator.record.store.location import STORAGE_ENV
 
     try:
         done = subprocess.run(

@@ -45,19 +45,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.storage_url import (
-        describe_location,
-        mask_password,
-        resolve_storage_url,
-    )
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.show.queries import list_studies, open_for_reading, study_detail
     from orchestrator.show.status_text import render_detail, render_studies
     from orchestrator.show.text import to_jsonable
 
-    url = resolve_storage_url(args.storage)
-    storage = open_for_reading(url)
+    location = StorageLocation.resolve(args.storage)
+    storage = open_for_reading(location)
     if args.study:
-        detail = study_detail(storage, args.study, describe_location(url))
+        detail = study_detail(storage, args.study, location.describe())
         updates, scores = _stored_extras(storage, args.study)
         if args.json:
             extras = {"settings_updates": updates, "final_scores": scores and scores.as_dict()}
@@ -73,7 +69,7 @@ def status_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_jsonable(rows), indent=2))
     else:
-        _console().print(render_studies(rows, mask_password(url)))
+        _console().print(render_studies(rows, location.masked))
     return 0
 
 

@@ -43,11 +43,7 @@ def worker_command(args: argparse.Namespace) -> int:
         check_storage_for_workers,
     )
     from orchestrator.launch import configure, open_for_trials, plan_and_run
-    from orchestrator.record.store.storage_url import (
-        describe_location,
-        resolve_storage_url,
-        sqlite_path,
-    )
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import load_existing_study, load_spec, pruner_for
 
     if not args.study:
@@ -55,9 +51,9 @@ def worker_command(args: argparse.Namespace) -> int:
     host = HostOptions.from_args(args)
     configure(host)
     check_host_options(host)
-    url = resolve_storage_url(args.storage)
-    check_storage_for_workers(url)
-    path = sqlite_path(url)
+    location = StorageLocation.resolve(args.storage)
+    check_storage_for_workers(location)
+    path = location.sqlite_path
     if path is not None and not path.is_file():
         # A worker joins a study; it never creates a database to look for one.
         raise UserError(
@@ -65,8 +61,8 @@ def worker_command(args: argparse.Namespace) -> int:
         )
     # Torch is imported for the trial processes before the study says whether its adapter
     # uses it: the imports overlap opening the storage and planning.
-    spare, storage = open_for_trials(url)
-    study = load_existing_study(storage, args.study, describe_location(url))
+    spare, storage = open_for_trials(location)
+    study = load_existing_study(storage, args.study, location.describe())
     spec = load_spec(study)
     if spec is None:
         raise UserError(
@@ -75,7 +71,7 @@ def worker_command(args: argparse.Namespace) -> int:
         )
     pruner_for(spec)  # a pruner this version lacks is one line here, not a failure per trial
     return plan_and_run(
-        url=url,
+        location=location,
         storage=storage,
         adapter=resolve_adapter(spec),
         spec=spec,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from orchestrator.record.store.storage_url import STORAGE_ENV
+from orchestrator.record.store.location import STORAGE_ENV
 
 if TYPE_CHECKING:
     from orchestrator.planning.workloads import WorkloadClass

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 from orchestrator.deploy.engine import StudyWorkers, worker_argv
 from orchestrator.errors import UserError
 from orchestrator.planning.workloads import parse_quantity
-from orchestrator.record.store.storage_url import STORAGE_ENV
+from orchestrator.record.store.location import STORAGE_ENV
 
 if TYPE_CHECKING:
     from orchestrator.planning.workloads import WorkloadClass

@@ -9,11 +9,14 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import SEED_MAX  # noqa: F401  (the adapters' seed range is `--seed`'s)
 from orchestrator.errors import UserError
 from orchestrator.record.study import names as study_names
+
+if TYPE_CHECKING:
+    from orchestrator.record.store.location import StorageLocation
 
 
 class Parser(argparse.ArgumentParser):
@@ -165,15 +168,14 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _storage_url(text: str) -> str:
+def _storage_url(text: str) -> StorageLocation:
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.passwords import remember_secret
-    from orchestrator.record.store.storage_url import parse_url
 
     remember_secret(text)  # it may come from a --config file, which argv does not show
     if not text.strip():
         raise UserError("--storage is empty: give e.g. --storage sqlite:///study.db")
-    parse_url(text)
-    return text
+    return StorageLocation.parse(text)
 
 
 def add_adapter_arguments(parser: argparse.ArgumentParser) -> None:

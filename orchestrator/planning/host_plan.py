@@ -9,11 +9,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN
+from orchestrator.gpu import select_devices
+from orchestrator.planning.cpu_cores import usable_cpu_cores
+from orchestrator.planning.memory import DECLARED, measured_models
+from orchestrator.planning.planner import plan_node
 
 if TYPE_CHECKING:
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
     from orchestrator.planning.planner import NodePlan
+    from orchestrator.record.store.location import StorageLocation
 
 
 @dataclass(frozen=True)
@@ -36,29 +41,24 @@ def host_plan(
     budget_trials: int | None = None,
     cpu_cores: int | None = None,
     batch_bounds: tuple[int, int] = (BATCH_SIZE_MIN, BATCH_SIZE_MAX),
-    stored_models: tuple[str, str] | None = None,
+    stored_models: tuple[StorageLocation, str] | None = None,
     sim_dir: str | None = None,
     before_planning: Callable[[list[Device]], None] | None = None,
 ) -> HostPlan:
     """Plan the GPUs `gpus` names for trials of the `declared` memory model.
 
-    `stored_models` (storage URL, adapter name): where to look for memory models measured on
+    `stored_models` (storage location, adapter name): where to look for memory models measured on
     these kinds of GPU, which replace `declared` on them; `cpu_cores` defaults to this machine's
     usable cores; simulated GPUs keep their files in `sim_dir`; `before_planning` is called with
     the devices before the stored models are read (`plan --calibrate` measures and stores them
     there, so the plan uses what it just measured)."""
-    from orchestrator.gpu import select_devices
-    from orchestrator.planning.cpu_cores import usable_cpu_cores
-    from orchestrator.planning.memory import DECLARED, measured_models
-    from orchestrator.planning.planner import plan_node
-
     probe, devices = select_devices(gpus, sim_dir=sim_dir)
     if before_planning is not None:
         before_planning(devices)
     measured = None
     if stored_models is not None:
-        url, adapter_name = stored_models
-        measured = measured_models(url, adapter_name, declared, [d.name for d in devices])
+        location, adapter_name = stored_models
+        measured = measured_models(location, adapter_name, declared, [d.name for d in devices])
     plan = plan_node(
         devices,
         declared,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from orchestrator.planning.footprint import Footprint
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.records import MeasuredMemoryModel
 
 DECLARED = "declared"
@@ -123,7 +124,7 @@ def learnt_model(
 # --- the storage ---------------------------------------------------------------------------
 
 
-def existing_engine(url: str) -> Engine | None:
+def existing_engine(location: StorageLocation) -> Engine | None:
     """An engine on the storage if it already holds our tables; None if there is nothing to read.
 
     An SQLite file that is not there means "no measurements": planning never creates a database.
@@ -134,26 +135,24 @@ def existing_engine(url: str) -> Engine | None:
     from orchestrator.record.store.records import memory_models
     from orchestrator.record.store.storage import engine_kwargs
     from orchestrator.record.store.storage_failures import unreachable
-    from orchestrator.record.store.storage_url import is_sqlite, normalize_url, sqlite_path
 
-    if is_sqlite(url):
-        path = sqlite_path(url)
+    if location.is_sqlite:
+        path = location.sqlite_path
         if path is None or not path.is_file():
             return None
-    url = normalize_url(url)
-    engine = sa.create_engine(url, **engine_kwargs(url))
+    engine = sa.create_engine(location.url, **engine_kwargs(location))
     try:
         if not sa.inspect(engine).has_table(memory_models.name):
             engine.dispose()
             return None
     except SQLAlchemyError as error:
         engine.dispose()
-        raise unreachable(url, error) from None
+        raise unreachable(location, error) from None
     return engine
 
 
 def measured_models(
-    url: str, adapter: str, declared: MemoryModel, gpu_names: Iterable[str]
+    location: StorageLocation, adapter: str, declared: MemoryModel, gpu_names: Iterable[str]
 ) -> dict[str, tuple[MemoryModel, str]]:
     """GPU name -> (model, source) for every named GPU that has a measured model in the storage."""
     from orchestrator.record.store.records import load_memory_model
@@ -161,7 +160,7 @@ def measured_models(
     names = sorted(set(gpu_names))
     if not names:
         return {}
-    engine = existing_engine(url)
+    engine = existing_engine(location)
     if engine is None:
         return {}
     try:

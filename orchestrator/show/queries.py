@@ -11,9 +11,8 @@ from orchestrator.imports import LazyImport
 from orchestrator.record.budget.counts import stored_count
 from orchestrator.record.store.locks import schema_lock
 from orchestrator.record.store.optuna_private import replace_trial_reads, study_id_of
-from orchestrator.record.store.storage import create_storage
+from orchestrator.record.store.storage import create_storage, location_of
 from orchestrator.record.store.storage_failures import unreachable
-from orchestrator.record.store.storage_url import describe_location, sqlite_path
 from orchestrator.record.study.spec import (
     count_trials,
     load_existing_study,
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from orchestrator.record.store import migrate, records
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.records import ConcurrencyEvent
 else:
     optuna = LazyImport("optuna")
@@ -57,15 +57,16 @@ else:
     records = LazyImport("orchestrator.record.store.records")
 
 
-def open_for_reading(url: str) -> RDBStorage:
-    """The storage at URL, for reading: an SQLite file that does not exist is an error, not a new file."""
-    path = sqlite_path(url)
+def open_for_reading(location: StorageLocation) -> RDBStorage:
+    """The storage at `location`, for reading: an SQLite file that does not exist is an error,
+    not a new file."""
+    path = location.sqlite_path
     if path is not None and not path.exists():
         raise UserError(
-            f"no study database at {describe_location(url)}: start a study with "
+            f"no study database at {location.describe()}: start a study with "
             "`python -m orchestrator run ADAPTER`, or point --storage at an existing one"
         )
-    storage = create_storage(url)
+    storage = create_storage(location)
     bring_our_tables_up_to_date(storage)
     return storage
 
@@ -77,7 +78,7 @@ def bring_our_tables_up_to_date(storage: RDBStorage) -> None:
     revision = migrate.current_revision(storage)
     if revision is None or revision == migrate.head_revision():
         return
-    with schema_lock(storage.url):
+    with schema_lock(location_of(storage)):
         if migrate.current_revision(storage) != migrate.head_revision():
             migrate.upgrade_orchestrator_schema(storage)
 
@@ -88,7 +89,7 @@ def _guarded(storage: RDBStorage) -> Iterator[None]:
     try:
         yield
     except sa.exc.SQLAlchemyError as error:
-        raise unreachable(storage.url, error) from None
+        raise unreachable(location_of(storage), error) from None
 
 
 def the_study(storage: RDBStorage, name: str | None, label: str, command: str) -> str:

@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from optuna.storages import RDBStorage
     from sqlalchemy.engine import Connection
 
+    from orchestrator.record.store.location import StorageLocation
+
 # A claimed waiting trial gets this mark: an ask retried after its answer was lost finds it.
 CLAIM_MARK = "orchestrator:claim"
 
@@ -146,16 +148,20 @@ def last_claim() -> Claim | None:
 
 
 def ask_within_budget(
-    study: optuna.Study, url: str, budget: int, *, stop: Callable[[], bool] | None = None
+    study: optuna.Study,
+    location: StorageLocation,
+    budget: int,
+    *,
+    stop: Callable[[], bool] | None = None,
 ) -> optuna.Trial | None:
     """The next trial of `study` (a waiting one first), or None when its budget of `budget`
     trials is used up or `stop()` says so. `budget_section.last_times()` then has the lock's
     wait and held time."""
     from orchestrator.record.store.storage import one_connection_storage
 
-    storage = one_connection_storage(url)
+    storage = one_connection_storage(location)
     if storage is None or storage.engine.dialect.name != "postgresql":
-        return _ask_in_section(study, url, budget, stop)
+        return _ask_in_section(study, location, budget, stop)
     asked_at = time.perf_counter()
     claim = claim_trial(storage, study_id_of(study), study.study_name, budget, stop)
     if claim is None or claim.trial_id is None:
@@ -271,7 +277,7 @@ def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:
 
 
 def _ask_in_section(
-    study: optuna.Study, url: str, budget: int, stop: Callable[[], bool] | None
+    study: optuna.Study, location: StorageLocation, budget: int, stop: Callable[[], bool] | None
 ) -> optuna.Trial | None:
     from orchestrator.record.budget.counts import stored_count
     from orchestrator.record.store.locks import under_budget_lock
@@ -295,7 +301,7 @@ def _ask_in_section(
 
     budget_section.record_times(None)
     asked_at = time.perf_counter()
-    trial = under_budget_lock(url, study.study_name, count_and_create, what="ask for a trial")
+    trial = under_budget_lock(location, study.study_name, count_and_create, what="ask for a trial")
     if budget_section.last_times() is None:  # a lock of its own: held to the end of the ask
         done = time.perf_counter()
         locked = marks.get("locked", done)

@@ -29,6 +29,8 @@ from orchestrator.record.trials import attr_names as names
 if TYPE_CHECKING:
     import optuna
 
+    from orchestrator.record.store.location import StorageLocation
+
 # What a checkpoint file starts with: a torch.save file is a zip archive.
 _ZIP_MAGIC = b"PK"
 
@@ -49,12 +51,10 @@ class CheckpointUnreadable(Exception):
 # --- where they live --------------------------------------------------------------------------
 
 
-def default_location(storage_url: str) -> str | None:
+def default_location(storage: StorageLocation) -> str | None:
     """Beside an SQLite file: `DIR/NAME-artifacts` for `DIR/NAME.db`. None for a database server
     (its trials may run on any node: only the user knows a folder they all share)."""
-    from orchestrator.record.store.storage_url import sqlite_path
-
-    path = sqlite_path(storage_url)
+    path = storage.sqlite_path
     if path is None:
         return None
     return str(path.with_name(f"{path.stem}-artifacts"))
@@ -110,8 +110,16 @@ def study_location(study: optuna.Study) -> str | None:
     if spec is not None and spec.artifacts:
         return spec.artifacts
     backend = rdb_storage_of(storage_of(study))
-    url = getattr(backend, "url", None)
-    return None if url is None else default_location(str(url))
+    stored_at = getattr(backend, "location", None)  # set by create_storage
+    if stored_at is None:
+        url = getattr(backend, "url", None)
+        if url is None:
+            return None
+        from orchestrator.record.store.location import StorageLocation
+
+        # A study the caller opened with plain Optuna: its storage knows only its URL.
+        stored_at = StorageLocation.parse(str(url))
+    return default_location(stored_at)
 
 
 # --- a trial's latest ------------------------------------------------------------------------

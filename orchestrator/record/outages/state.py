@@ -16,10 +16,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from orchestrator.errors import UserError
 from orchestrator.record.outages.errors import LOCKED, first_line
-from orchestrator.record.store.passwords import password_of, redact
-from orchestrator.record.store.storage_url import STORAGE_ENV, describe_location
+from orchestrator.record.store.location import STORAGE_ENV, StorageLocation, password_of
+from orchestrator.record.store.passwords import redact
 
 # Every outage line comes from one logger, whichever module says it.
 logger = logging.getLogger("orchestrator.record.outages.riding")
@@ -171,10 +170,9 @@ def current(outages: Outages | None = None) -> Outages:
     return outages or OUTAGES
 
 
-def note_storage(url: str, outages: Outages | None = None) -> None:
+def note_storage(location: StorageLocation, outages: Outages | None = None) -> None:
     """Name the storage in the outage lines of this process."""
-    with contextlib.suppress(UserError):
-        current(outages).where = describe_location(url)
+    current(outages).where = location.describe()
 
 
 def note_connections(

@@ -31,10 +31,11 @@ from orchestrator.record.budget import section as budget_section
 from orchestrator.record.outages.errors import is_outage
 from orchestrator.record.outages.riding import ride_out, when_a_connection_is_free
 from orchestrator.record.store.storage import engine_kwargs, section_storage
-from orchestrator.record.store.storage_url import normalize_url, sqlite_path
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
+
+    from orchestrator.record.store.location import StorageLocation
 
 T = TypeVar("T")
 
@@ -45,9 +46,9 @@ def lock_key(name: str) -> int:
 
 
 @contextlib.contextmanager
-def storage_lock(url: str, name: str) -> Iterator[None]:
+def storage_lock(location: StorageLocation, name: str) -> Iterator[None]:
     """Hold the lock called `name` on this storage, waiting for it as long as it takes."""
-    path = sqlite_path(url)
+    path = location.sqlite_path
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{path}.lock", "a+") as handle:
@@ -57,16 +58,14 @@ def storage_lock(url: str, name: str) -> Iterator[None]:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
-    if url.startswith("sqlite"):
+    if location.is_sqlite:
         yield  # in-memory SQLite: one process only
         return
     import sqlalchemy as sa
 
     # A connection for the lock alone, closed with it: only the connection settings apply.
-    connect_args = engine_kwargs(url)["connect_args"]
-    engine = sa.create_engine(
-        normalize_url(url), poolclass=sa.pool.NullPool, connect_args=connect_args
-    )
+    connect_args = engine_kwargs(location)["connect_args"]
+    engine = sa.create_engine(location.url, poolclass=sa.pool.NullPool, connect_args=connect_args)
     try:
         with when_a_connection_is_free(engine.connect) as conn:
             # The transaction this opens stays open while the section runs, and holds the lock.
@@ -91,7 +90,9 @@ def _unlock(conn: Connection) -> None:
         conn.invalidate()
 
 
-def locked(url: str, name: str, section: Callable[[], T], *, what: str, asks: bool = False) -> T:
+def locked(
+    location: StorageLocation, name: str, section: Callable[[], T], *, what: str, asks: bool = False
+) -> T:
     """`section()` under the lock called `name`, riding out an outage: a section that a lost
     connection interrupted is run again whole, under the lock taken anew.
 
@@ -100,21 +101,23 @@ def locked(url: str, name: str, section: Callable[[], T], *, what: str, asks: bo
     calls inside it share (`budget_section`): holding the lock on one connection while waiting
     for another would stall everyone queued on the lock when the server has no slot free.
     `asks`: the section is an ask (count, then claim)."""
-    shared = section_storage(url)
+    shared = section_storage(location)
 
     def attempt() -> T:
         if shared is not None:
             return budget_section.run_section(shared, lock_key(name), section, asks=asks)
-        with storage_lock(url, name):
+        with storage_lock(location, name):
             return section()
 
     return ride_out(attempt, what=what)
 
 
-def under_budget_lock(url: str, study_name: str, section: Callable[[], T], *, what: str) -> T:
+def under_budget_lock(
+    location: StorageLocation, study_name: str, section: Callable[[], T], *, what: str
+) -> T:
     """Count and ask under the study's budget lock, whole or not at all (see `locked`)."""
-    return locked(url, f"budget:{study_name}", section, what=what, asks=True)
+    return locked(location, f"budget:{study_name}", section, what=what, asks=True)
 
 
-def schema_lock(url: str) -> contextlib.AbstractContextManager[None]:
-    return storage_lock(url, "schema")
+def schema_lock(location: StorageLocation) -> contextlib.AbstractContextManager[None]:
+    return storage_lock(location, "schema")

@@ -6,12 +6,14 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.store.records import VERSION_TABLE
-from orchestrator.record.store.storage import create_storage
+from orchestrator.record.store.storage import create_storage, location_of
 from orchestrator.record.store.storage_failures import missing_driver, unreachable
 
 if TYPE_CHECKING:
     from alembic.config import Config
     from optuna.storages import RDBStorage
+
+    from orchestrator.record.store.location import StorageLocation
 
 
 def alembic_config(url: str) -> Config:
@@ -50,25 +52,24 @@ def upgrade_orchestrator_schema(storage: RDBStorage) -> None:
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
     except SQLAlchemyError as error:
-        raise unreachable(storage.url, error) from None
+        raise unreachable(location_of(storage), error) from None
 
 
-def open_storage(url: str, **kwargs: Any) -> RDBStorage:
+def open_storage(location: StorageLocation, **kwargs: Any) -> RDBStorage:
     """Open the storage with both schemas at head: what every command that writes starts with."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.record.outages.riding import when_a_connection_is_free
     from orchestrator.record.store.locks import schema_lock
     from orchestrator.record.store.sqlite_file import check_sqlite_file
-    from orchestrator.record.store.storage_url import sqlite_path
 
-    path = sqlite_path(url)
+    path = location.sqlite_path
     if path is not None:
         check_sqlite_file(path)  # before the lock file beside it is made
 
     def opened() -> RDBStorage:
-        with schema_lock(url):
-            storage = _created(url, kwargs)
+        with schema_lock(location):
+            storage = _created(location, kwargs)
             if current_revision(storage) != head_revision():
                 upgrade_orchestrator_schema(storage)
         return storage
@@ -78,16 +79,16 @@ def open_storage(url: str, **kwargs: Any) -> RDBStorage:
         # reported as unreachable: a host joining a busy cluster waits its turn.
         storage = when_a_connection_is_free(opened)
     except SQLAlchemyError as error:  # the lock's own connection failed: the server is not there
-        raise unreachable(url, error) from None
+        raise unreachable(location, error) from None
     except ImportError as error:
-        raise missing_driver(url, error) from None
+        raise missing_driver(location, error) from None
     return storage
 
 
 CREATE_ATTEMPTS = 3
 
 
-def _created(url: str, kwargs: dict[str, Any]) -> RDBStorage:
+def _created(location: StorageLocation, kwargs: dict[str, Any]) -> RDBStorage:
     """Optuna's storage, created if missing. Our processes create it under the schema lock, but
     a plain Optuna process (a script's `optuna.load_study`, the dashboard) takes no lock: when it
     creates the same tables at the same moment, one of the two inserts the schema's version row
@@ -98,7 +99,7 @@ def _created(url: str, kwargs: dict[str, Any]) -> RDBStorage:
 
     for attempt in range(1, CREATE_ATTEMPTS + 1):
         try:
-            return create_storage(url, **kwargs)
+            return create_storage(location, **kwargs)
         except UserError as error:
             if attempt == CREATE_ATTEMPTS or not lost_a_creation_race(error):
                 raise

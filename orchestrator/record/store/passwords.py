@@ -6,7 +6,7 @@ import re
 from types import TracebackType
 from typing import Any
 
-from orchestrator.record.store.storage_url import mask_password
+from orchestrator.record.store.location import mask_password, password_of
 
 # Passwords seen in this process (in --storage, $ORCHESTRATOR_STORAGE, a trial's job), in every
 # spelling they may take in a message: as typed, decoded, and percent-encoded.
@@ -15,15 +15,6 @@ _SECRETS: set[str] = set()
 SHORTEST_SECRET = 4
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
 _PASSWORD_IN_DSN = re.compile(r"(password\s*=\s*)('[^']*'|\S+)", re.IGNORECASE)
-
-
-def password_of(url: str | None) -> str | None:
-    """The password written in `url` (by the same rule as repair_url), or None."""
-    scheme, sep, rest = (url or "").partition("://")
-    if not sep or "@" not in rest or scheme.startswith("sqlite"):
-        return None
-    _user, colon, password = rest.rpartition("@")[0].partition(":")
-    return password if colon and password else None
 
 
 def remember_secret(url: str | None) -> None:

@@ -1,7 +1,8 @@
 """Opening a study's storage: the one place Optuna's RDBStorage is built, and its settings.
 
-The URL is checked and normalised (`storage_url`), its password hidden from every line of output
-(`passwords`), and every database call of the storage rides out an outage (`riding_storage`).
+The storage is a `StorageLocation`, read and checked where the user gave it (`location`); its
+password is hidden from every line of output (`passwords`), and every database call of the
+storage rides out an outage (`riding_storage`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from orchestrator.record.outages.storage import riding_storage_class
 from orchestrator.record.store.optuna_private import RDB_STORAGE_LOGGER, use_engine
 from orchestrator.record.store.passwords import protect_output, remember_secret
 from orchestrator.record.store.storage_failures import missing_driver, unreachable
-from orchestrator.record.store.storage_url import is_sqlite, normalize_url, sqlite_path
 
 if TYPE_CHECKING:
     import logging
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
+
+    from orchestrator.record.store.location import StorageLocation
 
 
 # A trial process records a heartbeat this often; a trial silent for the grace period is stale
@@ -69,7 +71,7 @@ IDLE_CONNECTIONS = 1
 BURST_CONNECTIONS = 4
 
 
-def engine_kwargs(url: str, *, one_connection: bool = False) -> dict[str, Any]:
+def engine_kwargs(location: StorageLocation, *, one_connection: bool = False) -> dict[str, Any]:
     """Engine settings that ride out outages and share a server's few connections.
 
     Every pooled engine checks a connection before using it (`pool_pre_ping`: after a
@@ -84,7 +86,7 @@ def engine_kwargs(url: str, *, one_connection: bool = False) -> dict[str, Any]:
     connections as are in use at one moment, and a process never waits for a connection while
     it holds one. Any other PostgreSQL engine keeps at most IDLE_CONNECTIONS idle."""
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if is_sqlite(url):
+    if location.is_sqlite:
         kwargs["connect_args"] = {"timeout": sqlite_busy_timeout()}
         return kwargs
     kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S, **KEEPALIVES}
@@ -156,19 +158,24 @@ _ONE_CONNECTION: dict[str, RDBStorage] = {}
 _RUNNING: dict[str, RDBStorage] = {}
 
 
-def one_connection_storage(url: str) -> RDBStorage | None:
-    """The one-connection PostgreSQL storage this process opened on `url`, if any."""
-    return _ONE_CONNECTION.get(normalize_url(url))
+def one_connection_storage(location: StorageLocation) -> RDBStorage | None:
+    """The one-connection PostgreSQL storage this process opened at `location`, if any."""
+    return _ONE_CONNECTION.get(location.url)
 
 
-def section_storage(url: str) -> RDBStorage | None:
-    """The PostgreSQL storage this process opened on `url` to run a study, if any."""
-    return _RUNNING.get(normalize_url(url))
+def section_storage(location: StorageLocation) -> RDBStorage | None:
+    """The PostgreSQL storage this process opened at `location` to run a study, if any."""
+    return _RUNNING.get(location.url)
 
 
-def _enable_sqlite_wal(url: str) -> None:
+def location_of(storage: RDBStorage) -> StorageLocation:
+    """Where a storage that `create_storage` opened is."""
+    return storage.location  # type: ignore[attr-defined]
+
+
+def _enable_sqlite_wal(location: StorageLocation) -> None:
     # WAL lets readers and one writer work at once; the mode is stored in the file, so once is enough.
-    path = sqlite_path(url)
+    path = location.sqlite_path
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -236,18 +243,19 @@ def heartbeat_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, in
     return interval, max(grace, interval + 1)
 
 
-def _hold_one_connection(storage: RDBStorage, url: str) -> None:
+def _hold_one_connection(storage: RDBStorage, location: StorageLocation) -> None:
     """Swap the storage's engine for one that keeps a single connection. Not from the start:
     Optuna's first opening of a new database nests a session inside a connection it holds."""
     import sqlalchemy as sa
     from sqlalchemy import orm
 
     opened_with = storage.engine
-    storage.engine = sa.create_engine(url, **engine_kwargs(url, one_connection=True))
+    kwargs = engine_kwargs(location, one_connection=True)
+    storage.engine = sa.create_engine(location.url, **kwargs)
     storage.scoped_session = orm.scoped_session(orm.sessionmaker(bind=storage.engine))
     use_engine(storage)
     opened_with.dispose()
-    _ONE_CONNECTION[url] = storage
+    _ONE_CONNECTION[location.url] = storage
 
 
 def _note_max_connections(storage: RDBStorage) -> None:
@@ -264,14 +272,14 @@ def _note_max_connections(storage: RDBStorage) -> None:
 
 
 def create_storage(
-    url: str,
+    location: StorageLocation,
     *,
     heartbeat: bool = False,
     heartbeat_stale_trial_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None,
     wait: bool = False,
     one_connection: bool | None = None,
 ) -> RDBStorage:
-    """Open Optuna's RDBStorage on URL, creating Optuna's schema when it is missing.
+    """Open Optuna's RDBStorage at `location`, creating Optuna's schema when it is missing.
 
     With `heartbeat`, trials record heartbeats and a silent one is failed (and handed to the
     callback) by `optuna.storages.fail_stale_trials`. Opening fails at once when the database
@@ -284,19 +292,18 @@ def create_storage(
     """
     from sqlalchemy.exc import SQLAlchemyError
 
-    remember_secret(url)
+    remember_secret(location.text)
     protect_output()
-    note_storage(url)  # outage lines name the storage
-    url = normalize_url(url)
+    note_storage(location)  # outage lines name the storage
     quiet_optuna_warnings()
     interval, grace = heartbeat_settings() if heartbeat else (None, None)
-    single = (wait if one_connection is None else one_connection) and not is_sqlite(url)
+    single = (wait if one_connection is None else one_connection) and not location.is_sqlite
 
     def open_it() -> RDBStorage:
-        _enable_sqlite_wal(url)
+        _enable_sqlite_wal(location)
         storage = riding_storage_class()(
-            url,
-            engine_kwargs=engine_kwargs(url),
+            location.url,
+            engine_kwargs=engine_kwargs(location),
             # Optuna's check of the schema's version reads it on a second connection while its
             # session holds a first: at a server with no slot free, trial processes that each
             # held one and waited for another would wait for ever. The host that started the
@@ -306,12 +313,13 @@ def create_storage(
             grace_period=grace,
             heartbeat_stale_trial_callback=heartbeat_stale_trial_callback,
         )
+        storage.location = location  # what the storage's own failures and locks name
         if single:
-            _hold_one_connection(storage, url)
-        elif heartbeat and not is_sqlite(url):
+            _hold_one_connection(storage, location)
+        elif heartbeat and not location.is_sqlite:
             _note_max_connections(storage)
-        if heartbeat and not is_sqlite(url):
-            _RUNNING[url] = storage
+        if heartbeat and not location.is_sqlite:
+            _RUNNING[location.url] = storage
         return storage
 
     try:
@@ -319,6 +327,6 @@ def create_storage(
             return ride_out(open_it, what="open the storage")
         return when_a_connection_is_free(open_it)  # a full server is not a wrong URL
     except (SQLAlchemyError, sqlite3.Error, OSError) as error:
-        raise unreachable(url, error) from None
+        raise unreachable(location, error) from None
     except ImportError as error:
-        raise missing_driver(url, error) from None
+        raise missing_driver(location, error) from None

@@ -17,7 +17,7 @@ from orchestrator.record.outages.errors import (
     outage_kind,
 )
 from orchestrator.record.outages.state import Outages, current
-from orchestrator.record.store.storage_url import describe_location, mask_password
+from orchestrator.record.store.location import StorageLocation, mask_password
 
 EXIT_STATUS = 75  # EX_TEMPFAIL: try again later (the study is intact)
 SQLITE_FULL = 13  # "database or disk is full": the disk, or a file at the size limit
@@ -123,7 +123,7 @@ def storage_failure(error: BaseException, outages: Outages | None = None) -> Use
     return UserError(f"the storage ({where}) refused the operation: {detail}")
 
 
-def unreachable(url: str, error: BaseException) -> UserError:
+def unreachable(location: StorageLocation, error: BaseException) -> UserError:
     """A UserError for a storage that could not be opened or used: where it is, never the password."""
     from sqlalchemy.exc import OperationalError
 
@@ -131,20 +131,20 @@ def unreachable(url: str, error: BaseException) -> UserError:
     detail = mask_password(reason[0]) if reason else type(error).__name__
     if outage_kind(error) == FULL:
         return UserError(
-            f"the database server ({describe_location(url)}) has no connection free ({detail}): "
+            f"the database server ({location.describe()}) has no connection free ({detail}): "
             "too many processes hold connections (its max_connections); try again when fewer "
             "run, put PgBouncer in front of the server, or raise max_connections"
         )
     if isinstance(error, OperationalError | sqlite3.OperationalError | OSError):
         return UserError(
-            f"cannot reach the storage ({describe_location(url)}): {detail}; "
+            f"cannot reach the storage ({location.describe()}): {detail}; "
             "check that the database is running and the URL in --storage or ORCHESTRATOR_STORAGE"
         )
-    return UserError(f"the storage ({describe_location(url)}) refused the operation: {detail}")
+    return UserError(f"the storage ({location.describe()}) refused the operation: {detail}")
 
 
-def missing_driver(url: str, error: ImportError) -> UserError:
+def missing_driver(location: StorageLocation, error: ImportError) -> UserError:
     return UserError(
-        f"no database driver for {mask_password(url)!r} ({error}): use postgresql:// "
+        f"no database driver for {location.masked!r} ({error}): use postgresql:// "
         "(psycopg2, installed with this package) or sqlite:///FILE.db"
     )

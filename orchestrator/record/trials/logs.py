@@ -15,16 +15,17 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from orchestrator.record.store.location import StorageLocation
 
 LOG_DIR_SUFFIX = "-logs"
 
 
-def default_log_dir(storage_url: str, cwd: Path | None = None) -> Path:
+def default_log_dir(location: StorageLocation, cwd: Path | None = None) -> Path:
     """Beside an SQLite file (`study.db` -> `study-logs/`), else `orchestrator-logs/` here."""
-    from orchestrator.record.store.storage_url import sqlite_path
-
-    path = sqlite_path(storage_url)
+    path = location.sqlite_path
     if path is not None:
         return path.with_name(path.stem + LOG_DIR_SUFFIX)
     return (cwd or Path.cwd()) / ("orchestrator" + LOG_DIR_SUFFIX)

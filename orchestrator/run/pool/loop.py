@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
     from orchestrator.gpu.base import Probe
     from orchestrator.planning.planner import GpuPlan
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import BudgetCount, StudySpec
     from orchestrator.run.backend import Event, TrialBackend
     from orchestrator.run.messages import TrialOutcome
@@ -118,7 +119,7 @@ class Pool:
     def on_storage(
         cls,
         *,
-        storage_url: str,
+        storage_location: StorageLocation,
         engine: Engine,
         study: optuna.Study,
         spec: StudySpec,
@@ -144,7 +145,7 @@ class Pool:
         host = socket.gethostname()
         backend = WarmProcesses.for_plans(
             plans,
-            storage_url=storage_url,
+            storage_location=storage_location,
             study_name=study.study_name,
             host=host,
             cpu_cores=cpu_cores,
@@ -156,7 +157,7 @@ class Pool:
             uses_torch=uses_torch(adapter),  # True for no adapter, as for one that does not say
         )
         stored = StoredStudy(
-            storage_url=storage_url,
+            storage_location=storage_location,
             engine=engine,
             study=study,
             spec=spec,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
     from orchestrator.planning.planner import GpuPlan
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.run.trial.context import Recycling, WorkerConfig
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class WarmProcesses:
         cls,
         plans: list[GpuPlan],
         *,
-        storage_url: str,
+        storage_location: StorageLocation,
         study_name: str,
         host: str,
         cpu_cores: int,
@@ -125,7 +126,7 @@ class WarmProcesses:
         threads = threads_per_trial(cpu_cores, sum(p.slots for p in plans), cpu_bound=cpu_bound)
         configs = {
             index: WorkerConfig(
-                storage_url=storage_url,
+                storage=storage_location,
                 study_name=study_name,
                 device=plan.device,
                 host=host,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
     from orchestrator.planning.footprint import Footprint
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import BudgetCount, StudySpec
 
 
@@ -31,13 +32,13 @@ class StoredStudy:
     def __init__(
         self,
         *,
-        storage_url: str,
+        storage_location: StorageLocation,
         engine: Engine,
         study: optuna.Study,
         spec: StudySpec,
         adapter_name: str | None = None,
     ) -> None:
-        self.storage_url = storage_url
+        self.storage_location = storage_location
         self.adapter_name = adapter_name  # the key of its memory models
         self.engine = engine
         self.study = study
@@ -65,7 +66,7 @@ class StoredStudy:
 
         grace = heartbeat_settings()[1]
         locked(
-            self.storage_url,
+            self.storage_location,
             f"budget:{self.name}",
             lambda: stale_trials.fail_stale_trials(self.study, grace),
             what="look for lost trials",

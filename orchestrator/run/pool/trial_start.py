@@ -142,7 +142,7 @@ def trial_environment(environ: Mapping[str, str]) -> dict[str, str]:
     A trial process gets the URL in its first message (`WorkerConfig`), never from its
     environment: the user's code runs there, and an objective that prints or logs its
     environment would put a password in its trial log, where `logs` shows it."""
-    from orchestrator.record.store.storage_url import STORAGE_ENV
+    from orchestrator.record.store.location import STORAGE_ENV
 
     return {key: value for key, value in environ.items() if key != STORAGE_ENV}
 
@@ -153,7 +153,7 @@ def _storage_url_hidden() -> Iterator[None]:
     a spawned process and the fork server are new programs that take the environment as it is
     when they start (and keep it in /proc/PID/environ, which clearing `os.environ` later would
     not change). Put back after."""
-    from orchestrator.record.store.storage_url import STORAGE_ENV
+    from orchestrator.record.store.location import STORAGE_ENV
 
     hidden = os.environ.pop(STORAGE_ENV, None)
     try:

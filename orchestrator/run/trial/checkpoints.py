@@ -30,21 +30,26 @@ if TYPE_CHECKING:
 
     import optuna
 
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
 
 logger = logging.getLogger(__name__)
 
 # Which trial's final weights the study keeps: {"trial": n, "artifact_id": id} (system attribute).
 BEST_WEIGHTS_ATTR = "orchestrator:best_weights"
-_warned_no_store: set[str] = set()
+_warned_no_store: set[StorageLocation] = set()
 
 
 def open_handle(
-    study: optuna.Study, trial: optuna.Trial, spec: StudySpec, storage_url: str, saves: bool = True
+    study: optuna.Study,
+    trial: optuna.Trial,
+    spec: StudySpec,
+    storage_location: StorageLocation,
+    saves: bool = True,
 ) -> Any:
     """The trial's handle: its store, cadence, where it resumes from and where it ends. An
     adapter that does not save (`saves` False) gets no store: no folder is made for it."""
-    location = (spec.artifacts or stored.default_location(storage_url)) if saves else None
+    location = (spec.artifacts or stored.default_location(storage_location)) if saves else None
     store = None
     if location is not None:
         try:
@@ -55,9 +60,9 @@ def open_handle(
         saves
         and store is None
         and spec.checkpoint_every > 0
-        and storage_url not in _warned_no_store
+        and storage_location not in _warned_no_store
     ):
-        _warned_no_store.add(storage_url)
+        _warned_no_store.add(storage_location)
         print(  # once per process: the trial's log says why nothing resumes
             "checkpoints are off: a study on a database server keeps them where --artifacts "
             "says (a folder every node shares, s3://BUCKET or gs://BUCKET)",

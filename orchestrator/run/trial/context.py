@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
     from orchestrator.gpu.sim import SimLedger
+    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
 
 
@@ -40,7 +41,7 @@ class Recycling:
 class WorkerConfig:
     """Everything a trial process needs to start, picklable."""
 
-    storage_url: str
+    storage: StorageLocation  # where the study is: what the process opens
     study_name: str
     device: Device | None  # None: run on the CPU
     host: str
@@ -71,7 +72,7 @@ class TrialContext:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config = config
         self.storage: RDBStorage = create_storage(
-            config.storage_url,
+            config.storage,
             heartbeat=True,
             heartbeat_stale_trial_callback=stale_trial_callback,
             wait=True,  # started by a running study: ride out an outage while opening it

@@ -146,7 +146,7 @@ def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTi
     from orchestrator.record.budget import section as budget_section
     from orchestrator.record.budget.claim import ask_within_budget
 
-    trial = ask_within_budget(ctx.study, ctx.config.storage_url, spec.trials, stop=stop_requested)
+    trial = ask_within_budget(ctx.study, ctx.config.storage, spec.trials, stop=stop_requested)
     times = budget_section.last_times()
     return trial, None if times is None else LockTiming(times.wait_ms, times.held_ms)
 
@@ -209,7 +209,7 @@ def run_objective(
             )
             result.flush = report.flush  # run before the result is told (trial_spool)
             saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
-            result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage_url, saves)
+            result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage, saves)
             with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
                 value = train(
                     ctx,
