@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN
 from orchestrator.gpu import select_devices
-from orchestrator.planning.cpu_cores import usable_cpu_cores
+from orchestrator.planning import cpu_cores as cores
 from orchestrator.planning.memory import DECLARED, measured_models
 from orchestrator.planning.planner import plan_node
 
@@ -63,7 +63,7 @@ def host_plan(
         devices,
         declared,
         cpu_bound=cpu_bound,
-        cpu_cores=cpu_cores or usable_cpu_cores(),
+        cpu_cores=cpu_cores or cores.usable_cpu_cores(),
         swarm_size=swarm_size,
         min_batch=batch_bounds[0],
         max_batch=batch_bounds[1],
