@@ -57,8 +57,20 @@ def in_sequence(params: dict, points: list[dict]) -> bool:
 
 
 def test_a_run_and_a_worker_draw_points_of_one_sequence(sqlite_url):
+    # One trial at a time: a second trial drawn while the first runs has no finished trial to read
+    # the search space from either, and is drawn by the independent sampler too.
     first = run_cli(
-        "run", "synthetic", "--sampler", "qmc", "--trials", "2", "--storage", sqlite_url, *FAST
+        "run",
+        "synthetic",
+        "--sampler",
+        "qmc",
+        "--trials",
+        "2",
+        "--concurrency",
+        "1",
+        "--storage",
+        sqlite_url,
+        *FAST,
     )
     assert first.returncode == 0, first.stderr
     study = optuna.load_study(study_name="synthetic", storage=StorageLocation.parse(sqlite_url).url)
