@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
 from orchestrator.record.outages.riding import DEFAULT_RETRY_SECONDS
+from orchestrator.run.messages import Recycling, TrialSettings
 from orchestrator.run.pool.stopping import Stop
-from orchestrator.run.trial.context import Recycling
 
 if TYPE_CHECKING:
     from orchestrator.record.store.location import StorageLocation
@@ -49,15 +49,19 @@ class HostOptions:
         given = vars(args)
         return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
-    def recycling(self) -> Recycling:
-        """When a warm trial process makes way for a fresh one."""
-        from orchestrator.run.trial.context import Recycling
-
+    def trial_settings(self, location: StorageLocation) -> TrialSettings:
+        """What every trial process of this host is told of these options (`location`: the
+        study's storage, beside which trials' logs go unless --log-dir says where)."""
         after = 1 if self.fresh_process else self.recycle_after
-        return Recycling(
+        recycling = Recycling(
             after_trials=after,
             memory_growth_mb=self.recycle_memory_mb,
             trial_timeout=self.trial_timeout,
+        )
+        return TrialSettings(
+            sim_memory_scale=self.sim_memory_scale,
+            recycling=recycling,
+            log_dir=self.log_dir_for(location),
         )
 
     def log_dir_for(self, location: StorageLocation) -> str:

@@ -2,13 +2,37 @@
 
 The supervisor sends a `TrialJob` (then, once the trial has said its size, a `Go`); the trial
 process sends ("asked", number), ("sized", batch size), ("vram_peak_mb", MB) each epoch, and last its
-`TrialOutcome`. All of them are plain picklable values.
+`TrialOutcome`. All of them are plain picklable values. A process's first message, which GPU and
+study it serves (`orchestrator.run.trial.context.WorkerConfig`), carries the host's `TrialSettings`,
+made once from the host's options and the same for every trial process.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Recycling:
+    """When a warm trial process makes way for a fresh one (besides an OOM, a CUDA error, a
+    trial stopped at its timeout or a crash, which always do)."""
+
+    after_trials: int | None = None  # 1: a fresh process for every trial
+    memory_growth_mb: float | None = 2048.0  # resident memory grown past this since trial one
+    # --trial-timeout: a trial training longer is stopped, fails, and its process makes way
+    # (what the stopped code held cannot be trusted). None: no limit.
+    trial_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """What this host's options say to every trial process, made once (`HostOptions.trial_settings`)
+    and passed down unchanged to each process's `WorkerConfig`."""
+
+    sim_memory_scale: float = 1.0  # a simulated trial holds this times its memory model's MB
+    recycling: Recycling = Recycling()
+    log_dir: str | None = None  # each trial's stdout and stderr go to a file under it
 
 
 @dataclass(frozen=True)

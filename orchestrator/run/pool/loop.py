@@ -52,10 +52,9 @@ if TYPE_CHECKING:
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import BudgetCount, StudySpec
     from orchestrator.run.backend import Event, TrialBackend
-    from orchestrator.run.messages import TrialOutcome
+    from orchestrator.run.messages import TrialOutcome, TrialSettings
     from orchestrator.run.pool.admission import Change
     from orchestrator.run.pool.stored_study import StoredStudy
-    from orchestrator.run.trial.context import Recycling
 
 logger = logging.getLogger(__name__)
 
@@ -127,15 +126,14 @@ class Pool:
         probe: Probe,
         cpu_cores: int,
         cpu_bound: bool = False,
-        sim_memory_scale: float = 1.0,
-        recycling: Recycling | None = None,
-        log_dir: str | None = None,
+        settings: TrialSettings | None = None,  # None: the defaults
         spare: list[Any] | None = None,
         adapter: Any = None,
         **options: Any,
     ) -> Pool:
         """The real pool: the study in its database, trials in warm processes on this host
-        (`spare`: processes from `orchestrator.run.pool.processes.prestart`, taken first; `adapter`:
+        (`settings`: what every trial process is told of this host's options; `spare`: processes
+        from `orchestrator.run.pool.processes.prestart`, taken first; `adapter`:
         the study's, which names its memory models and says whether its trials import torch)."""
         from adapters.base import uses_torch
         from orchestrator.record.outages.state import note_connections
@@ -150,9 +148,7 @@ class Pool:
             host=host,
             cpu_cores=cpu_cores,
             cpu_bound=cpu_bound,
-            sim_memory_scale=sim_memory_scale,
-            recycling=recycling,
-            log_dir=log_dir,
+            settings=settings,
             spare=spare,
             uses_torch=uses_torch(adapter),  # True for no adapter, as for one that does not say
         )

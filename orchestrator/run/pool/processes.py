@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.run.backend import Asked, Event, Finished, Sized, VramPeak
-from orchestrator.run.messages import Go, TrialJob, TrialOutcome
+from orchestrator.run.messages import Go, TrialJob, TrialOutcome, TrialSettings
 from orchestrator.run.pool.trial_start import (
     start_fork_server_now,
     start_process,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from orchestrator.planning.planner import GpuPlan
     from orchestrator.record.store.location import StorageLocation
-    from orchestrator.run.trial.context import Recycling, WorkerConfig
+    from orchestrator.run.trial.context import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -112,16 +112,15 @@ class WarmProcesses:
         host: str,
         cpu_cores: int,
         cpu_bound: bool = False,
-        sim_memory_scale: float = 1.0,
-        recycling: Recycling | None = None,
-        log_dir: str | None = None,
+        settings: TrialSettings | None = None,  # None: the defaults
         spare: list[_Process] | None = None,
         uses_torch: bool = True,
     ) -> WarmProcesses:
         """Processes for the GPUs of `plans`, in their order, each trial's torch threads a share
-        of the host's cores (`spare`: from `prestart`, taken first)."""
+        of the host's cores, each process given the host's `settings` (`spare`: from
+        `prestart`, taken first)."""
         from orchestrator.planning.cpu_cores import threads_per_trial
-        from orchestrator.run.trial.context import Recycling, WorkerConfig
+        from orchestrator.run.trial.context import WorkerConfig
 
         threads = threads_per_trial(cpu_cores, sum(p.slots for p in plans), cpu_bound=cpu_bound)
         configs = {
@@ -131,9 +130,7 @@ class WarmProcesses:
                 device=plan.device,
                 host=host,
                 threads=threads,
-                sim_memory_scale=sim_memory_scale,
-                recycling=recycling or Recycling(),
-                log_dir=log_dir,
+                settings=settings or TrialSettings(),
             )
             for index, plan in enumerate(plans)
         }

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.store.optuna_private import study_id_of
+from orchestrator.run.messages import TrialSettings
 
 if TYPE_CHECKING:
     import optuna
@@ -26,18 +27,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Recycling:
-    """When a warm trial process makes way for a fresh one (besides an OOM, a CUDA error, a
-    trial stopped at its timeout or a crash, which always do)."""
-
-    after_trials: int | None = None  # 1: a fresh process for every trial
-    memory_growth_mb: float | None = 2048.0  # resident memory grown past this since trial one
-    # --trial-timeout: a trial training longer is stopped, fails, and its process makes way
-    # (what the stopped code held cannot be trusted). None: no limit.
-    trial_timeout: float | None = None
-
-
-@dataclass(frozen=True)
 class WorkerConfig:
     """Everything a trial process needs to start, picklable."""
 
@@ -46,9 +35,7 @@ class WorkerConfig:
     device: Device | None  # None: run on the CPU
     host: str
     threads: int  # torch threads for this process
-    sim_memory_scale: float = 1.0
-    recycling: Recycling = Recycling()
-    log_dir: str | None = None  # each trial's stdout and stderr go to a file under it
+    settings: TrialSettings = TrialSettings()  # the host's, the same for every trial process
 
 
 def pin_device(device: Device | None) -> None:

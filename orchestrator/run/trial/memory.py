@@ -46,7 +46,7 @@ def hold_simulated(ctx: TrialContext, result: RunResult) -> None:
     if ctx.ledger is None:
         return
     holder = process_holder()
-    need = ctx.memory.planned_mb(result.batch_size or 0) * ctx.config.sim_memory_scale
+    need = ctx.memory.planned_mb(result.batch_size or 0) * ctx.config.settings.sim_memory_scale
     more = need - ctx.ledger.held_mb(holder)
     if more > 0:
         ctx.ledger.allocate(holder, more)

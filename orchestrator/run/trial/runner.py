@@ -118,9 +118,10 @@ def _late(number: int, log_file: Path | None) -> TrialOutcome:
 def _log_file(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
     from orchestrator.record.trials.logs import trial_log_path
 
-    if ctx.config.log_dir is None:
+    log_dir = ctx.config.settings.log_dir
+    if log_dir is None:
         return None
-    return trial_log_path(ctx.config.log_dir, ctx.config.study_name, trial.number)
+    return trial_log_path(log_dir, ctx.config.study_name, trial.number)
 
 
 def _output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
@@ -210,7 +211,7 @@ def run_objective(
             result.flush = report.flush  # run before the result is told (trial_spool)
             saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
             result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage, saves)
-            with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
+            with time_limit(ctx.config.settings.recycling.trial_timeout):  # from its admission on
                 value = train(
                     ctx,
                     spec,
@@ -270,7 +271,7 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
     )
     result.concurrency = go.concurrency
     if ctx.ledger is not None:
-        held = ctx.memory.model_overhead_mb * ctx.config.sim_memory_scale
+        held = ctx.memory.model_overhead_mb * ctx.config.settings.sim_memory_scale
         ctx.ledger.allocate(process_holder(), held)
 
 

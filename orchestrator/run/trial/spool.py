@@ -62,8 +62,8 @@ def kept_until_told(
     from orchestrator.record.store.storage_failures import StorageUnreachable
 
     folder = None
-    if ctx.config.log_dir is not None and _keeps(result):
-        folder = spool.spool_dir(ctx.config.log_dir, ctx.config.study_name)
+    if ctx.config.settings.log_dir is not None and _keeps(result):
+        folder = spool.spool_dir(ctx.config.settings.log_dir, ctx.config.study_name)
         values = told.values
         kept = spool.Kept(
             trial_id=trial_id_of(trial),

@@ -19,8 +19,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.store.storage_failures import StorageUnreachable
-from orchestrator.run.messages import TrialOutcome
-from orchestrator.run.trial.context import Recycling, WorkerConfig, pin_device
+from orchestrator.run.messages import Recycling, TrialOutcome
+from orchestrator.run.trial.context import WorkerConfig, pin_device
 from orchestrator.run.trial.runner import run_trial
 from orchestrator.run.trial.signals import (
     Interrupted,
@@ -148,7 +148,7 @@ def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
         if baseline is None and trials_done == 1:
             baseline = memory  # after one trial: imports, the adapter and its caches are in
         reason = recycle_reason(
-            ctx.config.recycling,
+            ctx.config.settings.recycling,
             outcome,
             trials_done=trials_done,
             resident_mb=memory,
