@@ -36,7 +36,7 @@ from orchestrator.run.trial.memory import (
     reset_memory,
 )
 from orchestrator.run.trial.requeue import requeue_if_interrupted
-from orchestrator.run.trial.result import RunResult
+from orchestrator.run.trial.result import RunResult, outcome_of
 from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
 from orchestrator.run.trial.spool import Told, kept_until_told, noted
 from orchestrator.run.trial.training import train
@@ -74,21 +74,8 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
             tidy_checkpoints(ctx, trial, result, requeued)
     except UpdateFinishedTrialError:
         return _late(trial.number, log_file)
-    return TrialOutcome(
-        trial.number,
-        result.state.name,
-        oom=result.oom,
-        alone=alone,
-        batch_size=result.batch_size,
-        value=None if isinstance(result.value, list) else result.value,  # several: in the study
-        vram_peak_mb=result.vram_peak_mb,
-        error=result.error,
-        requeued=requeued,
-        interrupted=result.interrupted,
-        cuda_error=result.cuda_error,
-        log_file=None if log_file is None else str(log_file),
-        timed_out=result.timed_out,
-    )
+    log = None if log_file is None else str(log_file)
+    return outcome_of(result, trial.number, alone=alone, requeued=requeued, log_file=log)
 
 
 def tidy_checkpoints(
