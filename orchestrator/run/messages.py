@@ -1,16 +1,21 @@
 """What the supervisor and a trial process say to each other over the pipe between them.
 
-The supervisor sends a `TrialJob` (then, once the trial has said its size, a `Go`); the trial
-process sends ("asked", number), ("sized", batch size), ("vram_peak_mb", MB) each epoch, and last its
-`TrialOutcome`. All of them are plain picklable values. A process's first message, which GPU and
-study it serves (`orchestrator.run.trial.context.WorkerConfig`), carries the host's `TrialSettings`,
-made once from the host's options and the same for every trial process.
+A trial process's first message is its `WorkerConfig`: which GPU and study it serves, and the
+host's `TrialSettings`, made once from the host's options and the same for every trial process.
+Then, for each trial, the supervisor sends a `TrialJob` (then, once the trial has said its size, a
+`Go`); the trial process sends ("asked", number), ("sized", batch size), ("vram_peak_mb", MB) each
+epoch, and last its `TrialOutcome`. All of them are plain picklable values, and this module imports
+nothing of either side, so the pool builds them without loading the trial's modules.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from orchestrator.gpu.base import Device
+    from orchestrator.record.store.location import StorageLocation
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,18 @@ class TrialSettings:
     sim_memory_scale: float = 1.0  # a simulated trial holds this times its memory model's MB
     recycling: Recycling = Recycling()
     log_dir: str | None = None  # each trial's stdout and stderr go to a file under it
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a trial process needs to start, picklable."""
+
+    storage: StorageLocation  # where the study is: what the process opens
+    study_name: str
+    device: Device | None  # None: run on the CPU
+    host: str
+    threads: int  # torch threads for this process
+    settings: TrialSettings = TrialSettings()  # the host's, the same for every trial process
 
 
 @dataclass(frozen=True)

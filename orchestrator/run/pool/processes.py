@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.run.backend import Asked, Event, Finished, Sized, VramPeak
-from orchestrator.run.messages import Go, TrialJob, TrialOutcome, TrialSettings
+from orchestrator.run.messages import Go, TrialJob, TrialOutcome, TrialSettings, WorkerConfig
 from orchestrator.run.pool.trial_start import (
     start_fork_server_now,
     start_process,
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
     from orchestrator.planning.planner import GpuPlan
     from orchestrator.record.store.location import StorageLocation
-    from orchestrator.run.trial.context import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +119,6 @@ class WarmProcesses:
         of the host's cores, each process given the host's `settings` (`spare`: from
         `prestart`, taken first)."""
         from orchestrator.planning.cpu_cores import threads_per_trial
-        from orchestrator.run.trial.context import WorkerConfig
 
         threads = threads_per_trial(cpu_cores, sum(p.slots for p in plans), cpu_bound=cpu_bound)
         configs = {
