@@ -15,8 +15,11 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing import util
+from multiprocessing.connection import wait as wait_for_any
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.planning.cpu_cores import threads_per_trial
 from orchestrator.run.backend import Asked, Event, Finished, Sized, VramPeak
 from orchestrator.run.messages import Go, TrialJob, TrialOutcome, TrialSettings, WorkerConfig
 from orchestrator.run.pool.trial_start import (
@@ -24,6 +27,7 @@ from orchestrator.run.pool.trial_start import (
     start_process,
     trial_process_context,
 )
+from orchestrator.run.trial.worker import serve
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -47,7 +51,6 @@ class _Process:
 
 def _spawn_blank(uses_torch: bool = True) -> _Process:
     """A trial process that imports what trials need, then waits to be told its GPU."""
-    from orchestrator.run.trial.worker import serve
 
     context = trial_process_context(uses_torch)
     ours, theirs = context.Pipe(duplex=True)
@@ -67,7 +70,6 @@ def prestart(count: int = 1, *, uses_torch: bool = True) -> list[_Process]:
     `WarmProcesses(spare=...)` takes them from the list; any still in it when this process exits
     (an error came first) are told to go before multiprocessing waits for its children.
     `uses_torch`: whether the study's adapter trains with torch (the module's doc)."""
-    from multiprocessing import util
 
     context = trial_process_context(uses_torch)
     if context.get_start_method() == "forkserver":
@@ -118,7 +120,6 @@ class WarmProcesses:
         """Processes for the GPUs of `plans`, in their order, each trial's torch threads a share
         of the host's cores, each process given the host's `settings` (`spare`: from
         `prestart`, taken first)."""
-        from orchestrator.planning.cpu_cores import threads_per_trial
 
         threads = threads_per_trial(cpu_cores, sum(p.slots for p in plans), cpu_bound=cpu_bound)
         configs = {
@@ -224,13 +225,11 @@ class WarmProcesses:
                 worker.process.terminate()
 
     def wait(self, timeout: float) -> None:
-        from multiprocessing.connection import wait
-
         if self._pending:
             return
         waitables = [p.conn for p in self.processes] + [p.process.sentinel for p in self.processes]
         if waitables:
-            wait(waitables, timeout=timeout)
+            wait_for_any(waitables, timeout=timeout)
         else:
             time.sleep(timeout)
 
