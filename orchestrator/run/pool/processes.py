@@ -27,7 +27,6 @@ from orchestrator.run.pool.trial_start import (
     start_process,
     trial_process_context,
 )
-from orchestrator.run.trial.worker import serve
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -51,6 +50,10 @@ class _Process:
 
 def _spawn_blank(uses_torch: bool = True) -> _Process:
     """A trial process that imports what trials need, then waits to be told its GPU."""
+    # The trial side's modules (with Optuna and SQLAlchemy) load here, when the pool starts its
+    # first trial process, not as this module loads: `launch` imports it before the user's input
+    # is checked, and that stays quick.
+    from orchestrator.run.trial.worker import serve
 
     context = trial_process_context(uses_torch)
     ours, theirs = context.Pipe(duplex=True)
