@@ -32,12 +32,9 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import MemoryModel, uses_torch
-from adapters.objective import objective_ref
 from orchestrator.api_checks import check_arguments, check_host, said_as_api
 from orchestrator.errors import UserError
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
-from orchestrator.host_options import HostOptions, check_host_options, check_storage_for_workers
 from orchestrator.imports import LazyImport
 from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study.objectives import check_directions, parse_names, plan_objectives
@@ -49,13 +46,16 @@ from orchestrator.record.study.spec import (
     save_spec,
     set_metric_names,
 )
-from samplers import make_sampler
 
 if TYPE_CHECKING:
     import optuna
 
     import orchestrator.launch as launch
+    import samplers
+    from adapters import base as adapter_base
+    from adapters import objective as adapter_objective
     from adapters import study_adapter
+    from orchestrator import host_options
     from orchestrator.planning import host_plan
     from orchestrator.planning.planner import NodePlan
     from orchestrator.record.checkpoints import files as checkpoint_files
@@ -66,6 +66,12 @@ else:
     # Ours, loaded when first used: this module loads with every command, --help included
     # (and `launch` loads SQLAlchemy and Optuna as it loads).
     launch = LazyImport("orchestrator.launch")
+    # `adapters.base` imports `orchestrator.errors`, which runs `orchestrator/__init__` and so this
+    # module while `adapters.base` is still loading: what reaches `adapters` loads at first use.
+    adapter_base = LazyImport("adapters.base")
+    adapter_objective = LazyImport("adapters.objective")
+    host_options = LazyImport("orchestrator.host_options")
+    samplers = LazyImport("samplers")
     study_adapter = LazyImport("adapters.study_adapter")
     host_plan = LazyImport("orchestrator.planning.host_plan")
     checkpoint_files = LazyImport("orchestrator.record.checkpoints.files")
@@ -111,7 +117,7 @@ def optimize(
     names (concurrency, timeout, log_dir, quiet: progress when stderr is a terminal, ...).
     """
 
-    ref = objective_ref(objective)
+    ref = adapter_objective.objective_ref(objective)
     caught = check_arguments(
         n_trials=n_trials, epochs=epochs, max_retries=max_retries, swarm_size=swarm_size,
         seed=seed, study_name=study_name, memory_model=memory_model, batch_sizes=batch_sizes,
@@ -207,7 +213,7 @@ def check_spec(spec: StudySpec) -> None:
     sampler for this many objectives, the pruner, and settings that must be stored as JSON."""
 
     if spec.sampler_pickle is None:
-        make_sampler(
+        samplers.make_sampler(
             spec.sampler,
             seed=spec.seed,
             swarm_size=spec.swarm_size,
@@ -236,7 +242,7 @@ def plan(
 
     return host_plan.host_plan(
         gpus,
-        MemoryModel(float(memory_model[0]), float(memory_model[1])),
+        adapter_base.MemoryModel(float(memory_model[0]), float(memory_model[1])),
         cpu_bound=cpu_bound,
         swarm_size=swarm_size,
         concurrency=concurrency,
@@ -254,16 +260,20 @@ def _run(
     callbacks: list[Callable[..., None]],
 ) -> Any:
     spec = _with_checkpoints(spec, host)
-    check_host({"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(HostOptions)))
+    check_host(
+        {"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(host_options.HostOptions))
+    )
     if isinstance(host.get("log_dir"), PathLike):
         host["log_dir"] = str(host["log_dir"])
     with said_as_api():
-        settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
-        check_host_options(settings)
+        settings = host_options.HostOptions(
+            gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host
+        )
+        host_options.check_host_options(settings)
         location = StorageLocation.resolve(storage)
-        check_storage_for_workers(location)
+        host_options.check_storage_for_workers(location)
     adapter = study_adapter.resolve_adapter(spec)  # the objective imports here, or says why not
-    spare, opened = launch.open_for_trials(location, uses_torch=uses_torch(adapter))
+    spare, opened = launch.open_for_trials(location, uses_torch=adapter_base.uses_torch(adapter))
     existing, spec = _resume(opened, name, spec)
     launch.execute(
         location=location,
