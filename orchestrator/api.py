@@ -23,17 +23,61 @@ objective's module is importable there. It returns the `optuna.Study`.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields
+from os import PathLike
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.api_checks import check_arguments
+from orchestrator.api_checks import check_arguments, check_host, said_as_api
+from orchestrator.errors import UserError
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
-from orchestrator.record.study.spec import StudySpec
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.study.objectives import check_directions, parse_names, plan_objectives
+from orchestrator.record.study.spec import (
+    PRUNERS,
+    StudySpec,
+    load_spec,
+    pruner_for,
+    save_spec,
+    set_metric_names,
+)
 
 if TYPE_CHECKING:
     import optuna
 
+    import orchestrator.launch as launch
+    import samplers
+    from adapters import base as adapter_base
+    from adapters import objective as adapter_objective
+    from adapters import study_adapter
+    from orchestrator import host_options
+    from orchestrator.planning import host_plan
     from orchestrator.planning.planner import NodePlan
+    from orchestrator.record.checkpoints import files as checkpoint_files
+    from orchestrator.record.store import optuna_objects
+    from orchestrator.record.study import adoption, settings_attrs
+else:
+    optuna = LazyImport("optuna")
+    # Ours, loaded when first used: this module loads with every command, --help included
+    # (and `launch` loads SQLAlchemy and Optuna as it loads).
+    launch = LazyImport("orchestrator.launch")
+    # `adapters.base` imports `orchestrator.errors`, which runs `orchestrator/__init__` and so this
+    # module while `adapters.base` is still loading: what reaches `adapters` loads at first use.
+    adapter_base = LazyImport("adapters.base")
+    adapter_objective = LazyImport("adapters.objective")
+    host_options = LazyImport("orchestrator.host_options")
+    samplers = LazyImport("samplers")
+    study_adapter = LazyImport("adapters.study_adapter")
+    host_plan = LazyImport("orchestrator.planning.host_plan")
+    checkpoint_files = LazyImport("orchestrator.record.checkpoints.files")
+    optuna_objects = LazyImport("orchestrator.record.store.optuna_objects")
+    adoption = LazyImport("orchestrator.record.study.adoption")
+    settings_attrs = LazyImport("orchestrator.record.study.settings_attrs")
 
 
 def optimize(
@@ -72,9 +116,8 @@ def optimize(
     (orchestrator.first_failures). `host`: `run`'s flags about this host by their Python
     names (concurrency, timeout, log_dir, quiet: progress when stderr is a terminal, ...).
     """
-    from adapters.objective import objective_ref
 
-    ref = objective_ref(objective)
+    ref = adapter_objective.objective_ref(objective)
     caught = check_arguments(
         n_trials=n_trials, epochs=epochs, max_retries=max_retries, swarm_size=swarm_size,
         seed=seed, study_name=study_name, memory_model=memory_model, batch_sizes=batch_sizes,
@@ -111,8 +154,6 @@ def _options(memory_model: tuple[float, float], batch_sizes: tuple[int, int] | N
 def default_study_name(objective: Callable[..., Any]) -> str:
     """`mlp:objective`: the objective's module (a script's file name) and its name, so that two
     scripts sharing a database do not share a study by accident."""
-    import sys
-    from pathlib import Path
 
     module = objective.__module__
     if module in ("__main__", "__mp_main__"):
@@ -128,8 +169,6 @@ def _objectives(
     metric: str,
     direction: str,
 ) -> tuple[list[str], list[str]]:
-    from orchestrator.record.study.objectives import check_directions, parse_names, plan_objectives
-
     if isinstance(directions, str) or (directions is not None and not list(directions)):
         raise ValueError(f"directions={directions!r}: give a list, as in ['maximize', 'minimize']")
     check_directions([direction])  # a ValueError naming it when it is neither
@@ -140,20 +179,16 @@ def _objectives(
 
 def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     """The spec's sampler and pruner fields: a name, or an Optuna object pickled with its class."""
-    import optuna
-
-    from orchestrator.record.store.optuna_objects import pickled, sampler_label
-    from orchestrator.record.study.spec import PRUNERS
 
     fields: dict[str, Any] = {"sampler": sampler, "pruner": pruner}
     if isinstance(sampler, optuna.samplers.BaseSampler):
-        fields["sampler"] = sampler_label(sampler)
-        fields["sampler_pickle"] = pickled(sampler, "sampler")
+        fields["sampler"] = optuna_objects.sampler_label(sampler)
+        fields["sampler_pickle"] = optuna_objects.pickled(sampler, "sampler")
     elif not isinstance(sampler, str):
         raise ValueError(f"sampler={sampler!r}: give a sampler's name or an Optuna sampler")
     if isinstance(pruner, optuna.pruners.BasePruner):
         fields["pruner"] = type(pruner).__name__
-        fields["pruner_pickle"] = pickled(pruner, "pruner")
+        fields["pruner_pickle"] = optuna_objects.pickled(pruner, "pruner")
     elif not isinstance(pruner, str) or pruner not in PRUNERS:
         raise ValueError(f"pruner={pruner!r}: give an Optuna pruner or one of {', '.join(PRUNERS)}")
     return fields
@@ -162,13 +197,12 @@ def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
 def _with_checkpoints(spec: StudySpec, host: dict[str, Any]) -> StudySpec:
     """The spec with `checkpoint_every` and `artifacts`, when given among the keyword
     arguments (docs/checkpoints.md: an objective of three arguments gets the trial's handle)."""
-    from orchestrator.record.checkpoints.files import location_problem
 
     every = host.pop("checkpoint_every", spec.checkpoint_every)
     artifacts = host.pop("artifacts", spec.artifacts)
     if not isinstance(every, int) or isinstance(every, bool) or every < 0:
         raise ValueError(f"checkpoint_every={every!r} must be a whole number of epochs, 0: never")
-    problem = None if artifacts is None else location_problem(artifacts)
+    problem = None if artifacts is None else checkpoint_files.location_problem(artifacts)
     if problem:
         raise ValueError(f"artifacts={artifacts!r} {problem}")
     return spec.updated(checkpoint_every=every, artifacts=artifacts)
@@ -177,13 +211,9 @@ def _with_checkpoints(spec: StudySpec, host: dict[str, Any]) -> StudySpec:
 def check_spec(spec: StudySpec) -> None:
     """Everything about the spec that can be wrong, found before anything is stored: the
     sampler for this many objectives, the pruner, and settings that must be stored as JSON."""
-    import json
-
-    from orchestrator.record.study.spec import pruner_for
-    from samplers import make_sampler
 
     if spec.sampler_pickle is None:
-        make_sampler(
+        samplers.make_sampler(
             spec.sampler,
             seed=spec.seed,
             swarm_size=spec.swarm_size,
@@ -209,12 +239,10 @@ def plan(
     n_trials: int | None = None,
 ) -> NodePlan:
     """What this host would run: per GPU, the trials at once and the batch sizes that fit."""
-    from adapters.base import MemoryModel
-    from orchestrator.planning.host_plan import host_plan
 
-    return host_plan(
+    return host_plan.host_plan(
         gpus,
-        MemoryModel(float(memory_model[0]), float(memory_model[1])),
+        adapter_base.MemoryModel(float(memory_model[0]), float(memory_model[1])),
         cpu_bound=cpu_bound,
         swarm_size=swarm_size,
         concurrency=concurrency,
@@ -231,36 +259,23 @@ def _run(
     host: dict[str, Any],
     callbacks: list[Callable[..., None]],
 ) -> Any:
-
-    from dataclasses import fields
-    from os import PathLike
-
-    import optuna
-
-    from adapters.base import uses_torch
-    from adapters.study_adapter import resolve_adapter
-    from orchestrator.api_checks import check_host, said_as_api
-    from orchestrator.host_options import (
-        HostOptions,
-        check_host_options,
-        check_storage_for_workers,
-    )
-    from orchestrator.launch import execute, open_for_trials
-    from orchestrator.record.store.location import StorageLocation
-
     spec = _with_checkpoints(spec, host)
-    check_host({"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(HostOptions)))
+    check_host(
+        {"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(host_options.HostOptions))
+    )
     if isinstance(host.get("log_dir"), PathLike):
         host["log_dir"] = str(host["log_dir"])
     with said_as_api():
-        settings = HostOptions(gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host)
-        check_host_options(settings)
+        settings = host_options.HostOptions(
+            gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host
+        )
+        host_options.check_host_options(settings)
         location = StorageLocation.resolve(storage)
-        check_storage_for_workers(location)
-    adapter = resolve_adapter(spec)  # the objective imports here, or says why not
-    spare, opened = open_for_trials(location, uses_torch=uses_torch(adapter))
+        host_options.check_storage_for_workers(location)
+    adapter = study_adapter.resolve_adapter(spec)  # the objective imports here, or says why not
+    spare, opened = launch.open_for_trials(location, uses_torch=adapter_base.uses_torch(adapter))
     existing, spec = _resume(opened, name, spec)
-    execute(
+    launch.execute(
         location=location,
         storage=opened,
         adapter=adapter,
@@ -277,7 +292,6 @@ def quiet_by_default(quiet: bool | None, stream: Any = None) -> bool:
     """`quiet` as given; left out, quiet unless `stream` (stderr, where progress is drawn) is a
     terminal: as study.optimize, progress is shown where someone watches, and a script run
     by cron, CI or `> out.log 2>&1` stays quiet."""
-    import sys
 
     if quiet is not None:
         return bool(quiet)
@@ -293,13 +307,6 @@ def _resume(storage: Any, name: str, spec: Any) -> tuple[Any, Any]:
     that name is checked to tune the same objective (its budget becomes `n_trials`, as
     `run --trials` does), or, made by plain Optuna, to have the same directions and search
     space (orchestrator.record.study.adoption)."""
-    import contextlib
-
-    import optuna
-
-    from orchestrator.errors import UserError
-    from orchestrator.record.study.adoption import adoption_problem
-    from orchestrator.record.study.spec import load_spec
 
     existing = None
     with contextlib.suppress(KeyError):
@@ -308,7 +315,7 @@ def _resume(storage: Any, name: str, spec: Any) -> tuple[Any, Any]:
         return None, spec
     stored = load_spec(existing)
     if stored is None:
-        problem = adoption_problem(existing, spec)
+        problem = adoption.adoption_problem(existing, spec)
         if problem:
             raise UserError(f"study {name!r} cannot be adopted: {problem}")
         return existing, spec
@@ -328,14 +335,12 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     """The study, created (or the one resumed or adopted) with the spec stored and its metric
     names set; a new study whose spec cannot be stored is deleted again, so a corrected call
     is not refused because of it."""
-    import optuna
-
-    from orchestrator.record.study.settings_attrs import show_settings
-    from orchestrator.record.study.spec import save_spec, set_metric_names
 
     if existing is not None:
         save_spec(existing, spec)
-        show_settings(existing, spec)  # one user attribute per setting, for optuna-dashboard
+        settings_attrs.show_settings(
+            existing, spec
+        )  # one user attribute per setting, for optuna-dashboard
         set_metric_names(existing, spec)
         return existing
     study = optuna.create_study(
@@ -343,7 +348,7 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     )
     try:
         save_spec(study, spec)
-        show_settings(study, spec)
+        settings_attrs.show_settings(study, spec)
         set_metric_names(study, spec)
     except BaseException:
         if not study.trials:

@@ -8,18 +8,36 @@ The Python API builds one directly: `HostOptions(gpus="sim:24576", concurrency=2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import tempfile
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from adapters.base import BATCH_SIZE_MIN, memory_model_of
 from orchestrator.errors import UserError
-from orchestrator.record.outages.riding import DEFAULT_RETRY_SECONDS
+from orchestrator.flags.common import number, user_checked, whole_number
+from orchestrator.gpu import check_gpu_spec, check_gpus_exist
+from orchestrator.imports import LazyImport
+from orchestrator.planning.workloads import (
+    WORKLOADS_ENV,
+    add_workloads_argument,
+    load_workload_classes,
+)
+from orchestrator.record.outages.riding import DEFAULT_RETRY_SECONDS, set_retry_seconds
+from orchestrator.run.messages import Recycling, TrialSettings
 from orchestrator.run.pool.stopping import Stop
-from orchestrator.run.trial.context import Recycling
 
 if TYPE_CHECKING:
+    from orchestrator.record.store import storage
     from orchestrator.record.store.location import StorageLocation
+    from orchestrator.record.trials import logs as trial_logs
+else:
+    # Ours, loaded when first used: this module loads with every command's --help.
+    storage = LazyImport("orchestrator.record.store.storage")
+    trial_logs = LazyImport("orchestrator.record.trials.logs")
 
 
 @dataclass(frozen=True)
@@ -49,22 +67,24 @@ class HostOptions:
         given = vars(args)
         return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
-    def recycling(self) -> Recycling:
-        """When a warm trial process makes way for a fresh one."""
-        from orchestrator.run.trial.context import Recycling
-
+    def trial_settings(self, location: StorageLocation) -> TrialSettings:
+        """What every trial process of this host is told of these options (`location`: the
+        study's storage, beside which trials' logs go unless --log-dir says where)."""
         after = 1 if self.fresh_process else self.recycle_after
-        return Recycling(
+        recycling = Recycling(
             after_trials=after,
             memory_growth_mb=self.recycle_memory_mb,
             trial_timeout=self.trial_timeout,
         )
+        return TrialSettings(
+            sim_memory_scale=self.sim_memory_scale,
+            recycling=recycling,
+            log_dir=self.log_dir_for(location),
+        )
 
     def log_dir_for(self, location: StorageLocation) -> str:
         """Where trials' logs go: --log-dir, else beside the study's SQLite file or here."""
-        from orchestrator.record.trials.logs import default_log_dir
-
-        return str(self.log_dir) if self.log_dir else str(default_log_dir(location))
+        return str(self.log_dir) if self.log_dir else str(trial_logs.default_log_dir(location))
 
     @property
     def shows_progress(self) -> bool:
@@ -79,9 +99,6 @@ _DEFAULTS = HostOptions()
 
 
 def add_gpus_argument(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.flags.common import user_checked
-    from orchestrator.gpu import check_gpu_spec
-
     parser.add_argument(
         "--gpus",
         default=_DEFAULTS.gpus,
@@ -93,8 +110,6 @@ def add_gpus_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_concurrency_argument(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.flags.common import whole_number
-
     parser.add_argument(
         "--concurrency",
         type=whole_number("--concurrency", high=10_000),
@@ -105,7 +120,6 @@ def add_concurrency_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_host_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `run` and `worker` about this host."""
-    from orchestrator.planning.workloads import add_workloads_argument
 
     add_gpus_argument(parser)
     add_concurrency_argument(parser)
@@ -116,8 +130,6 @@ def add_host_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.flags.common import number
-
     parser.add_argument(
         "--timeout",
         type=number("--timeout", above_low=True, example="3600"),
@@ -150,8 +162,6 @@ def _add_time_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.flags.common import number, whole_number
-
     parser.add_argument(
         "--sim-memory-scale",
         type=number("--sim-memory-scale", above_low=True, example="1.5"),
@@ -196,10 +206,6 @@ def check_host_options(options: HostOptions) -> None:
 
     The flags' values were checked as they were parsed (finite, in range, well-formed); these
     lines keep the same promise for HostOptions built in Python. The GPUs named must exist."""
-    from orchestrator.gpu import check_gpus_exist
-    from orchestrator.planning.workloads import WORKLOADS_ENV, load_workload_classes
-    from orchestrator.record.outages.riding import set_retry_seconds
-    from orchestrator.record.store.storage import heartbeat_settings
 
     problems = host_option_problems(options)
     if problems:
@@ -208,7 +214,7 @@ def check_host_options(options: HostOptions) -> None:
         check_log_dir(options.log_dir)
     set_retry_seconds(options.storage_retry_seconds)
     check_gpus_exist(options.gpus)
-    heartbeat_settings()  # a bad value in the environment is refused before anything starts
+    storage.heartbeat_settings()  # a bad value in the environment is refused before anything starts
     if options.workloads:
         # Checked now (a bad file stops before anything is stored), then named in the
         # environment, where every later read of the workload classes looks, trial processes too.
@@ -291,7 +297,6 @@ def _sim_size_problems(gpus: str) -> list[str]:
 def check_model_fits_a_gpu(adapter: object, options: dict) -> None:
     """A memory model that needs more than any GPU holds at the smallest batch size (a typo such
     as per_sample_mb=1e308) is refused here: on a host without a GPU nothing would say so."""
-    from adapters.base import BATCH_SIZE_MIN, memory_model_of
 
     model = memory_model_of(adapter, options)
     smallest = int(options.get("batch_size_min") or BATCH_SIZE_MIN)
@@ -309,9 +314,6 @@ def check_log_dir(log_dir: str) -> None:
     """--log-dir must be a folder this user can write in (made if missing): else every trial
     process would fail to open its log and be re-run as lost. What this check makes it removes,
     so that a run refused later leaves nothing behind; the pool makes the folder again."""
-    import contextlib
-    import tempfile
-    from pathlib import Path
 
     folder = Path(log_dir)
     if folder.exists() and not folder.is_dir():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import tempfile
@@ -9,18 +10,43 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters import metric_name
+from adapters.base import memory_model_of
 from adapters.study_adapter import resolve_adapter
 from orchestrator.errors import UserError
+from orchestrator.flags.common import configure_logging
+from orchestrator.imports import LazyImport
+from orchestrator.planning.host_plan import host_plan
+from orchestrator.planning.memory import save_learnt_model
+from orchestrator.planning.workloads import workload_class
+from orchestrator.record.spool.spool import deliver_kept
+from orchestrator.record.study.spec import set_metric_names
+from orchestrator.record.trials.retry import stale_trial_callback
+from orchestrator.record.trials.tracking import tracker_for
+from orchestrator.result import keep_stdout_for_the_result, outcome_of, print_outcome
+from orchestrator.run.pool import processes as pool_processes
+from orchestrator.run.pool import signals as pool_signals
+from orchestrator.run.pool.progress import make_progress
+from orchestrator.run.pool.trial_endings import TrialsCannotStart
+from orchestrator.selection import finish_study
 
 if TYPE_CHECKING:
     import optuna
+    import sqlalchemy
 
     from orchestrator.host_options import HostOptions
     from orchestrator.planning.host_plan import HostPlan
+    from orchestrator.record.store import migrate
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.result import Outcome
+    from orchestrator.run.pool import loop as pool_loop
     from orchestrator.selection import Selection
+else:
+    optuna = LazyImport("optuna")
+    sqlalchemy = LazyImport("sqlalchemy")
+    # Ours, loading SQLAlchemy and Optuna as they load: a command checks its input first.
+    migrate = LazyImport("orchestrator.record.store.migrate")
+    pool_loop = LazyImport("orchestrator.run.pool.loop")
 
 logger = logging.getLogger(__name__)
 
@@ -34,9 +60,6 @@ def plan_host(
     sim_dir: str | None = None,
 ) -> HostPlan:
     """Find this host's GPUs and plan them for the adapter; a model that fits nowhere is a UserError."""
-    from adapters.base import memory_model_of
-    from orchestrator.planning.host_plan import host_plan
-    from orchestrator.planning.workloads import workload_class
 
     host = host_plan(
         options.gpus,
@@ -72,10 +95,6 @@ def run_pool(
     """Run the study's trials on this host's planned GPUs until its budget is used (`spare`:
     trial processes prestarted by `orchestrator.run.pool.processes.prestart`; `callbacks`: called as
     `callback(study, frozen_trial)` for each trial that finishes meanwhile)."""
-    from orchestrator.record.study.spec import set_metric_names
-    from orchestrator.result import outcome_of
-    from orchestrator.run.pool.loop import Pool
-    from orchestrator.run.pool.trial_endings import TrialsCannotStart
 
     adapter = resolve_adapter(spec)
     metric = metric_name(adapter, spec.options)
@@ -85,7 +104,7 @@ def run_pool(
     set_metric_names(study, spec, metric)
     progress = _progress(options)
     finished = FinishedTrials(study, callbacks) if callbacks else None
-    pool = Pool.on_storage(
+    pool = pool_loop.Pool.on_storage(
         storage_location=location,
         engine=storage.engine,
         study=study,
@@ -94,9 +113,7 @@ def run_pool(
         probe=host.probe,
         cpu_cores=host.plan.cpu_cores,
         cpu_bound=host.cpu_bound,
-        sim_memory_scale=options.sim_memory_scale,
-        recycling=options.recycling(),
-        log_dir=options.log_dir_for(location),
+        settings=options.trial_settings(location),
         spare=spare,
         adapter=adapter,
         timeout_s=options.timeout,
@@ -130,9 +147,11 @@ class FinishedTrials:
         self.seen = {t.number for t in self._finished()}  # a resumed study's earlier trials
 
     def _finished(self) -> list[Any]:
-        from optuna.trial import TrialState
-
-        states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        states = (
+            optuna.trial.TrialState.COMPLETE,
+            optuna.trial.TrialState.PRUNED,
+            optuna.trial.TrialState.FAIL,
+        )
         return self.study.get_trials(deepcopy=False, states=states)
 
     def call(self) -> None:
@@ -169,9 +188,6 @@ def _refine_memory_models(
     with what this run's footprints learnt (`learnt`: GPU name, Footprint), so an OOM's floor is
     kept; a simulated device only holds what the model said (times a scale), which measures
     nothing."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from orchestrator.planning.memory import save_learnt_model
 
     for gpu_name in sorted({d.name for d in devices if d.kind == "cuda"}):
         try:
@@ -182,13 +198,11 @@ def _refine_memory_models(
                 footprints=[footprint for name, footprint in learnt if name == gpu_name],
                 study_names=[study_name],
             )
-        except SQLAlchemyError as error:
+        except sqlalchemy.exc.SQLAlchemyError as error:
             logger.warning("could not store the memory model measured on %s: %s", gpu_name, error)
 
 
 def _prepare_tracking(spec: StudySpec, study_name: str, metric: str) -> None:
-    from orchestrator.record.trials.tracking import tracker_for
-
     tracker = tracker_for(spec, study_name, metric=metric)
     if tracker is not None:
         tracker.prepare()
@@ -235,9 +249,6 @@ def plan_and_run(
 
     `selection` (`run` only, never a worker: one process scores a study's end): once the study
     has used its budget, its best trial is tested and confirmed as asked (orchestrator/selection)."""
-    import dataclasses
-
-    from orchestrator.result import print_outcome
 
     opened: list[optuna.Study] = []
 
@@ -256,14 +267,11 @@ def plan_and_run(
         callbacks=callbacks,
     )
     if selection is not None and opened and not outcome.interrupted:
-        from orchestrator.selection import finish_study
-
         final = finish_study(opened[-1], spec, adapter, selection)  # Ctrl-C: `best --confirm`
         outcome = dataclasses.replace(outcome, final=final)
     print_outcome(outcome, metric=metric_name(adapter, spec.options), as_json=options.json)
     if not outcome.interrupted:
         return 0
-    from orchestrator.run.pool import signals as pool_signals
 
     return 128 + (pool_signals.first_signal or signal.SIGINT)  # 130 for Ctrl-C, 143 for SIGTERM
 
@@ -281,7 +289,6 @@ def execute(
 ) -> Outcome:
     """Plan this host, open the study once the plan fits, store the outcomes this host's last
     run kept on disk while the database was away, run the pools: the outcome."""
-    from orchestrator.record.spool.spool import deliver_kept
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-sim-") as sim_dir:
         host = plan_host(
@@ -304,10 +311,6 @@ def execute(
 def _progress(options: HostOptions) -> Any:
     if not options.shows_progress:
         return None
-    try:
-        from orchestrator.run.pool.progress import make_progress
-    except ImportError:
-        return None
     return make_progress(quiet=options.quiet, verbose=options.verbose)
 
 
@@ -315,12 +318,9 @@ def open_for_trials(location: StorageLocation, *, uses_torch: bool = True) -> tu
     """What `run`, `worker` and `optimize` do once every input is checked: start the trial
     processes' imports (`prestart`: they overlap what follows), then open the study's storage,
     migrating it, with heartbeats on. The prestarted processes and the storage."""
-    from orchestrator.record.store.migrate import open_storage
-    from orchestrator.record.trials.retry import stale_trial_callback
-    from orchestrator.run.pool.processes import prestart
-
-    spare = prestart(1, uses_torch=uses_torch)
-    storage = open_storage(
+    # `prestart` is read through its module at the call: tests replace it there.
+    spare = pool_processes.prestart(1, uses_torch=uses_torch)
+    storage = migrate.open_storage(
         location, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
     )
     return spare, storage
@@ -328,8 +328,6 @@ def open_for_trials(location: StorageLocation, *, uses_torch: bool = True) -> tu
 
 def configure(options: HostOptions) -> None:
     """Logging as the flags ask, and stdout kept for the result (`orchestrator.result`)."""
-    from orchestrator.flags.common import configure_logging
-    from orchestrator.result import keep_stdout_for_the_result
 
     keep_stdout_for_the_result()
     configure_logging(verbose=options.verbose, quiet=options.quiet or options.json)

@@ -10,9 +10,8 @@ from optuna.trial import TrialState
 
 from orchestrator.record.spool import spool
 from orchestrator.record.store.storage_failures import StorageUnreachable
-from orchestrator.run.messages import TrialOutcome
+from orchestrator.run.messages import Recycling, TrialOutcome
 from orchestrator.run.trial.clock import TimedOut, time_limit
-from orchestrator.run.trial.context import Recycling
 from orchestrator.run.trial.errors import fail_with, settle
 from orchestrator.run.trial.result import RunResult
 from orchestrator.run.trial.worker import recycle_reason

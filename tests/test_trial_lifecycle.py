@@ -10,8 +10,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from orchestrator.run.messages import TrialOutcome
-from orchestrator.run.trial.context import Recycling
+from orchestrator.run.messages import Recycling, TrialOutcome
 from orchestrator.run.trial.worker import recycle_reason
 from tests.cli_helpers import cli_env, run_cli
 

@@ -1,14 +1,55 @@
 """What the supervisor and a trial process say to each other over the pipe between them.
 
-The supervisor sends a `TrialJob` (then, once the trial has said its size, a `Go`); the trial
-process sends ("asked", number), ("sized", batch size), ("vram_peak_mb", MB) each epoch, and last its
-`TrialOutcome`. All of them are plain picklable values.
+A trial process's first message is its `WorkerConfig`: which GPU and study it serves, and the
+host's `TrialSettings`, made once from the host's options and the same for every trial process.
+Then, for each trial, the supervisor sends a `TrialJob` (then, once the trial has said its size, a
+`Go`); the trial process sends ("asked", number), ("sized", batch size), ("vram_peak_mb", MB) each
+epoch, and last its `TrialOutcome`. All of them are plain picklable values, and this module imports
+nothing of either side, so the pool builds them without loading the trial's modules.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from orchestrator.gpu.base import Device
+    from orchestrator.record.store.location import StorageLocation
+
+
+@dataclass(frozen=True)
+class Recycling:
+    """When a warm trial process makes way for a fresh one (besides an OOM, a CUDA error, a
+    trial stopped at its timeout or a crash, which always do)."""
+
+    after_trials: int | None = None  # 1: a fresh process for every trial
+    memory_growth_mb: float | None = 2048.0  # resident memory grown past this since trial one
+    # --trial-timeout: a trial training longer is stopped, fails, and its process makes way
+    # (what the stopped code held cannot be trusted). None: no limit.
+    trial_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """What this host's options say to every trial process, made once (`HostOptions.trial_settings`)
+    and passed down unchanged to each process's `WorkerConfig`."""
+
+    sim_memory_scale: float = 1.0  # a simulated trial holds this times its memory model's MB
+    recycling: Recycling = Recycling()
+    log_dir: str | None = None  # each trial's stdout and stderr go to a file under it
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a trial process needs to start, picklable."""
+
+    storage: StorageLocation  # where the study is: what the process opens
+    study_name: str
+    device: Device | None  # None: run on the CPU
+    host: str
+    threads: int  # torch threads for this process
+    settings: TrialSettings = TrialSettings()  # the host's, the same for every trial process
 
 
 @dataclass(frozen=True)
@@ -28,6 +69,10 @@ class Go:
 
 @dataclass(frozen=True)
 class TrialOutcome:
+    """How a trial process's trial ended, as the supervisor hears it: a trial's result
+    (`orchestrator.run.trial.result.RunResult`, made into this by its `outcome_of` alone) or what
+    the process says of itself (it could not start, it gave up, it crashed)."""
+
     trial_number: int | None  # None: no trial was asked (budget used, stopped, or no start)
     state: str  # COMPLETE, PRUNED, FAIL, or NONE
     oom: bool = False

@@ -24,6 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import uses_torch
+from orchestrator.record.outages.errors import is_outage
+from orchestrator.record.outages.riding import single_attempt
+from orchestrator.record.outages.state import note_connections
+from orchestrator.run.messages import Go, TrialJob
 from orchestrator.run.pool.allowance_changes import (
     change_event,
     log_change,
@@ -31,9 +36,11 @@ from orchestrator.run.pool.allowance_changes import (
     start_change,
 )
 from orchestrator.run.pool.placement import Policy, load_of, place
+from orchestrator.run.pool.processes import WarmProcesses
 from orchestrator.run.pool.signals import StopSignals
 from orchestrator.run.pool.snapshot import PoolSnapshot, gpu_snapshot, pool_snapshot
 from orchestrator.run.pool.stopping import Step, Stop, next_step
+from orchestrator.run.pool.stored_study import StoredStudy
 from orchestrator.run.pool.supervisor import RunningTrial, Supervisor
 from orchestrator.run.pool.trial_endings import (
     End,
@@ -52,10 +59,9 @@ if TYPE_CHECKING:
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import BudgetCount, StudySpec
     from orchestrator.run.backend import Event, TrialBackend
-    from orchestrator.run.messages import TrialOutcome
+    from orchestrator.run.messages import TrialOutcome, TrialSettings
     from orchestrator.run.pool.admission import Change
     from orchestrator.run.pool.stored_study import StoredStudy
-    from orchestrator.run.trial.context import Recycling
 
 logger = logging.getLogger(__name__)
 
@@ -127,20 +133,15 @@ class Pool:
         probe: Probe,
         cpu_cores: int,
         cpu_bound: bool = False,
-        sim_memory_scale: float = 1.0,
-        recycling: Recycling | None = None,
-        log_dir: str | None = None,
+        settings: TrialSettings | None = None,  # None: the defaults
         spare: list[Any] | None = None,
         adapter: Any = None,
         **options: Any,
     ) -> Pool:
         """The real pool: the study in its database, trials in warm processes on this host
-        (`spare`: processes from `orchestrator.run.pool.processes.prestart`, taken first; `adapter`:
+        (`settings`: what every trial process is told of this host's options; `spare`: processes
+        from `orchestrator.run.pool.processes.prestart`, taken first; `adapter`:
         the study's, which names its memory models and says whether its trials import torch)."""
-        from adapters.base import uses_torch
-        from orchestrator.record.outages.state import note_connections
-        from orchestrator.run.pool.processes import WarmProcesses
-        from orchestrator.run.pool.stored_study import StoredStudy
 
         host = socket.gethostname()
         backend = WarmProcesses.for_plans(
@@ -150,9 +151,7 @@ class Pool:
             host=host,
             cpu_cores=cpu_cores,
             cpu_bound=cpu_bound,
-            sim_memory_scale=sim_memory_scale,
-            recycling=recycling,
-            log_dir=log_dir,
+            settings=settings,
             spare=spare,
             uses_torch=uses_torch(adapter),  # True for no adapter, as for one that does not say
         )
@@ -188,8 +187,6 @@ class Pool:
     def _close(self) -> None:
         """Stop what still runs and say so in the records, without waiting for a database that
         is away (the run is ending, perhaps because of it: each write is tried once)."""
-        from orchestrator.record.outages.errors import is_outage
-        from orchestrator.record.outages.riding import single_attempt
 
         events = self.backend.close()
         try:
@@ -289,8 +286,6 @@ class Pool:
         return self.probe.free_mb(supervisor.device)
 
     def _start(self, supervisor: Supervisor) -> None:
-        from orchestrator.run.messages import TrialJob
-
         job = TrialJob(batch_bounds=self.batch_bounds(supervisor))
         handle = self.backend.start(supervisor.index, job)
         supervisor.running[handle] = RunningTrial(handle)
@@ -298,7 +293,6 @@ class Pool:
 
     def _admit_waiting(self) -> None:
         """Admit, on each GPU, every waiting trial that fits, in turn."""
-        from orchestrator.run.messages import Go
 
         for supervisor in self.supervisors:
             while True:

@@ -15,10 +15,13 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from multiprocessing import util
+from multiprocessing.connection import wait as wait_for_any
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.planning.cpu_cores import threads_per_trial
 from orchestrator.run.backend import Asked, Event, Finished, Sized, VramPeak
-from orchestrator.run.messages import Go, TrialJob, TrialOutcome
+from orchestrator.run.messages import Go, TrialJob, TrialOutcome, TrialSettings, WorkerConfig
 from orchestrator.run.pool.trial_start import (
     start_fork_server_now,
     start_process,
@@ -31,7 +34,6 @@ if TYPE_CHECKING:
 
     from orchestrator.planning.planner import GpuPlan
     from orchestrator.record.store.location import StorageLocation
-    from orchestrator.run.trial.context import Recycling, WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ class _Process:
 
 def _spawn_blank(uses_torch: bool = True) -> _Process:
     """A trial process that imports what trials need, then waits to be told its GPU."""
+    # The trial side's modules (with Optuna and SQLAlchemy) load here, when the pool starts its
+    # first trial process, not as this module loads: `launch` imports it before the user's input
+    # is checked, and that stays quick.
     from orchestrator.run.trial.worker import serve
 
     context = trial_process_context(uses_torch)
@@ -68,7 +73,6 @@ def prestart(count: int = 1, *, uses_torch: bool = True) -> list[_Process]:
     `WarmProcesses(spare=...)` takes them from the list; any still in it when this process exits
     (an error came first) are told to go before multiprocessing waits for its children.
     `uses_torch`: whether the study's adapter trains with torch (the module's doc)."""
-    from multiprocessing import util
 
     context = trial_process_context(uses_torch)
     if context.get_start_method() == "forkserver":
@@ -112,16 +116,13 @@ class WarmProcesses:
         host: str,
         cpu_cores: int,
         cpu_bound: bool = False,
-        sim_memory_scale: float = 1.0,
-        recycling: Recycling | None = None,
-        log_dir: str | None = None,
+        settings: TrialSettings | None = None,  # None: the defaults
         spare: list[_Process] | None = None,
         uses_torch: bool = True,
     ) -> WarmProcesses:
         """Processes for the GPUs of `plans`, in their order, each trial's torch threads a share
-        of the host's cores (`spare`: from `prestart`, taken first)."""
-        from orchestrator.planning.cpu_cores import threads_per_trial
-        from orchestrator.run.trial.context import Recycling, WorkerConfig
+        of the host's cores, each process given the host's `settings` (`spare`: from
+        `prestart`, taken first)."""
 
         threads = threads_per_trial(cpu_cores, sum(p.slots for p in plans), cpu_bound=cpu_bound)
         configs = {
@@ -131,9 +132,7 @@ class WarmProcesses:
                 device=plan.device,
                 host=host,
                 threads=threads,
-                sim_memory_scale=sim_memory_scale,
-                recycling=recycling or Recycling(),
-                log_dir=log_dir,
+                settings=settings or TrialSettings(),
             )
             for index, plan in enumerate(plans)
         }
@@ -229,13 +228,11 @@ class WarmProcesses:
                 worker.process.terminate()
 
     def wait(self, timeout: float) -> None:
-        from multiprocessing.connection import wait
-
         if self._pending:
             return
         waitables = [p.conn for p in self.processes] + [p.process.sentinel for p in self.processes]
         if waitables:
-            wait(waitables, timeout=timeout)
+            wait_for_any(waitables, timeout=timeout)
         else:
             time.sleep(timeout)
 

@@ -7,15 +7,31 @@ PoolSnapshot (`summary_line`, `gpu_line`, `render`), so both modes are tested wi
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, TextIO
 
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
+    import rich.console as rich_console
+    import rich.file_proxy as rich_file_proxy
+    import rich.live as rich_live
+    import rich.markup as rich_markup
+    import rich.progress_bar as rich_progress_bar
+    import rich.table as rich_table
     from rich.console import Console, RenderableType
 
     from orchestrator.run.pool.snapshot import GpuSnapshot, PoolSnapshot
+else:
+    rich_console = LazyImport("rich.console")
+    rich_markup = LazyImport("rich.markup")
+    rich_progress_bar = LazyImport("rich.progress_bar")
+    rich_table = LazyImport("rich.table")
+    rich_live = LazyImport("rich.live")
+    rich_file_proxy = LazyImport("rich.file_proxy")
 
 # Off a terminal (CI, nohup, Kubernetes logs) one line at most this often, plus one per finished trial.
 LOG_INTERVAL_S = 10.0
@@ -151,17 +167,15 @@ def _trials(budget: int) -> str:
 
 def render(snapshot: PoolSnapshot) -> RenderableType:
     """The live panel: a progress bar over the budget, the study's numbers, one row per GPU."""
-    from rich.console import Group
-    from rich.markup import escape
-    from rich.progress_bar import ProgressBar
-    from rich.table import Table
 
-    head = Table.grid(padding=(0, 2))
+    head = rich_table.Table.grid(padding=(0, 2))
     for _ in range(3):
         head.add_column(no_wrap=True)
-    bar = ProgressBar(total=max(snapshot.budget, 1), completed=snapshot.counted, width=30)
+    bar = rich_progress_bar.ProgressBar(
+        total=max(snapshot.budget, 1), completed=snapshot.counted, width=30
+    )
     head.add_row(
-        f"[bold]{escape(snapshot.study_name)}[/]",
+        f"[bold]{rich_markup.escape(snapshot.study_name)}[/]",
         bar,
         f"[bold]{snapshot.counted}/{snapshot.budget}[/] {_trials(snapshot.budget)}",
     )
@@ -170,9 +184,10 @@ def render(snapshot: PoolSnapshot) -> RenderableType:
         f" · ~{format_duration(eta)} left" if eta is not None else ""
     )
     # Two short lines rather than one long one: an 80-column terminal must not wrap them.
-    now = f"{snapshot.running} running · {snapshot.waiting} waiting · {escape(best_text(snapshot))}"
+    best = rich_markup.escape(best_text(snapshot))
+    now = f"{snapshot.running} running · {snapshot.waiting} waiting · {best}"
     trouble = f"{_count(snapshot.ooms, 'OOM', 'OOMs')} · {_count(snapshot.retries, 'retry', 'retries')} · {timing}"
-    gpus = Table(box=None, pad_edge=False, header_style="bold")
+    gpus = rich_table.Table(box=None, pad_edge=False, header_style="bold")
     # "slots/max": trials allowed at once now, of what the plan allows (running has its column).
     for name in ("GPU", "running", "slots/max", "VRAM in use", "OOMs", "batch"):
         gpus.add_column(name, no_wrap=True)
@@ -186,7 +201,7 @@ def render(snapshot: PoolSnapshot) -> RenderableType:
             str(gpu.ooms),
             batch,
         )
-    return Group(head, now, trouble, gpus)
+    return rich_console.Group(head, now, trouble, gpus)
 
 
 # --- the three displays --------------------------------------------------------------------
@@ -254,19 +269,15 @@ class LiveProgress:
     def __init__(
         self, *, stream: TextIO, verbose: bool = False, force_terminal: bool | None = None
     ) -> None:
-        from rich.console import Console
-
         self.verbose = verbose
         self.stream = stream
-        self.console: Console = Console(file=stream, force_terminal=force_terminal)
+        self.console: Console = rich_console.Console(file=stream, force_terminal=force_terminal)
         self._live = None
         self._rerouted: list = []  # (logging handler, its own stream) while the panel is up
 
     def update(self, snapshot: PoolSnapshot) -> None:
-        from rich.live import Live
-
         if self._live is None:
-            self._live = Live(
+            self._live = rich_live.Live(
                 render(snapshot), console=self.console, auto_refresh=False, transient=False
             )
             self._live.start()
@@ -286,11 +297,8 @@ class LiveProgress:
     def _route_logging(self) -> None:
         # Log records written straight to our stream would be drawn over by the next refresh;
         # through rich's proxy they print above the panel instead.
-        import logging
 
-        from rich.file_proxy import FileProxy
-
-        proxy = FileProxy(self.console, self.stream)
+        proxy = rich_file_proxy.FileProxy(self.console, self.stream)
         for handler in logging.getLogger().handlers:
             if isinstance(handler, logging.StreamHandler) and handler.stream is self.stream:
                 self._rerouted.append((handler, handler.setStream(proxy)))

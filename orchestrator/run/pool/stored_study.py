@@ -10,8 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
+from orchestrator.planning.memory import save_learnt_model
+from orchestrator.record.budget.counts import stored_count
+from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.store import records
+from orchestrator.record.store.locks import locked
 from orchestrator.record.store.optuna_private import study_id_of
+from orchestrator.record.store.storage import heartbeat_settings
+from orchestrator.record.trials import stale as stale_trials
+from orchestrator.record.trials.best import best_of_study, pareto_front
 
 if TYPE_CHECKING:
     import optuna
@@ -20,6 +28,8 @@ if TYPE_CHECKING:
     from orchestrator.planning.footprint import Footprint
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import BudgetCount, StudySpec
+else:
+    optuna = LazyImport("optuna")
 
 
 @dataclass(frozen=True)
@@ -49,9 +59,6 @@ class StoredStudy:
         self._front = (-1, 0)  # (counted trials, the front's size) when last worked out
 
     def count(self) -> BudgetCount:
-        from orchestrator.record.budget.counts import stored_count
-        from orchestrator.record.outages.riding import ride_out
-
         return ride_out(
             lambda: stored_count(self.engine, study_id_of(self.study)), what="count the trials"
         )
@@ -60,9 +67,6 @@ class StoredStudy:
         """Fail trials whose process went silent and re-queue them (under the budget lock, so
         nobody counts the failure before its re-run is queued). Not during an outage, nor for a
         grace period after it: until then no trial could record its heartbeat."""
-        from orchestrator.record.store.locks import locked
-        from orchestrator.record.store.storage import heartbeat_settings
-        from orchestrator.record.trials import stale as stale_trials
 
         grace = heartbeat_settings()[1]
         locked(
@@ -73,9 +77,6 @@ class StoredStudy:
         )
 
     def best(self) -> Best | None:
-        from orchestrator.record.outages.riding import ride_out
-        from orchestrator.record.trials.best import best_of_study
-
         def best_trial() -> Best | None:
             trial = best_of_study(self.study)  # one ordered query; finished trials are cached
             return None if trial is None else Best(float(trial.value), trial.number)
@@ -86,17 +87,15 @@ class StoredStudy:
         """How many trials are on the Pareto front of a study of several objectives (None for
         one objective). Read and worked out again only when `counted`, the trials that used up
         budget, has changed since the last time."""
-        from optuna.trial import TrialState
-
-        from orchestrator.record.outages.riding import ride_out
-        from orchestrator.record.trials.best import pareto_front
 
         directions = self.spec.all_directions
         if len(directions) == 1:
             return None
         if counted != self._front[0]:
             done = ride_out(
-                lambda: self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
+                lambda: self.study.get_trials(
+                    deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)
+                ),
                 what="read the completed trials",
             )
             self._front = (counted, len(pareto_front(done, directions)))
@@ -125,7 +124,6 @@ class StoredStudy:
         """What this kind of GPU taught us about the adapter's memory, for the next admissions
         of every node (they read it when they plan) and for later runs; stored by the one writer
         of memory models, so an OOM's floor in it outlives the end-of-run refinement."""
-        from orchestrator.planning.memory import save_learnt_model
 
         if self.adapter_name is None:
             return

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.planning.footprint import Footprint, observe_peak
+from orchestrator.run.backend import Asked, Sized, VramPeak
 from orchestrator.run.oom_policy import OomAdmitted, after_oom
 from orchestrator.run.pool.admission import (
     Budget,
@@ -91,7 +92,6 @@ class Supervisor:
     def heard(self, event: Event) -> tuple[RunningTrial, TrialOutcome] | None:
         """Note what one of this GPU's trials said; when it finished, it is no longer running
         and comes back with its outcome."""
-        from orchestrator.run.backend import Asked, Sized, VramPeak
 
         trial = self.running[event.handle]
         if isinstance(event, Asked):

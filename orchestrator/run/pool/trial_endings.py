@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.record.trials.logs import last_lines
+
 if TYPE_CHECKING:
     from orchestrator.run.messages import TrialOutcome
 
@@ -146,7 +148,6 @@ def _finite(value: float | None) -> bool:
 
 def _tail(log_file: str | None) -> str:
     """A failed trial's last lines, indented under the log line that says it failed."""
-    from orchestrator.record.trials.logs import last_lines
 
     if log_file is None:
         return ""

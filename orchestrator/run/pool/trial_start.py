@@ -23,8 +23,11 @@ import multiprocessing as mp
 import os
 import signal
 from collections.abc import Iterator, Mapping
+from multiprocessing import forkserver, util
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import UserError
+from orchestrator.record.store.location import STORAGE_ENV
 from orchestrator.record.store.optuna_private import RDB_MODELS_MODULE
 
 if TYPE_CHECKING:
@@ -82,7 +85,6 @@ PRELOAD = (
 def start_method(environ: Mapping[str, str] = os.environ, available: tuple[str, ...] = ()) -> str:
     """How trial processes start: "forkserver" where there is one, unless the environment
     asks for "spawn"."""
-    from orchestrator.errors import UserError
 
     chosen = environ.get(START_ENV, "").strip().lower()
     if chosen not in ("", "spawn", "forkserver"):
@@ -114,7 +116,6 @@ def _fork_server_for(context: Any, uses_torch: bool) -> None:
     """Set what the fork server imports, before it starts: torch or not. A running server without
     torch is restarted with it for trials that use torch, when none of its processes is alive (a
     server with torch serves trials that use none as well)."""
-    from multiprocessing import forkserver
 
     server = forkserver._forkserver  # multiprocessing's one server (private: no public handle)
     running = server._forkserver_pid is not None
@@ -142,7 +143,6 @@ def trial_environment(environ: Mapping[str, str]) -> dict[str, str]:
     A trial process gets the URL in its first message (`WorkerConfig`), never from its
     environment: the user's code runs there, and an objective that prints or logs its
     environment would put a password in its trial log, where `logs` shows it."""
-    from orchestrator.record.store.location import STORAGE_ENV
 
     return {key: value for key, value in environ.items() if key != STORAGE_ENV}
 
@@ -153,7 +153,6 @@ def _storage_url_hidden() -> Iterator[None]:
     a spawned process and the fork server are new programs that take the environment as it is
     when they start (and keep it in /proc/PID/environ, which clearing `os.environ` later would
     not change). Put back after."""
-    from orchestrator.record.store.location import STORAGE_ENV
 
     hidden = os.environ.pop(STORAGE_ENV, None)
     try:
@@ -177,7 +176,6 @@ def start_process(context: Any, target: Any, *args: Any) -> BaseProcess:
 
 def start_fork_server_now() -> None:
     """Start the fork server without waiting for its imports, and end it at this process's exit."""
-    from multiprocessing import forkserver, util
 
     with _storage_url_hidden():
         forkserver.ensure_running()
@@ -196,7 +194,6 @@ def _stop_fork_server() -> None:
     forked from it are its children, not ours, and were told to go before this runs.
     multiprocessing keeps the server's pid in a private attribute and offers no public way to
     stop it."""
-    from multiprocessing import forkserver
 
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     if pid is not None:

@@ -20,10 +20,13 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints import files as stored
-from orchestrator.record.checkpoints.handle import CheckpointHandle
+from orchestrator.record.checkpoints.handle import ARTIFACT_PREFIX, CheckpointHandle
 from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
+from orchestrator.record.trials.best import best_of_study
+from orchestrator.run.trial.signals import hold_stop, release_stop
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
 
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
+else:
+    optuna = LazyImport("optuna")
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +103,6 @@ def reporting_to(
 
     Between an epoch's report and its checkpoint a stop waits (it comes at the save): a trial
     stopped there would lose an epoch it had finished."""
-    from orchestrator.run.trial.signals import hold_stop, release_stop
 
     def report_epoch(epoch: int, value: float) -> None:
         release_stop()  # the adapter did not save the last epoch held for: wait no longer
@@ -138,8 +142,6 @@ def tidy(study: optuna.Study, trial: optuna.Trial, handle: Any, state: str, requ
 
 
 def _now_best(study: optuna.Study, trial: optuna.Trial) -> bool:
-    from orchestrator.record.trials.best import best_of_study
-
     best = best_of_study(study)  # None for several objectives: no single best to keep
     return best is not None and best.number == trial.number
 
@@ -162,15 +164,12 @@ def _drop_failed_source(study: optuna.Study, store: Any, source: int) -> None:
     """A re-run that saved its own no longer needs what the failed trials it replaces saved: the
     one it names, and back along their `checkpoint_from` while they failed (a re-run stopped
     before its first save handed on its source's)."""
-    from optuna.trial import TrialState
-
-    from orchestrator.record.checkpoints.handle import ARTIFACT_PREFIX
 
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     number: Any = source
     while isinstance(number, int) and number in by_number:
         trial = by_number.pop(number)  # popped: a loop of names ends
-        if trial.state != TrialState.FAIL:
+        if trial.state != optuna.trial.TrialState.FAIL:
             return
         for key in trial.system_attrs:
             if key.startswith(ARTIFACT_PREFIX):

@@ -8,10 +8,21 @@ the CUDA context: a warm trial process pays for each of these once, not once per
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import adapters
+from adapters.base import memory_model_of, uses_torch
+from adapters.study_adapter import resolve_adapter
+from orchestrator.gpu.sim import SimLedger
+from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_private import study_id_of
+from orchestrator.record.store.storage import create_storage
+from orchestrator.record.study.spec import load_spec, pruner_for
+from orchestrator.record.trials.retry import stale_trial_callback
+from orchestrator.record.trials.tracking import tracker_for
+from orchestrator.run.messages import WorkerConfig
+from orchestrator.run.trial.stored_samplers import user_sampler, walked_once
+from samplers import make_sampler
 
 if TYPE_CHECKING:
     import optuna
@@ -21,34 +32,10 @@ if TYPE_CHECKING:
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
     from orchestrator.gpu.sim import SimLedger
-    from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
-
-
-@dataclass(frozen=True)
-class Recycling:
-    """When a warm trial process makes way for a fresh one (besides an OOM, a CUDA error, a
-    trial stopped at its timeout or a crash, which always do)."""
-
-    after_trials: int | None = None  # 1: a fresh process for every trial
-    memory_growth_mb: float | None = 2048.0  # resident memory grown past this since trial one
-    # --trial-timeout: a trial training longer is stopped, fails, and its process makes way
-    # (what the stopped code held cannot be trusted). None: no limit.
-    trial_timeout: float | None = None
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything a trial process needs to start, picklable."""
-
-    storage: StorageLocation  # where the study is: what the process opens
-    study_name: str
-    device: Device | None  # None: run on the CPU
-    host: str
-    threads: int  # torch threads for this process
-    sim_memory_scale: float = 1.0
-    recycling: Recycling = Recycling()
-    log_dir: str | None = None  # each trial's stdout and stderr go to a file under it
+else:
+    optuna = LazyImport("optuna")
+    torch = LazyImport("torch")
 
 
 def pin_device(device: Device | None) -> None:
@@ -63,12 +50,6 @@ class TrialContext:
     """The study, adapter and device of one trial process, opened once."""
 
     def __init__(self, config: WorkerConfig) -> None:
-        import optuna
-
-        from orchestrator.gpu.sim import SimLedger
-        from orchestrator.record.store.storage import create_storage
-        from orchestrator.record.trials.retry import stale_trial_callback
-
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config = config
         self.storage: RDBStorage = create_storage(
@@ -100,8 +81,6 @@ class TrialContext:
         """The trial's torch device. Torch is imported here, on first use, so a process whose
         adapter uses no torch never imports it (about 1.5 s of CPU)."""
         if self._torch_device is None:
-            import torch
-
             torch.set_num_threads(max(1, self.config.threads))
             device = self.config.device
             if self.on_cuda and device is not None and device.physical_mb:
@@ -113,7 +92,6 @@ class TrialContext:
     def training_device(self) -> Any:
         """What the adapter's `train` gets as its device: torch's, or for an adapter that uses
         no torch (`uses_torch = False`) the device's name."""
-        from adapters.base import uses_torch
 
         return self.torch_device() if uses_torch(self.adapter) else self.device_name
 
@@ -128,16 +106,11 @@ class TrialContext:
     def refresh_spec(self) -> StudySpec:
         """Read the study's settings again: a resumed `run` may have raised the budget or changed
         the options since this process started. Anything built from the old ones is rebuilt."""
-        import adapters
-        from adapters.study_adapter import resolve_adapter
-        from orchestrator.record.study.spec import load_spec, pruner_for
 
         spec = load_spec(self.study)
         if spec is None:
             raise RuntimeError(f"study {self.config.study_name!r} has no orchestrator settings")
         if spec != self.spec:
-            from orchestrator.record.trials.tracking import tracker_for
-
             self.adapter = resolve_adapter(spec)
             self.metric = adapters.metric_name(self.adapter, spec.options)
             self.tracker = tracker_for(spec, self.config.study_name, metric=self.metric)
@@ -154,13 +127,10 @@ class TrialContext:
         study is brought up to date trial after trial instead of rebuilt. Optuna's own samplers
         draw from one random generator per object: they are made anew for each trial, seeded by
         its number, so processes, resumed runs and nodes never repeat each other."""
-        from samplers import make_sampler
 
         spec = self.spec
         assert spec is not None
         if spec.sampler_pickle is not None:  # an Optuna sampler object given to `optimize`
-            from orchestrator.run.trial.stored_samplers import user_sampler
-
             if bounds not in self._samplers:
                 self._samplers[bounds] = user_sampler(spec.sampler_pickle, bounds)
             return self._samplers[bounds]
@@ -176,8 +146,6 @@ class TrialContext:
                 )
             return self._samplers[bounds]
         if spec.sampler == "grid":  # one walk of the stored grid, shared through the storage
-            from orchestrator.run.trial.stored_samplers import walked_once
-
             if bounds not in self._samplers:
                 grid = make_sampler("grid", seed=spec.seed, grid=spec.grid)
                 self._samplers[bounds] = walked_once(grid, bounds)
@@ -193,6 +161,4 @@ class TrialContext:
 
 
 def _memory_model(adapter: Any, options: dict[str, Any]) -> MemoryModel:
-    from adapters.base import memory_model_of
-
     return memory_model_of(adapter, options)

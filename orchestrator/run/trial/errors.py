@@ -13,8 +13,17 @@ import sys
 import traceback
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.storage_failures import StorageUnreachable
+from orchestrator.run.trial.clock import TimedOut
+from orchestrator.run.trial.signals import Interrupted
+
 if TYPE_CHECKING:
+    import optuna
+
     from orchestrator.run.trial.result import RunResult
+else:
+    optuna = LazyImport("optuna")
 
 logger = logging.getLogger(__name__)
 
@@ -23,14 +32,13 @@ def settle(result: RunResult, value: object, number: int) -> None:
     """The objective returned `value`. NaN fails the trial (Optuna's own rule: a NaN cannot be
     compared, so it teaches the sampler nothing); inf and -inf are values Optuna accepts, stored
     as COMPLETE, and the pool warns of them once (they are never the best trial)."""
-    from optuna.trial import TrialState
 
     number_value = float(value)  # type: ignore[arg-type]
     if math.isnan(number_value):
-        result.state, result.fail_reason = TrialState.FAIL, "nan"
+        result.state, result.fail_reason = optuna.trial.TrialState.FAIL, "nan"
         result.error = "the objective returned nan; the trial fails, as Optuna fails it"
         return
-    result.state, result.value = TrialState.COMPLETE, number_value
+    result.state, result.value = optuna.trial.TrialState.COMPLETE, number_value
 
 
 def fail_with(result: RunResult, caught: BaseException, number: int) -> bool:
@@ -41,9 +49,6 @@ def fail_with(result: RunResult, caught: BaseException, number: int) -> bool:
     a report or a prune check could not be stored) is not the trial's either: failing it would
     spend a slot of the budget on a result nobody has. It is raised again; the run exits 75, the
     trial stays RUNNING, and the next start finds it lost and runs its parameters again."""
-    from orchestrator.record.store.storage_failures import StorageUnreachable
-    from orchestrator.run.trial.clock import TimedOut
-    from orchestrator.run.trial.signals import Interrupted
 
     if isinstance(caught, StorageUnreachable):
         return False

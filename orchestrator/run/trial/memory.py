@@ -11,11 +11,18 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING
 
+from orchestrator.gpu.sim import process_holder
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
+    import torch
+
     from adapters.base import Report
     from orchestrator.run.messages import Channel
     from orchestrator.run.trial.context import TrialContext
     from orchestrator.run.trial.result import RunResult
+else:
+    torch = LazyImport("torch")
 
 
 def reporting_memory(
@@ -41,12 +48,11 @@ def reporting_memory(
 def hold_simulated(ctx: TrialContext, result: RunResult) -> None:
     """Hold, on a simulated GPU, all the trial really needs: the adapter's declared model at its
     batch size times --sim-memory-scale (raises CUDA's OOM error if it does not fit)."""
-    from orchestrator.gpu.sim import process_holder
 
     if ctx.ledger is None:
         return
     holder = process_holder()
-    need = ctx.memory.planned_mb(result.batch_size or 0) * ctx.config.sim_memory_scale
+    need = ctx.memory.planned_mb(result.batch_size or 0) * ctx.config.settings.sim_memory_scale
     more = need - ctx.ledger.held_mb(holder)
     if more > 0:
         ctx.ledger.allocate(holder, more)
@@ -55,8 +61,6 @@ def hold_simulated(ctx: TrialContext, result: RunResult) -> None:
 def reset_memory(ctx: TrialContext) -> None:
     """Start the trial's peak from what it allocates itself, not from the trial before it."""
     if ctx.on_cuda:
-        import torch
-
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -64,12 +68,8 @@ def reset_memory(ctx: TrialContext) -> None:
 
 def measure_vram_peak_mb(ctx: TrialContext) -> float | None:
     if ctx.ledger is not None:
-        from orchestrator.gpu.sim import process_holder
-
         return ctx.ledger.held_mb(process_holder())
     if ctx.on_cuda:
-        import torch
-
         return torch.cuda.max_memory_reserved() / 2**20
     return None
 
@@ -80,11 +80,7 @@ def release_memory(ctx: TrialContext) -> None:
     Only a GPU needs the collection now (tensors in reference cycles hold VRAM that the next
     trial, or its peak, would otherwise count); on the CPU it would cost every trial ~100 ms."""
     if ctx.on_cuda:
-        import torch
-
         gc.collect()
         torch.cuda.empty_cache()
     if ctx.ledger is not None:
-        from orchestrator.gpu.sim import process_holder
-
         ctx.ledger.release(process_holder())

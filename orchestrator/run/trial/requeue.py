@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
+from orchestrator.record.store import records
 from orchestrator.record.store.optuna_private import storage_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
+from orchestrator.record.trials.retry import requeue
+from orchestrator.run.oom_policy import retry_after_oom
 
 if TYPE_CHECKING:
     import optuna
@@ -20,6 +24,8 @@ if TYPE_CHECKING:
     from orchestrator.run.messages import TrialJob
     from orchestrator.run.trial.context import TrialContext
     from orchestrator.run.trial.result import RunResult
+else:
+    optuna = LazyImport("optuna")
 
 
 def requeue_if_interrupted(
@@ -35,9 +41,6 @@ def requeue_if_interrupted(
 
     Out of memory with the GPU to itself means this batch size does not fit this GPU: the GPU's
     batch limit goes below it and the re-run gets half the batch (none if it was the smallest)."""
-    from orchestrator.record.store import records
-    from orchestrator.record.trials.retry import requeue
-    from orchestrator.run.oom_policy import retry_after_oom
 
     if result.timed_out:  # its retries count, like an OOM's
         frozen = _still_running(ctx, trial)
@@ -77,7 +80,6 @@ def _still_running(ctx: TrialContext, trial: optuna.Trial) -> FrozenTrial | None
     """The trial as stored, or None when it was failed as lost while its process was frozen
     (its heartbeat went stale): the study queued its re-run then, and a second one would run
     the same trial twice."""
-    from optuna.trial import TrialState
 
     frozen = storage_of(ctx.study).get_trial(trial_id_of(trial))
-    return frozen if frozen.state == TrialState.RUNNING else None
+    return frozen if frozen.state == optuna.trial.TrialState.RUNNING else None

@@ -8,22 +8,28 @@ once and reused trial after trial, is `orchestrator.run.trial.worker`; what it o
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import reporter
+from orchestrator.gpu.sim import process_holder
+from orchestrator.imports import LazyImport
+from orchestrator.record.budget import section as budget_section
+from orchestrator.record.budget.claim import ask_within_budget
+from orchestrator.record.outages.riding import Heartbeat
+from orchestrator.record.store import records
 from orchestrator.record.store.optuna_private import fixed_params_of, trial_id_of
+from orchestrator.record.store.storage import heartbeat_settings
+from orchestrator.record.study import objectives
+from orchestrator.record.study.objectives import several_values, unpruned_reporter
 from orchestrator.record.trials import attr_names as names
-
-if TYPE_CHECKING:
-    import optuna
-
-    from orchestrator.record.study.spec import StudySpec
-    from orchestrator.run.trial.context import TrialContext
-
 from orchestrator.record.trials.attrs import set_user_attrs
+from orchestrator.record.trials.logs import captured, trial_log_path
+from orchestrator.record.trials.notes import write_trial_note
 from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
 from orchestrator.run.trial.checkpoints import open_handle, takes_checkpoint, tidy
 from orchestrator.run.trial.clock import time_limit
@@ -36,10 +42,18 @@ from orchestrator.run.trial.memory import (
     reset_memory,
 )
 from orchestrator.run.trial.requeue import requeue_if_interrupted
-from orchestrator.run.trial.result import RunResult
+from orchestrator.run.trial.result import RunResult, outcome_of
 from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
 from orchestrator.run.trial.spool import Told, kept_until_told, noted
 from orchestrator.run.trial.training import train
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.record.study.spec import StudySpec
+    from orchestrator.run.trial.context import TrialContext
+else:
+    optuna = LazyImport("optuna")
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +62,6 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     """Ask for a trial and run it to the end. The supervisor hears its number as soon as it has
     one (("asked", n)) and its batch size once drawn (("sized", batch)), and answers with a `Go`
     when the trial fits the GPU; `company.value` says whether another trial shared the GPU."""
-    from optuna.exceptions import UpdateFinishedTrialError
 
     spec = ctx.refresh_spec()
     ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
@@ -72,23 +85,10 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
                 record(ctx, trial, result, lock)
             publish(ctx, trial)
             tidy_checkpoints(ctx, trial, result, requeued)
-    except UpdateFinishedTrialError:
+    except optuna.exceptions.UpdateFinishedTrialError:
         return _late(trial.number, log_file)
-    return TrialOutcome(
-        trial.number,
-        result.state.name,
-        oom=result.oom,
-        alone=alone,
-        batch_size=result.batch_size,
-        value=None if isinstance(result.value, list) else result.value,  # several: in the study
-        vram_peak_mb=result.vram_peak_mb,
-        error=result.error,
-        requeued=requeued,
-        interrupted=result.interrupted,
-        cuda_error=result.cuda_error,
-        log_file=None if log_file is None else str(log_file),
-        timed_out=result.timed_out,
-    )
+    log = None if log_file is None else str(log_file)
+    return outcome_of(result, trial.number, alone=alone, requeued=requeued, log_file=log)
 
 
 def tidy_checkpoints(
@@ -116,16 +116,13 @@ def _late(number: int, log_file: Path | None) -> TrialOutcome:
 
 
 def _log_file(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
-    from orchestrator.record.trials.logs import trial_log_path
-
-    if ctx.config.log_dir is None:
+    log_dir = ctx.config.settings.log_dir
+    if log_dir is None:
         return None
-    return trial_log_path(ctx.config.log_dir, ctx.config.study_name, trial.number)
+    return trial_log_path(log_dir, ctx.config.study_name, trial.number)
 
 
 def _output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
-    from orchestrator.record.trials.logs import captured
-
     return contextlib.nullcontext() if path is None else captured(path)
 
 
@@ -143,8 +140,6 @@ def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTi
     On PostgreSQL the budget lock, the count and the claim (with the trial's heartbeat row) are
     one round trip (`record/budget/claim`); the trial is read back after the lock went. Nothing
     is read before the ask: it does not need the study's trials."""
-    from orchestrator.record.budget import section as budget_section
-    from orchestrator.record.budget.claim import ask_within_budget
 
     trial = ask_within_budget(ctx.study, ctx.config.storage, spec.trials, stop=stop_requested)
     times = budget_section.last_times()
@@ -168,8 +163,6 @@ def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
 def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> contextlib.AbstractContextManager[Any]:
     """The trial's heartbeat, alive through a database outage (Optuna's own thread dies at the
     first error, and the trial would be failed as lost while it trains)."""
-    from orchestrator.record.outages.riding import Heartbeat
-    from orchestrator.record.store.storage import heartbeat_settings
 
     return Heartbeat(ctx.storage, trial_id_of(trial), heartbeat_settings()[0])
 
@@ -183,14 +176,9 @@ def run_objective(
     log_file: Path | None = None,
 ) -> RunResult:
     """Draw the parameters, wait to be admitted, train; every way it can end is a RunResult."""
-    import optuna
-    from optuna.trial import TrialState
-
-    from adapters.base import reporter
-    from orchestrator.record.study.objectives import several_values, unpruned_reporter
 
     _placement_attrs(ctx, job, trial, log_file)
-    result = RunResult(TrialState.FAIL)
+    result = RunResult(optuna.trial.TrialState.FAIL)
     reset_memory(ctx)
     try:
         with interruptible():  # only this part can be interrupted: the outcome is written whole
@@ -210,7 +198,7 @@ def run_objective(
             result.flush = report.flush  # run before the result is told (trial_spool)
             saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
             result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage, saves)
-            with time_limit(ctx.config.recycling.trial_timeout):  # from its admission on
+            with time_limit(ctx.config.settings.recycling.trial_timeout):  # from its admission on
                 value = train(
                     ctx,
                     spec,
@@ -226,7 +214,7 @@ def run_objective(
         else:
             settle_several(result, several, trial.number)
     except optuna.TrialPruned:
-        result.state = TrialState.PRUNED
+        result.state = optuna.trial.TrialState.PRUNED
     except BaseException as caught:  # every end of the objective is an outcome (see fail_with)
         if not fail_with(result, caught, trial.number):
             raise
@@ -254,9 +242,6 @@ def _placement_attrs(
 def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
     """Admitted by its estimate: record it, and when. A simulated GPU now holds the trial's model
     overhead; the rest of what it really needs comes with its first report (`hold_simulated`)."""
-    import datetime
-
-    from orchestrator.gpu.sim import process_holder
 
     result.planned_mb = go.planned_mb
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
@@ -270,7 +255,7 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
     )
     result.concurrency = go.concurrency
     if ctx.ledger is not None:
-        held = ctx.memory.model_overhead_mb * ctx.config.sim_memory_scale
+        held = ctx.memory.model_overhead_mb * ctx.config.settings.sim_memory_scale
         ctx.ledger.allocate(process_holder(), held)
 
 
@@ -303,11 +288,6 @@ def settle_several(result: RunResult, values: list[float], number: int) -> None:
 def told_values(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> tuple[Any, Any]:
     """The state and values the study is told: the objective's value, and what was measured when
     the study optimises it too (orchestrator.record.study.objectives; an OOM there is infeasible)."""
-    import datetime
-
-    from optuna.trial import TrialState
-
-    from orchestrator.record.study import objectives
 
     spec = ctx.spec
     assert spec is not None
@@ -323,13 +303,12 @@ def told_values(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> tu
     )
     if told.violation is not None:
         trial.set_constraint(objectives.CONSTRAINT, told.violation)
-    return TrialState[told.state], told.values
+    return optuna.trial.TrialState[told.state], told.values
 
 
 def publish(ctx: TrialContext, trial: optuna.Trial) -> None:
     """Where people look: the trial's optuna-dashboard note and, when the study names one, its
     MLflow run (neither can fail the trial: a store that is away costs a warning)."""
-    from orchestrator.record.trials.notes import write_trial_note
 
     frozen = ctx.storage.get_trial(trial_id_of(trial))
     write_trial_note(ctx.study, frozen, metric=ctx.metric)
@@ -343,8 +322,6 @@ def record(
     result: RunResult,
     lock: LockTiming | None,
 ) -> None:
-    from orchestrator.record.store import records
-
     device = ctx.config.device
     records.record_trial_vram(
         ctx.engine,

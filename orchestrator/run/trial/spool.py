@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.spool import spool
 from orchestrator.record.store.optuna_private import trial_id_of
+from orchestrator.record.store.storage_failures import StorageUnreachable
 
 if TYPE_CHECKING:
     import optuna
@@ -58,12 +60,10 @@ def kept_until_told(
     """Keep the outcome on disk, send the reports an outage held back, and run the block that
     tells the study; the entry goes when it worked or failed for any reason but the database
     staying away (that one is what the entry is for)."""
-    from orchestrator.record.spool import spool
-    from orchestrator.record.store.storage_failures import StorageUnreachable
 
     folder = None
-    if ctx.config.log_dir is not None and _keeps(result):
-        folder = spool.spool_dir(ctx.config.log_dir, ctx.config.study_name)
+    if ctx.config.settings.log_dir is not None and _keeps(result):
+        folder = spool.spool_dir(ctx.config.settings.log_dir, ctx.config.study_name)
         values = told.values
         kept = spool.Kept(
             trial_id=trial_id_of(trial),

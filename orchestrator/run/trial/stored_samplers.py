@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.record.store.optuna_objects import unpickled
+from samplers import BoundedSampler, bounded
+
 
 def user_sampler(text: str, bounds: tuple[int, int]) -> Any:
     """The study's sampler object for a GPU's batch bounds, its generator reseeded for this process."""
-    from orchestrator.record.store.optuna_objects import unpickled
-    from samplers import bounded
 
     sampler = unpickled(text)
     sampler.reseed_rng()
@@ -25,7 +26,6 @@ def walked_once(sampler: Any, bounds: tuple[int, int]) -> Any:
     """`sampler` (a GridSampler, bounded), except that its request to stop the study once the
     grid is walked is dropped: `study.stop()` only works inside `study.optimize`, and raises in
     a trial process; here the study's budget, one walk of the grid, ends it instead."""
-    from samplers import BoundedSampler
 
     class WalkedOnce(BoundedSampler):
         def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:

@@ -7,9 +7,13 @@ their spread are kept with the trial as user attributes (`repeat_values`, `repea
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, Any
 
+from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR, train_repeated
+from orchestrator.record.checkpoints.handle import TrainedUntil
 from orchestrator.record.trials.attrs import set_user_attrs
+from orchestrator.run.trial.checkpoints import reporting_to, takes_checkpoint
 
 if TYPE_CHECKING:
     import optuna
@@ -34,9 +38,6 @@ def train(
     stopped at `train_until_epoch` returns the value reported there. Repeated runs train from
     scratch: N seeds are N states, and a trial's checkpoint is one."""
     if spec.repeats <= 1:
-        from orchestrator.record.checkpoints.handle import TrainedUntil
-        from orchestrator.run.trial.checkpoints import reporting_to, takes_checkpoint
-
         extra: dict[str, Any] = {}
         saves = checkpoint is not None and takes_checkpoint(ctx.adapter.train)
         if saves:
@@ -54,7 +55,6 @@ def train(
             )
         except TrainedUntil as stop:  # train_until_epoch: a segment ends with its last value
             return stop.value
-    from adapters.repeats import train_repeated
 
     runs = train_repeated(
         ctx.adapter.train,
@@ -71,9 +71,6 @@ def train(
 
 def repeat_attrs(values: list[float]) -> dict[str, Any]:
     """What a repeated trial keeps: each seed's score, in seed order, and their spread."""
-    import statistics
-
-    from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
 
     spread = statistics.pstdev(values) if len(values) > 1 else 0.0
     return {REPEAT_VALUES_ATTR: list(values), REPEAT_STD_ATTR: spread}

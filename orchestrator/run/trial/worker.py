@@ -18,9 +18,11 @@ import traceback
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.record.outages.state import quiet_in_trial_processes
 from orchestrator.record.store.storage_failures import StorageUnreachable
-from orchestrator.run.messages import TrialOutcome
-from orchestrator.run.trial.context import Recycling, WorkerConfig, pin_device
+from orchestrator.record.trials.logs import keep_stdout_clean
+from orchestrator.run.messages import Recycling, TrialOutcome, WorkerConfig
+from orchestrator.run.trial.context import TrialContext, pin_device
 from orchestrator.run.trial.runner import run_trial
 from orchestrator.run.trial.signals import (
     Interrupted,
@@ -82,7 +84,6 @@ def serve(conn: Connection, company: Any, uses_torch: bool = True) -> None:
     The first message is the process's WorkerConfig: a process can start (and import torch and
     Optuna, most of its start-up) before the supervisor knows which GPU it will serve. Torch is
     left out for an adapter that uses none (`uses_torch`)."""
-    from orchestrator.record.trials.logs import keep_stdout_clean
 
     install_signal_handlers()
     keep_stdout_clean()
@@ -93,8 +94,6 @@ def serve(conn: Connection, company: Any, uses_torch: bool = True) -> None:
         return
     pin_device(config.device)  # before CUDA starts: importing torch does not start it
     try:
-        from orchestrator.run.trial.context import TrialContext
-
         ctx = TrialContext(config)
     except StorageUnreachable as error:
         _send(conn, TrialOutcome(None, "FAIL", error=str(error), unreachable=True))
@@ -108,7 +107,6 @@ def serve(conn: Connection, company: Any, uses_torch: bool = True) -> None:
 
 def _log_as_the_host_does() -> None:
     """Lines with the time and level, as the host's own; no outage lines (the host says them)."""
-    from orchestrator.record.outages.state import quiet_in_trial_processes
 
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S"
@@ -117,6 +115,9 @@ def _log_as_the_host_does() -> None:
 
 
 def _import_what_every_trial_needs(uses_torch: bool) -> None:
+    # Imported on purpose here, while the process waits for its first message, so its first
+    # trial does not pay for them (the modules' tops name them lazily); torch only when the
+    # adapter uses it.
     import optuna  # noqa: F401
     import sqlalchemy  # noqa: F401
 
@@ -148,7 +149,7 @@ def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
         if baseline is None and trials_done == 1:
             baseline = memory  # after one trial: imports, the adapter and its caches are in
         reason = recycle_reason(
-            ctx.config.recycling,
+            ctx.config.settings.recycling,
             outcome,
             trials_done=trials_done,
             resident_mb=memory,
