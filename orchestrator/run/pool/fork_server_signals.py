@@ -7,7 +7,7 @@ fork server must outlive them: multiprocessing reads a forked process's exit cod
 server, so a server that died on the signal makes every trial process it forked look as if it
 had exited with code 255 while it is still re-queuing its trial. Ignoring SIGTERM here costs
 nothing: the server leaves on its own when the process that started it is gone. A forked
-process installs its own handler first thing (`run.trial_signals.install_signal_handlers`).
+process installs its own handler first thing (`run.trial.signals.install_signal_handlers`).
 
 Nothing else may import this module: the process that imports it stops answering SIGTERM.
 """

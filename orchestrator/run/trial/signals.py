@@ -3,14 +3,25 @@
 The supervisor stops a trial with SIGTERM (after the grace period, or before it is admitted).
 It raises `Interrupted` only while the objective trains or the process waits for work; at any
 other moment it is remembered, so asking, telling and writing records are never cut in half.
+
+Python runs a signal's handler between bytecodes, which may be inside a finalizer (a `__del__`,
+a weakref callback: SQLAlchemy's registries have them) that the garbage collector runs in the
+middle of training. An exception raised there is printed and dropped, and the training would go
+on to its end. So a dropped `Interrupted` arms the stop again and sends SIGTERM once more, from
+a thread, so that it lands after the finalizer returns.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
+
+RESEND_AFTER_S = 0.05  # long enough to be out of the finalizer, short beside any training step
 
 
 class Interrupted(BaseException):
@@ -27,6 +38,7 @@ class _Stop:
     armed = False
     requested = False
     holding = False  # armed, but held back until an epoch's checkpoint is saved (hold_stop)
+    inside = False  # in an interruptible block (armed, holding, or its stop on its way out)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -36,9 +48,21 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         raise Interrupted(f"stopped by signal {signum}")
 
 
+def _on_unraisable(unraisable: Any, passed_on: Any = sys.unraisablehook) -> None:
+    """A stop that a finalizer dropped: armed again, and sent again once out of the finalizer."""
+    if not isinstance(unraisable.exc_value, Interrupted) or not _Stop.inside or _Stop.holding:
+        passed_on(unraisable)
+        return
+    _Stop.armed = True
+    resend = threading.Timer(RESEND_AFTER_S, os.kill, (os.getpid(), signal.SIGTERM))
+    resend.daemon = True
+    resend.start()
+
+
 def install_signal_handlers() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the supervisor, which decides
     signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.unraisablehook = _on_unraisable
 
 
 def stop_requested() -> bool:
@@ -50,11 +74,11 @@ def interruptible() -> Iterator[None]:
     """The block a SIGTERM may cut short (the objective, or waiting for the next job)."""
     if _Stop.requested:  # the signal came while the trial was being set up
         raise Interrupted(f"stopped by signal {signal.SIGTERM.value}")
-    _Stop.armed = True
+    _Stop.armed = _Stop.inside = True
     try:
         yield
     finally:
-        _Stop.armed = _Stop.holding = False
+        _Stop.armed = _Stop.holding = _Stop.inside = False
 
 
 def hold_stop() -> None:
