@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from orchestrator.errors import UserError
+from orchestrator.record.checkpoints.files import location_problem
 
 
 def _every(text: str) -> int:
@@ -45,8 +46,6 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The spec's checkpoint settings as typed (None: not typed, the stored or default value)."""
-    from orchestrator.record.checkpoints.files import location_problem
-
     location = getattr(args, "artifacts", None)
     if location is not None:
         problem = location_problem(location)

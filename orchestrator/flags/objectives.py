@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from adapters import metric_name
+from orchestrator.enqueue import checked_params, search_space
 from orchestrator.errors import UserError
+from orchestrator.record.study.grid import full_grid, grid_size, parse_grid
+from orchestrator.record.study.objectives import MEASURED, parse_names, plan_objectives
 
 
 def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
     """Several objectives: the adapter's own values' directions, and what the study optimises."""
-    from orchestrator.record.study.objectives import MEASURED
-
     parser.add_argument(
         "--directions",
         metavar="D1,D2",
@@ -39,9 +41,6 @@ def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
 
 def objectives_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> dict:
     """The spec's direction, directions and objectives from --directions and --objectives."""
-    from adapters import metric_name
-    from orchestrator.record.study.objectives import parse_names, plan_objectives
-
     try:
         directions = parse_names(args.directions, "--directions") if args.directions else None
         objectives = parse_names(args.objectives, "--objectives") if args.objectives else None
@@ -83,9 +82,6 @@ def grid_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> 
     """The spec's grid (and, when --trials is not typed, the budget of one walk of it) for
     `--sampler grid`; --grid without it is refused, and so is a value outside the adapter's
     search space (before anything is stored: GridSampler would only find it in each trial)."""
-    from orchestrator.enqueue import checked_params, search_space
-    from orchestrator.record.study.grid import full_grid, grid_size, parse_grid
-
     if args.sampler != "grid":
         if args.grid:
             raise UserError("--grid is the grid of --sampler grid: add --sampler grid")
