@@ -37,18 +37,21 @@ from orchestrator.record.study.final_scores import (
     final_scores_of,
     save_final_scores,
 )
-from orchestrator.record.study.note import write_study_note
-from orchestrator.show.final_scores_text import final_scores_markdown
 
 if TYPE_CHECKING:
     import optuna
     import torch
     from optuna.trial import FrozenTrial
 
+    from orchestrator.record.study import note
     from orchestrator.record.study.spec import StudySpec
+    from orchestrator.show import final_scores_text
 else:
     optuna = LazyImport("optuna")
     torch = LazyImport("torch")
+    # Used when scores are stored; `--help` loads this module (the flags name a Selection).
+    note = LazyImport("orchestrator.record.study.note")
+    final_scores_text = LazyImport("orchestrator.show.final_scores_text")
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +118,7 @@ def finish_study(
     )
     if scores is not None:
         save_final_scores(study, scores)
-        write_study_note(study, final_scores_markdown(scores))
+        note.write_study_note(study, final_scores_text.final_scores_markdown(scores))
     return scores
 
 

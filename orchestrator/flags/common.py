@@ -5,7 +5,6 @@ the logging those flags ask for."""
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import math
 import sys
@@ -24,9 +23,13 @@ from orchestrator.record.study import names as study_names
 from orchestrator.record.study.spec import StudySpec
 
 if TYPE_CHECKING:
+    import difflib
+
     import optuna
 else:
     optuna = LazyImport("optuna")
+    # Suggests a name for a typo only: not loaded by every `--help`.
+    difflib = LazyImport("difflib")
 
 
 class Parser(argparse.ArgumentParser):

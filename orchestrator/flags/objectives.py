@@ -8,13 +8,20 @@ one line saying what to type instead.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters import metric_name
-from orchestrator.enqueue import checked_params, search_space
 from orchestrator.errors import UserError
-from orchestrator.record.study.grid import full_grid, grid_size, parse_grid
+from orchestrator.imports import LazyImport
 from orchestrator.record.study.objectives import MEASURED, parse_names, plan_objectives
+
+if TYPE_CHECKING:
+    from orchestrator import enqueue
+    from orchestrator.record.study import grid as study_grid
+else:
+    # Used when the flags are checked, not when `--help` builds the parser.
+    enqueue = LazyImport("orchestrator.enqueue")
+    study_grid = LazyImport("orchestrator.record.study.grid")
 
 
 def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,13 +94,15 @@ def grid_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> 
             raise UserError("--grid is the grid of --sampler grid: add --sampler grid")
         return {}
     try:
-        grid = full_grid(parse_grid(args.grid or []), getattr(adapter, "default_params", {}))
+        grid = study_grid.full_grid(
+            study_grid.parse_grid(args.grid or []), getattr(adapter, "default_params", {})
+        )
     except ValueError as error:
         raise UserError(str(error)) from None
     if not grid:
         raise UserError("--sampler grid needs --grid NAME=V1,V2 (or a grid table in --config)")
-    space = search_space(adapter, options)
+    space = enqueue.search_space(adapter, options)
     for name, values in grid.items():
         if name in space:  # a default that is no searched parameter is passed as it is
-            grid[name] = [checked_params({name: v}, space, "--grid")[name] for v in values]
-    return {"grid": grid, "trials": args.trials or grid_size(grid)}
+            grid[name] = [enqueue.checked_params({name: v}, space, "--grid")[name] for v in values]
+    return {"grid": grid, "trials": args.trials or study_grid.grid_size(grid)}

@@ -9,23 +9,31 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.imports import LazyImport
-from orchestrator.record.store.optuna_objects import unpickled
 from orchestrator.record.store.optuna_private import storage_of, study_id_of
-from orchestrator.record.study.drift import check_stored
 
 if TYPE_CHECKING:
+    import secrets
+
     import optuna
     from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
+
+    from orchestrator.record.store import optuna_objects
+    from orchestrator.record.study import drift
 else:
     optuna = LazyImport("optuna")
+    # Read when a study is saved or its pickles loaded; every `--help` loads this module (the
+    # flags build a StudySpec), so these wait for first use.
+    drift = LazyImport("orchestrator.record.study.drift")
+    optuna_objects = LazyImport("orchestrator.record.store.optuna_objects")
+    # hmac and OpenSSL's hashes load with it: paid when a study is made, not by every --help
+    secrets = LazyImport("secrets")
 
 SPEC_ATTR = "orchestrator"
 PICKLED = ("sampler_pickle", "pruner_pickle")  # StudySpec's fields kept in system attributes
@@ -108,7 +116,7 @@ def pruner_for(spec: StudySpec) -> optuna.pruners.BasePruner:
     """The pruner named in the spec. Pruners hold no state in the storage, so every process
     builds its own from the spec; epochs are the resource (the adapter reports once per epoch)."""
     if spec.pruner_pickle is not None:
-        return unpickled(spec.pruner_pickle)
+        return optuna_objects.unpickled(spec.pruner_pickle)
     if spec.pruner not in PRUNERS:
         raise UserError(
             f"study's pruner {spec.pruner!r} is unknown to this version; "
@@ -168,7 +176,7 @@ def save_spec(study: optuna.Study, spec: StudySpec, *, update_settings: bool = F
     """Store the spec; settings that would change what the study's trials mean are refused
     unless `update_settings` (record/study/drift.py: `run`, `optimize`, and a run that
     raced another to create the study all meet this one check)."""
-    check_stored(study, load_spec(study), spec, update_settings=update_settings)
+    drift.check_stored(study, load_spec(study), spec, update_settings=update_settings)
     # JSON round trip: user attributes must be JSON-serialisable, and we want a clear error if not.
     study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.to_attr())))
     pickles = {key: getattr(spec, key) for key in PICKLED}
