@@ -29,9 +29,8 @@ else:
 
 def _state(value: Any) -> Any:
     # A union's first column comes back as the enum, or as its name where the driver says so.
-    return (
-        value if isinstance(value, optuna.trial.TrialState) else optuna.trial.TrialState[str(value)]
-    )
+    states = optuna.trial.TrialState
+    return value if isinstance(value, states) else states[str(value)]
 
 
 def stored_count(engine: Engine, study_id: int) -> BudgetCount:

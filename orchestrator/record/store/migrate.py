@@ -42,10 +42,8 @@ def alembic_config(url: str) -> alembic_configuration.Config:
 
 
 def head_revision() -> str:
-    return (
-        alembic_script.ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
-        or ""
-    )
+    scripts = alembic_script.ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return scripts.get_current_head() or ""
 
 
 def current_revision(storage: RDBStorage) -> str | None:
