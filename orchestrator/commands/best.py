@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 else:
     optuna = LazyImport("optuna")
     yaml = LazyImport("yaml")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     study_adapter = LazyImport("adapters.study_adapter")
     checkpoint_files = LazyImport("orchestrator.record.checkpoints.files")
     checkpoint_lineage = LazyImport("orchestrator.record.checkpoints.lineage")

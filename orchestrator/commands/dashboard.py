@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from orchestrator.show import queries
 else:
     optuna_dashboard = LazyImport("optuna_dashboard")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     queries = LazyImport("orchestrator.show.queries")
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

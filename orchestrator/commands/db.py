@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from orchestrator.record.store import migrate
     from orchestrator.record.store import storage as storages
 else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     migrate = LazyImport("orchestrator.record.store.migrate")
     storages = LazyImport("orchestrator.record.store.storage")
 

@@ -19,6 +19,7 @@ from orchestrator.record.store.location import StorageLocation
 if TYPE_CHECKING:
     from orchestrator.show import queries
 else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     queries = LazyImport("orchestrator.show.queries")
 
 

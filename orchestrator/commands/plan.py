@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from orchestrator.planning.planner import GpuPlan, NodePlan
     from orchestrator.record.store import migrate
 else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     migrate = LazyImport("orchestrator.record.store.migrate")
     calibration = LazyImport("orchestrator.planning.calibrate")
     host_plans = LazyImport("orchestrator.planning.host_plan")

@@ -5,19 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
-from orchestrator.imports import LazyImport
+from orchestrator.run.trial.checkpoints import takes_checkpoint
 
 if TYPE_CHECKING:
     from orchestrator.record.study.spec import StudySpec
-    from orchestrator.run.trial import checkpoints as trial_checkpoints
-else:
-    trial_checkpoints = LazyImport("orchestrator.run.trial.checkpoints")
 
 
 def check_population(spec: StudySpec, adapter: Any) -> None:
     """Population-based training continues members from checkpoints: an adapter whose `train`
     saves none would train every segment from epoch 0."""
-    if spec.sampler == "pbt" and not trial_checkpoints.takes_checkpoint(adapter.train):
+    if spec.sampler == "pbt" and not takes_checkpoint(adapter.train):
         raise UserError(
             f"--sampler pbt needs an adapter that checkpoints its training, and {adapter.name!r} "
             "does not (its train takes no checkpoint=, docs/checkpoints.md): choose another "

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from orchestrator.show import queries
     from orchestrator.show.report import page as report_page
 else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     queries = LazyImport("orchestrator.show.queries")
     report_page = LazyImport("orchestrator.show.report.page")
 

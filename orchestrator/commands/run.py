@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from orchestrator.record.trials import tracking
 else:
     optuna = LazyImport("optuna")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     population = LazyImport("orchestrator.commands.population")
     enqueue = LazyImport("orchestrator.enqueue")
     launch = LazyImport("orchestrator.launch")

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from adapters import study_adapter
     from orchestrator.show import queries
 else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     study_adapter = LazyImport("adapters.study_adapter")
     queries = LazyImport("orchestrator.show.queries")
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 else:
     optuna = LazyImport("optuna")
     rich_console = LazyImport("rich.console")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     drift = LazyImport("orchestrator.record.study.drift")
     queries = LazyImport("orchestrator.show.queries")
     status_text = LazyImport("orchestrator.show.status_text")

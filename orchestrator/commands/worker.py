@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from adapters import study_adapter
     from orchestrator import launch
 else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     study_adapter = LazyImport("adapters.study_adapter")
     launch = LazyImport("orchestrator.launch")
 
