@@ -16,6 +16,7 @@ optuna-dashboard's note format (`trials/notes`, `study/note`) is that package's,
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,12 +28,10 @@ if TYPE_CHECKING:
     from optuna.samplers import _base as sampler_base
     from optuna.storages import BaseStorage
     from optuna.storages import _cached_storage as cached_storage
-    from optuna.storages._rdb import models
     from optuna.storages._rdb import storage as rdb_storage
     from optuna.trial import FrozenTrial
 else:
     cached_storage = LazyImport("optuna.storages._cached_storage")
-    models = LazyImport("optuna.storages._rdb.models")
     optuna = LazyImport("optuna")
     rdb_storage = LazyImport("optuna.storages._rdb.storage")
     sampler_base = LazyImport("optuna.samplers._base")
@@ -74,7 +73,7 @@ def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
 
 def rdb_models() -> Any:
     """RDBStorage's table definitions (optuna.storages._rdb.models), for reads in one query."""
-    return models
+    return importlib.import_module(RDB_MODELS_MODULE)  # the module itself, imported on first use
 
 
 def scoped_session(storage: Any, ignore_integrity_error: bool = False) -> Any:
