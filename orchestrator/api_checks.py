@@ -10,12 +10,14 @@ A wrong value is a ValueError, a wrong type or name a TypeError, as Optuna's own
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.errors import UserError
+from orchestrator.record.study.names import name_problem
 
 DB_INT_MAX = 2**31 - 1  # trial numbers and report steps are 32-bit integers in the database
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds (adapters.base.SEED_MAX)
@@ -64,8 +66,6 @@ def check_arguments(
     catch: Any,
 ) -> tuple[type[BaseException], ...]:
     """Every argument of `optimize` that can be wrong on its own; the `catch` classes as a tuple."""
-    from orchestrator.record.study.names import name_problem
-
     whole("n_trials", n_trials, low=1)
     whole("epochs", epochs, low=1)
     whole("max_retries", max_retries, low=0, high=1000)
@@ -164,8 +164,6 @@ _HOST_KINDS = {
 def check_host(host: dict[str, Any], known: Callable[[], list[str]]) -> None:
     """The host settings passed as keywords: names `optimize` takes and values of their kind
     (their ranges are checked as `run`'s, by host_options)."""
-    import os
-
     names = known()
     unknown = sorted(set(host) - set(names))
     if unknown:

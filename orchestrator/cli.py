@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 from orchestrator.commands import (
@@ -23,7 +24,12 @@ from orchestrator.commands import (
 )
 from orchestrator.errors import UserError
 from orchestrator.flags.common import Parser
+from orchestrator.flags.config_file import apply_config
 from orchestrator.interrupts import Terminated, say
+from orchestrator.record.outages.state import note_command
+from orchestrator.record.store.location import STORAGE_ENV
+from orchestrator.record.store.passwords import protect_output, redact, remember_secret
+from orchestrator.record.store.storage_failures import storage_failure
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -72,8 +78,6 @@ def commands() -> tuple[ModuleType, ...]:
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("gpu-study-orchestrator")
     except PackageNotFoundError:  # run from a checkout that was never installed
@@ -82,9 +86,6 @@ def package_version() -> str:
 
 def remember_secrets(argv: list[str]) -> None:
     """Every password on the command line or in $ORCHESTRATOR_STORAGE is hidden from then on."""
-    from orchestrator.record.store.location import STORAGE_ENV
-    from orchestrator.record.store.passwords import protect_output, remember_secret
-
     for token in [*argv, os.environ.get(STORAGE_ENV, "")]:
         remember_secret(token)
         remember_secret(token.partition("=")[2])  # --storage=URL
@@ -92,9 +93,6 @@ def remember_secrets(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrator.flags.config_file import apply_config
-    from orchestrator.record.store.passwords import redact
-
     argv = sys.argv[1:] if argv is None else list(argv)
     remember_secrets(argv)
     parser = build_parser()
@@ -107,9 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # a usage error (said in one line) or --help: its status
         return stop.code if isinstance(stop.code, int) else 2
-    from orchestrator.record.outages.state import note_command
-    from orchestrator.record.store.storage_failures import storage_failure
-
     note_command(argv)
     try:
         return int(args.handler(args) or 0)

@@ -15,11 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.optuna_private import distribution_contains
 
 if TYPE_CHECKING:
     import optuna
+    import yaml
     from optuna.distributions import BaseDistribution
     from optuna.trial import FrozenTrial
+else:
+    optuna = LazyImport("optuna")
+    yaml = LazyImport("yaml")
 
 ENQUEUED_ATTR = "enqueued_from"  # trial user attribute: where its parameters came from
 DEFAULTS_ORIGIN = "adapter defaults"
@@ -34,8 +40,6 @@ class Queued:
 
 def read_params_file(path: str) -> list[dict[str, Any]]:
     """A YAML (or JSON) file holding one mapping of parameters, or a list of them."""
-    import yaml
-
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
@@ -62,8 +66,6 @@ def read_params_file(path: str) -> list[dict[str, Any]]:
 
 def search_space(adapter: Any, options: Mapping[str, Any]) -> dict[str, BaseDistribution]:
     """The parameters `suggest` declares, with their distributions (drawn in memory, no training)."""
-    import optuna
-
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     space: dict[str, BaseDistribution] = {}
     for _ in range(_SPACE_DRAWS):
@@ -77,18 +79,20 @@ def checked_params(
     params: Mapping[str, Any], space: Mapping[str, BaseDistribution], where: str
 ) -> dict[str, Any]:
     """The parameters, each inside its distribution (an int as an int); else one UserError."""
-    from optuna.distributions import CategoricalDistribution, IntDistribution
-
     checked: dict[str, Any] = {}
     for name, value in params.items():
         dist = space.get(str(name))
         if dist is None:
             known = ", ".join(space) or "none"
             raise UserError(f"{where}: no parameter {name!r}; the adapter's parameters: {known}")
-        if isinstance(dist, IntDistribution) and isinstance(value, float) and value.is_integer():
+        if (
+            isinstance(dist, optuna.distributions.IntDistribution)
+            and isinstance(value, float)
+            and value.is_integer()
+        ):
             value = int(value)
         if not _contains(dist, value):
-            if isinstance(dist, CategoricalDistribution):
+            if isinstance(dist, optuna.distributions.CategoricalDistribution):
                 allowed = "one of " + ", ".join(repr(c) for c in dist.choices)
             else:
                 allowed = f"within {dist.low:g}..{dist.high:g}"
@@ -98,11 +102,7 @@ def checked_params(
 
 
 def _contains(dist: BaseDistribution, value: Any) -> bool:
-    from optuna.distributions import CategoricalDistribution
-
-    from orchestrator.record.store.optuna_private import distribution_contains
-
-    if isinstance(dist, CategoricalDistribution):
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return value in dist.choices
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False

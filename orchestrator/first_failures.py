@@ -19,11 +19,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
+else:
+    optuna = LazyImport("optuna")
 
 FIRST_TRIALS = 3  # the CLI stops when this many first trials (or the whole budget) fail alike
 
@@ -44,10 +48,12 @@ class FirstTrialsFailed(UserError):
 
 def objective_error(trial: FrozenTrial) -> str | None:
     """`TypeName: message` when the trial failed because the objective raised; else None."""
-    from optuna.trial import TrialState
-
     attrs = trial.user_attrs
-    if trial.state != TrialState.FAIL or attrs.get(names.OOM) or attrs.get(names.FAIL_REASON):
+    if (
+        trial.state != optuna.trial.TrialState.FAIL
+        or attrs.get(names.OOM)
+        or attrs.get(names.FAIL_REASON)
+    ):
         return None
     error = attrs.get(names.ERROR)
     if not isinstance(error, str) or ": " not in error:
@@ -142,7 +148,5 @@ class StopWhenFirstTrialsFail:
 
 def watch_first_trials(study: optuna.Study | None, spec: Any, name: str) -> StopWhenFirstTrialsFail:
     """The watch for `run` and `worker`: three first trials, or as many as the budget has left."""
-    from orchestrator.record.study.spec import count_trials
-
     done = count_trials(study.get_trials(deepcopy=False)).counted if study is not None else 0
     return StopWhenFirstTrialsFail(name, min(FIRST_TRIALS, spec.trials - done))

@@ -11,7 +11,11 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials import attr_names as names
+from orchestrator.record.trials.best import best_of_study, directions_of, pareto_front
+from orchestrator.record.trials.logs import reserve_stdout
+from orchestrator.show.final_scores_text import side_by_side
 
 if TYPE_CHECKING:
     import optuna
@@ -56,9 +60,6 @@ class Outcome:
 
 def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Outcome:
     """The study as it stands once this host's pool has stopped."""
-    from orchestrator.record.study.spec import count_trials
-    from orchestrator.record.trials.best import best_of_study, directions_of, pareto_front
-
     trials = study.get_trials(deepcopy=False)
     best = best_of_study(study)
     count = count_trials(trials)
@@ -104,8 +105,6 @@ def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:
         shown = f"{value:.6g}" if isinstance(value, float) else value
         lines.append(f"  {name} = {shown}")
     if outcome.final is not None:
-        from orchestrator.show.final_scores_text import side_by_side
-
         lines.append(side_by_side(outcome.final))
     return lines
 
@@ -124,8 +123,6 @@ _RESULT: list[TextIO] = []  # the stream the result is printed to (see keep_stdo
 
 def keep_stdout_for_the_result() -> None:
     """From here on stdout holds the result alone; other writes to it go to stderr (once a process)."""
-    from orchestrator.record.trials.logs import reserve_stdout
-
     if not _RESULT:
         stream = reserve_stdout()
         if stream is not sys.stdout:  # a real file: keep it for the result

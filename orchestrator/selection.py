@@ -17,21 +17,41 @@ baselines gives what it has. The result is stored with the study (`record/study/
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
+import math
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.record.study.final_scores import Confirmed, FinalScores
+from adapters import metric_name
+from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR, seeded
+from orchestrator.imports import LazyImport
+from orchestrator.planning.workloads import workload_class
+from orchestrator.record.study.final_scores import (
+    Confirmed,
+    FinalScores,
+    final_scores_of,
+    save_final_scores,
+)
 
 if TYPE_CHECKING:
     import optuna
     import torch
     from optuna.trial import FrozenTrial
 
+    from orchestrator.record.study import note
     from orchestrator.record.study.spec import StudySpec
+    from orchestrator.show import final_scores_text
+else:
+    optuna = LazyImport("optuna")
+    torch = LazyImport("torch")
+    # Used when scores are stored; `--help` loads this module (the flags name a Selection).
+    note = LazyImport("orchestrator.record.study.note")
+    final_scores_text = LazyImport("orchestrator.show.final_scores_text")
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +79,6 @@ def scores_anything(adapter: Any, selection: Selection) -> bool:
 def scoring_device(adapter: Any) -> torch.device:
     """Where the end-of-study runs train, in the process that ran the study: RL is CPU-bound
     (its trials run on CPU cores too); anything else on the first CUDA GPU when there is one."""
-    import torch
-
-    from orchestrator.planning.workloads import workload_class
-
     kind = getattr(adapter, "workload_class", "supervised")
     if workload_class(kind).cpu_bound or not torch.cuda.is_available():
         return torch.device("cpu")
@@ -80,10 +96,6 @@ def finish_study(
     """Score the study's selection (when the adapter has anything to score) and store it with the
     study, and in its optuna-dashboard note; None when nothing was scored. `reuse`: scores stored
     for the same selection are kept instead (`run` on a study whose budget was used already)."""
-    from orchestrator.record.study.final_scores import save_final_scores
-    from orchestrator.record.study.note import write_study_note
-    from orchestrator.show.final_scores_text import final_scores_markdown
-
     if len(spec.all_directions) > 1 or not scores_anything(adapter, selection):
         return None  # a Pareto front has no one trial to test
     stored = _still_current(study, spec, selection) if reuse else None
@@ -106,7 +118,7 @@ def finish_study(
     )
     if scores is not None:
         save_final_scores(study, scores)
-        write_study_note(study, final_scores_markdown(scores))
+        note.write_study_note(study, final_scores_text.final_scores_markdown(scores))
     return scores
 
 
@@ -114,8 +126,6 @@ def progress(what: str, epochs: int, metric: str) -> Callable[[int, float], None
     """A report that prunes nothing (re-runs are not trials of the study) and says, epoch by
     epoch, how the run is getting on: the test run trains as long as a trial, and a silent
     half hour looks like a hang."""
-    import time
-
     started = time.monotonic()
 
     def report(step: int, value: float) -> None:
@@ -140,14 +150,12 @@ def _spread(values: list[float]) -> tuple[float, float]:
 
 def _completed(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The completed trials with a finite value: those a selection chooses from."""
-    import math
-
-    from optuna.trial import TrialState
-
     return [
         t
         for t in trials
-        if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+        if t.state == optuna.trial.TrialState.COMPLETE
+        and t.value is not None
+        and math.isfinite(t.value)
     ]
 
 
@@ -161,8 +169,6 @@ def top_trials(trials: list[FrozenTrial], direction: str, count: int) -> list[Fr
 def _runs_of(trial: FrozenTrial) -> list[float]:
     """What the trial scored on seeds seed, seed + 1, ... in the study (one value without
     --repeats: the study's own seed's)."""
-    from adapters.repeats import REPEAT_VALUES_ATTR
-
     stored = trial.user_attrs.get(REPEAT_VALUES_ATTR)
     if isinstance(stored, list) and stored:
         return [float(v) for v in stored]
@@ -181,11 +187,7 @@ def confirm(
     """The `top` trials re-run with `seeds` seeds each, ranked again on their mean. The seeds a
     trial already ran on in the study (its own, and its --repeats) are not trained again: their
     scores are taken as stored."""
-    from adapters.repeats import seeded
-
     confirmed = []
-    from adapters import metric_name
-
     metric = str(metric_name(adapter, spec.options))
     for trial in top_trials(trials, spec.direction, top):
         values = _runs_of(trial)[:seeds]
@@ -213,8 +215,6 @@ def confirm(
 def _still_current(study: optuna.Study, spec: StudySpec, selection: Selection) -> Any:
     """The stored scores, when no trial has completed since they were scored and they answer
     what is asked now (no confirmation, or the same one)."""
-    from orchestrator.record.study.final_scores import final_scores_of
-
     stored = final_scores_of(study.user_attrs)
     if stored is None:
         return None
@@ -230,11 +230,6 @@ def _test_score(
 ) -> float:
     """One test run of the selected trial, its progress said as a trial's (when the adapter's
     final_scores takes a report)."""
-    import inspect
-
-    from adapters import metric_name
-    from adapters.repeats import seeded
-
     kwargs: dict[str, Any] = {}
     if "report" in inspect.signature(adapter.final_scores).parameters:
         what = f"test run of trial #{selected.number}" + (
@@ -283,9 +278,6 @@ def score_selection(
         adapter.baselines(spec.options) if callable(getattr(adapter, "baselines", None)) else {}
     )
     test, test_std = _spread(test_values) if test_values else (None, None)
-    from adapters import metric_name
-    from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
-
     metric = metric_name(adapter, spec.options)
 
     return FinalScores(

@@ -10,6 +10,7 @@ import argparse
 import json
 from typing import Any
 
+from adapters import discover, memory_model_of, metric_name, parse_options
 from orchestrator.flags.common import command_parser
 
 
@@ -28,8 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def describe(entry: Any) -> dict[str, Any]:
     """One adapter as a row: usable ones with their memory model at default options."""
-    from adapters import memory_model_of, metric_name, parse_options
-
     row: dict[str, Any] = {"name": entry.name, "origin": entry.origin, "target": entry.target}
     if entry.error:
         return {**row, "error": entry.error}
@@ -87,8 +86,6 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def adapters_command(args: argparse.Namespace) -> int:
-    from adapters import discover
-
     rows = sorted((describe(entry) for entry in discover()), key=lambda row: row["name"])
     if args.json:
         print(json.dumps(rows, indent=2))

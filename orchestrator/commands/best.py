@@ -11,12 +11,41 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.flags.common import add_storage_argument, command_parser, study_name
 from orchestrator.flags.trust import add_confirm_arguments, check_confirm
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.optuna_private import storage_of, study_id_of
+from orchestrator.record.study.final_scores import final_scores_of
+from orchestrator.record.study.spec import load_spec
+from orchestrator.selection import DEFAULT_CONFIRM_SEEDS, Selection, finish_study
+
+if TYPE_CHECKING:
+    import optuna
+    import yaml
+
+    from adapters import study_adapter
+    from orchestrator.record.checkpoints import files as checkpoint_files
+    from orchestrator.record.checkpoints import lineage as checkpoint_lineage
+    from orchestrator.record.trials import best as best_trials
+    from orchestrator.show import final_scores_text, queries, views
+    from orchestrator.show import text as show_text
+else:
+    optuna = LazyImport("optuna")
+    yaml = LazyImport("yaml")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    study_adapter = LazyImport("adapters.study_adapter")
+    checkpoint_files = LazyImport("orchestrator.record.checkpoints.files")
+    checkpoint_lineage = LazyImport("orchestrator.record.checkpoints.lineage")
+    best_trials = LazyImport("orchestrator.record.trials.best")
+    final_scores_text = LazyImport("orchestrator.show.final_scores_text")
+    show_front = LazyImport("orchestrator.show.front")
+    queries = LazyImport("orchestrator.show.queries")
+    show_text = LazyImport("orchestrator.show.text")
+    views = LazyImport("orchestrator.show.views")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,22 +77,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def format_params(params: Any, fmt: str) -> str:
     """The parameters as a JSON object or a YAML mapping, in the order they were declared."""
     if fmt == "yaml":
-        import yaml
-
         return yaml.safe_dump(params, sort_keys=False, default_flow_style=False)
     return json.dumps(params, indent=2) + "\n"
 
 
 def best_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.show.queries import open_for_reading, study_detail, the_study
-    from orchestrator.show.views import MULTI_OBJECTIVE
-
     location = StorageLocation.resolve(args.storage)
-    storage = open_for_reading(location)
-    name = the_study(storage, args.study, location.describe(), "best")
-    detail = study_detail(storage, name, location.describe())
-    if detail.direction == MULTI_OBJECTIVE:
+    storage = queries.open_for_reading(location)
+    name = queries.the_study(storage, args.study, location.describe(), "best")
+    detail = queries.study_detail(storage, name, location.describe())
+    if detail.direction == views.MULTI_OBJECTIVE:
         if args.confirm is not None:
             raise UserError(
                 f"study {name!r} has several objectives: its Pareto front has no one trial to "
@@ -86,10 +109,10 @@ def best_command(args: argparse.Namespace) -> int:
     if weights is not None:
         about += f"; its final weights: {weights}"
     if args.format == "text":
-        from orchestrator.show.final_scores_text import final_score_lines
-
         text = "".join(f"{key}: {value}\n" for key, value in params.items())
-        text += "".join(f"{line}\n" for line in (final_score_lines(scores) if scores else []))
+        text += "".join(
+            f"{line}\n" for line in (final_scores_text.final_score_lines(scores) if scores else [])
+        )
         text += "".join(f"{line}\n" for line in _lineage_lines(detail.lineage, best.number))
     elif args.format == "yaml":
         text = format_params(params, args.format)
@@ -111,15 +134,13 @@ def _lineage_lines(lineage: dict[str, Any] | None, number: int) -> list[str]:
     """Population-based training: the winning lineage's schedule and where its weights are."""
     if lineage is None or lineage["trials"][-1] != number:
         return []
-    from orchestrator.record.checkpoints.lineage import schedule_text
-
     weights = lineage["weights"]
-    where = "no checkpoint saved" if weights is None else json.dumps(weights)
+    checkpoint_files.where = "no checkpoint saved" if weights is None else json.dumps(weights)
     lines = [f"lineage (trials {', '.join(map(str, lineage['trials']))}):"]
     return [
         *lines,
-        *(f"  {line}" for line in schedule_text(lineage["schedule"])),
-        f"weights: {where}",
+        *(f"  {line}" for line in checkpoint_lineage.schedule_text(lineage["schedule"])),
+        f"weights: {checkpoint_files.where}",
     ]
 
 
@@ -129,10 +150,6 @@ def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:
     about = f"best of {name!r}: trial #{best.number}, value {best.value:.6g}"
     if scores is None or not scores.confirmed or scores.selected_trial == best.number:
         return best, about
-    import optuna
-
-    from orchestrator.show.views import BestTrial
-
     study = optuna.load_study(study_name=name, storage=storage)
     trial = storage_of(study).get_trial(
         storage_of(study).get_trial_id_from_study_id_trial_number(
@@ -140,7 +157,9 @@ def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:
         )
     )
     first = scores.confirmed[0]
-    chosen = BestTrial(trial.number, float(trial.value), dict(trial.params), dict(trial.user_attrs))
+    chosen = views.BestTrial(
+        trial.number, float(trial.value), dict(trial.params), dict(trial.user_attrs)
+    )
     return chosen, (
         f"selected in {name!r}: trial #{trial.number}, ranked first on {len(first.values)} seeds "
         f"(mean {first.mean:.6g}); the study's best value was trial #{best.number}'s "
@@ -150,38 +169,24 @@ def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:
 
 def _weights(storage: Any, name: str, best: Any) -> str | None:
     """Where the trial's final checkpoint is kept (docs/checkpoints.md), if it still is."""
-    import optuna
-
-    from orchestrator.record.checkpoints.files import study_location, where
-
     saved = best.user_attrs.get("checkpoint")
     if not isinstance(saved, dict) or not isinstance(saved.get("artifact_id"), str):
         return None
-    location = study_location(optuna.load_study(study_name=name, storage=storage))
+    location = checkpoint_files.study_location(optuna.load_study(study_name=name, storage=storage))
     if location is None:
         return None
-    path = where(location, saved["artifact_id"])
+    path = checkpoint_files.where(location, saved["artifact_id"])
     if "://" not in path and not Path(path).is_file():
         return None  # dropped: a better trial's weights replaced it
     return path
 
 
 def _stored_scores(storage: Any, name: str) -> Any:
-    import optuna
-
-    from orchestrator.record.study.final_scores import final_scores_of
-
     return final_scores_of(optuna.load_study(study_name=name, storage=storage).user_attrs)
 
 
 def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
     """`--confirm K`: the selection scored now, stored with the study."""
-    import optuna
-
-    from adapters.study_adapter import resolve_adapter
-    from orchestrator.record.study.spec import load_spec
-    from orchestrator.selection import DEFAULT_CONFIRM_SEEDS, Selection, finish_study
-
     study = optuna.load_study(study_name=name, storage=storage)
     spec = load_spec(study)
     if spec is None:
@@ -189,7 +194,7 @@ def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
             f"study {name!r} was not made by this tool: --confirm needs the adapter and "
             "options it was run with"
         )
-    adapter = resolve_adapter(spec)
+    adapter = study_adapter.resolve_adapter(spec)
     check_confirm(args, adapter)
     selection = Selection(args.confirm, args.confirm_seeds or DEFAULT_CONFIRM_SEEDS)
     scores = finish_study(study, spec, adapter, selection, reuse=False)
@@ -203,16 +208,10 @@ def _confirmed(storage: Any, name: str, args: argparse.Namespace) -> Any:
 
 def _front(storage: Any, name: str, fmt: str) -> tuple[str, str]:
     """The study's Pareto front in `fmt`, and the line that says what it is."""
-    import optuna
-
-    from orchestrator.record.trials.best import directions_of
-    from orchestrator.show.front import front_of, front_table, objective_names
-    from orchestrator.show.text import to_jsonable
-
     study = optuna.load_study(study_name=name, storage=storage)
-    directions = directions_of(study)
-    names = objective_names(study.metric_names, len(directions))
-    front = front_of(study.get_trials(deepcopy=False), directions, study.metric_names)
+    directions = best_trials.directions_of(study)
+    names = show_front.objective_names(study.metric_names, len(directions))
+    front = show_front.front_of(study.get_trials(deepcopy=False), directions, study.metric_names)
     if not front:
         raise UserError(
             f"study {name!r} has no completed trial yet: wait for one "
@@ -221,9 +220,9 @@ def _front(storage: Any, name: str, fmt: str) -> tuple[str, str]:
     goals = ", ".join(f"{n} ({d[:3]})" for n, d in zip(names, directions, strict=True))
     about = f"Pareto front of {name!r}: {len(front)} trial(s), {goals}"
     if fmt == "text":
-        return front_table(front, names), about
+        return show_front.front_table(front, names), about
     rows = [{"trial": t.number, "values": t.values, "params": t.params} for t in front]
-    return format_params(to_jsonable(rows), fmt), about
+    return format_params(show_text.to_jsonable(rows), fmt), about
 
 
 def _write(args: argparse.Namespace, text: str, about: str) -> int:

@@ -6,9 +6,21 @@ import argparse
 import errno
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
 from orchestrator.flags.common import add_storage_argument, command_parser, whole_number
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+
+if TYPE_CHECKING:
+    import optuna_dashboard
+
+    from orchestrator.show import queries
+else:
+    optuna_dashboard = LazyImport("optuna_dashboard")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    queries = LazyImport("orchestrator.show.queries")
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -60,12 +72,9 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def dashboard_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.show.queries import open_for_reading
-
     location = StorageLocation.resolve(args.storage)
     check_port_free(args.host, args.port)
-    storage = open_for_reading(location)
+    storage = queries.open_for_reading(location)
     if args.host not in LOCAL_HOSTS:
         print(
             f"note: listening on {args.host}, not localhost, as you chose with --host: anyone who "
@@ -77,10 +86,8 @@ def dashboard_command(args: argparse.Namespace) -> int:
         f"optuna-dashboard on http://{shown}:{args.port}/ for {location.masked} (Ctrl-C stops it)",
         flush=True,
     )
-    from optuna_dashboard import run_server
-
     try:
-        run_server(storage, host=args.host, port=args.port)
+        optuna_dashboard.run_server(storage, host=args.host, port=args.port)
     except OSError as error:
         raise UserError(
             f"cannot listen on {args.host}:{args.port}: {error.strerror or error}"

@@ -3,8 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from orchestrator.flags.common import add_storage_argument, command_parser
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+
+if TYPE_CHECKING:
+    from orchestrator.record.store import migrate
+    from orchestrator.record.store import storage as storages
+else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    migrate = LazyImport("orchestrator.record.store.migrate")
+    storages = LazyImport("orchestrator.record.store.storage")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,30 +36,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def upgrade_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.record.store.migrate import current_revision, open_storage
-
     location = StorageLocation.resolve(args.storage)
-    storage = open_storage(location)
+    storage = migrate.open_storage(location)
     print(
         f"{location.masked}: optuna schema {storage.get_current_version()}, "
-        f"orchestrator schema {current_revision(storage)}"
+        f"orchestrator schema {migrate.current_revision(storage)}"
     )
     return 0
 
 
 def current_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.record.store.migrate import current_revision, head_revision
-    from orchestrator.record.store.storage import create_storage
-
     location = StorageLocation.resolve(args.storage)
-    storage = create_storage(location)
-    ours = current_revision(storage)
+    storage = storages.create_storage(location)
+    ours = migrate.current_revision(storage)
     behind = (
         ""
-        if ours == head_revision()
-        else f" (head is {head_revision()}: run `python -m orchestrator db upgrade`)"
+        if ours == migrate.head_revision()
+        else f" (head is {migrate.head_revision()}: run `python -m orchestrator db upgrade`)"
     )
     print(
         f"{location.masked}: optuna schema {storage.get_current_version()}, "

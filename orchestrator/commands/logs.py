@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
 from orchestrator.flags.common import (
@@ -12,6 +13,14 @@ from orchestrator.flags.common import (
     study_name,
     whole_number,
 )
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+
+if TYPE_CHECKING:
+    from orchestrator.show import queries
+else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    queries = LazyImport("orchestrator.show.queries")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,12 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.show.queries import open_for_reading, trial_log_file
-
     location = StorageLocation.resolve(args.storage)
-    storage = open_for_reading(location)
-    path = trial_log_file(storage, args.study, args.trial, location.describe())
+    storage = queries.open_for_reading(location)
+    path = queries.trial_log_file(storage, args.study, args.trial, location.describe())
     try:
         with open(path, "rb") as log:
             text = log.read()

@@ -7,14 +7,21 @@ import re
 import sys
 from pathlib import Path
 
+import adapters
+from orchestrator.deploy.kubernetes import (
+    DEFAULT_IMAGE,
+    DEFAULT_STORAGE_SECRET,
+    Deployment,
+    apply_commands,
+    manifests,
+    to_yaml,
+)
 from orchestrator.errors import UserError
 from orchestrator.flags.common import command_parser, study_name, whole_number
-from orchestrator.planning.workloads import add_workloads_argument
+from orchestrator.planning.workloads import add_workloads_argument, workload_class
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from orchestrator.deploy.kubernetes import DEFAULT_IMAGE, DEFAULT_STORAGE_SECRET
-
     parser = command_parser(
         subparsers,
         "manifests",
@@ -98,10 +105,6 @@ def secret_name(text: str) -> str:
 
 
 def manifests_command(args: argparse.Namespace) -> int:
-    import adapters
-    from orchestrator.deploy.kubernetes import Deployment, apply_commands, manifests, to_yaml
-    from orchestrator.planning.workloads import workload_class
-
     adapter = adapters.get(args.adapter)
     wc = workload_class(adapter.workload_class, args.workloads)
     deployment = Deployment(

@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import adapters
 from orchestrator.errors import UserError
 from orchestrator.flags.common import (
     add_adapter_arguments,
@@ -16,19 +17,29 @@ from orchestrator.flags.common import (
     command_parser,
     whole_number,
 )
+from orchestrator.host_options import add_concurrency_argument, add_gpus_argument
+from orchestrator.imports import LazyImport
+from orchestrator.planning.workloads import add_workloads_argument, workload_class
+from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.study.spec import StudySpec
 
 if TYPE_CHECKING:
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
+    from orchestrator.planning import calibrate as calibration
+    from orchestrator.planning import host_plan as host_plans
+    from orchestrator.planning import memory
     from orchestrator.planning.planner import GpuPlan, NodePlan
-    from orchestrator.record.store.location import StorageLocation
+    from orchestrator.record.store import migrate
+else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    migrate = LazyImport("orchestrator.record.store.migrate")
+    calibration = LazyImport("orchestrator.planning.calibrate")
+    host_plans = LazyImport("orchestrator.planning.host_plan")
+    memory = LazyImport("orchestrator.planning.memory")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from orchestrator.host_options import add_concurrency_argument, add_gpus_argument
-    from orchestrator.planning.workloads import add_workloads_argument
-    from orchestrator.record.study.spec import StudySpec
-
     parser = command_parser(
         subparsers,
         "plan",
@@ -60,12 +71,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    import adapters
-    from orchestrator.planning.calibrate import AdapterRef
-    from orchestrator.planning.host_plan import host_plan
-    from orchestrator.planning.workloads import workload_class
-    from orchestrator.record.store.location import StorageLocation
-
     if args.swarm_size < 1:
         raise UserError(f"--swarm-size {args.swarm_size}: the swarm needs at least 1 particle")
     if args.concurrency is not None and args.concurrency < 1:
@@ -73,9 +78,9 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.cpu_cores is not None and args.cpu_cores < 1:
         raise UserError(f"--cpu-cores {args.cpu_cores}: a host has at least 1 CPU core")
     if args.adapter_path:
-        ref = AdapterRef(path=args.adapter_path)
+        ref = calibration.AdapterRef(path=args.adapter_path)
     elif args.adapter:
-        ref = AdapterRef(name=args.adapter)
+        ref = calibration.AdapterRef(name=args.adapter)
     else:
         raise UserError(
             "name an adapter, e.g. `plan dqn`, or load one with --adapter-path module:attribute"
@@ -87,7 +92,7 @@ def plan_command(args: argparse.Namespace) -> int:
     location = StorageLocation.resolve(args.storage)
 
     with tempfile.TemporaryDirectory(prefix="orchestrator-plan-") as sim_dir:
-        plan = host_plan(
+        plan = host_plans.host_plan(
             args.gpus,
             declared,
             cpu_bound=workload.cpu_bound,
@@ -220,10 +225,6 @@ def _calibrate(
     args: argparse.Namespace,
 ) -> None:
     """Measure on the first GPU of each name and store the models, before planning with them."""
-    from orchestrator.planning.calibrate import SOURCE, calibrate, calibration_params
-    from orchestrator.planning.memory import save_measured
-    from orchestrator.record.store.migrate import open_storage
-
     real = [device for device in devices if device.kind == "cuda"]
     if not real:
         what = "simulated GPUs have no memory to measure" if devices else "none was found"
@@ -234,19 +235,21 @@ def _calibrate(
     check_options = getattr(adapter, "check_options", None)
     if callable(check_options):
         check_options(options)  # bad data fails here, not inside the calibration process
-    calibration_params(adapter, 1, options)  # fails early, here, if it cannot vary batch_size
+    calibration.calibration_params(
+        adapter, 1, options
+    )  # fails early, here, if it cannot vary batch_size
     first_by_name: dict[str, Device] = {}
     for device in real:
         first_by_name.setdefault(device.name, device)
-    engine = open_storage(location).engine
+    engine = migrate.open_storage(location).engine
     for name, device in first_by_name.items():
-        result = calibrate(ref, options, device_index=device.index, gpu_name=name)
-        save_measured(
+        result = calibration.calibrate(ref, options, device_index=device.index, gpu_name=name)
+        memory.save_measured(
             engine,
             adapter=adapter.name,
             gpu_name=name,
             model=result.model,
-            source=SOURCE,
+            source=calibration.SOURCE,
             samples=len(result.measurements),
         )
         if not args.json:

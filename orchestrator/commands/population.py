@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.run.trial.checkpoints import takes_checkpoint
 
 if TYPE_CHECKING:
     from orchestrator.record.study.spec import StudySpec
@@ -13,8 +14,6 @@ if TYPE_CHECKING:
 def check_population(spec: StudySpec, adapter: Any) -> None:
     """Population-based training continues members from checkpoints: an adapter whose `train`
     saves none would train every segment from epoch 0."""
-    from orchestrator.run.trial.checkpoints import takes_checkpoint
-
     if spec.sampler == "pbt" and not takes_checkpoint(adapter.train):
         raise UserError(
             f"--sampler pbt needs an adapter that checkpoints its training, and {adapter.name!r} "

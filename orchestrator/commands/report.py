@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.flags.common import add_storage_argument, command_parser, study_name
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+
+if TYPE_CHECKING:
+    from orchestrator.show import queries
+    from orchestrator.show.report import page as report_page
+else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    queries = LazyImport("orchestrator.show.queries")
+    report_page = LazyImport("orchestrator.show.report.page")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,23 +40,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.show.queries import (
-        load_study_trials,
-        open_for_reading,
-        study_detail,
-        the_study,
-    )
-    from orchestrator.show.report.page import write_report
-
     location = StorageLocation.resolve(args.storage)
-    storage = open_for_reading(location)
+    storage = queries.open_for_reading(location)
     label = location.describe()
-    name = the_study(storage, args.study, label, "report")
-    study = load_study_trials(storage, name, label)  # read once, for both
-    detail = study_detail(storage, name, label, trials=study.get_trials())
+    name = queries.the_study(storage, args.study, label, "report")
+    study = queries.load_study_trials(storage, name, label)  # read once, for both
+    detail = queries.study_detail(storage, name, label, trials=study.get_trials())
     # Several objectives: the report shows their Pareto front instead of one best trial.
-    files = write_report(study, detail, Path(args.out))
+    files = report_page.write_report(study, detail, Path(args.out))
     print(f"report of {name!r}: {files.page}")
     for png in files.pngs:
         print(f"  {png}")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import adapters
+from adapters.base import uses_torch
 from orchestrator.commands.run_checks import check_spec, check_swarm, checked_options
 from orchestrator.errors import UserError
 from orchestrator.first_failures import watch_first_trials
@@ -22,25 +26,53 @@ from orchestrator.flags.common import (
     study_name,
     whole_number,
 )
+from orchestrator.flags.config_file import add_config_argument
 from orchestrator.flags.objectives import add_objective_arguments, grid_of, objectives_of
 from orchestrator.flags.trust import (
     add_confirm_arguments,
     add_repeats_argument,
     selection_of,
 )
+from orchestrator.host_options import (
+    HostOptions,
+    add_host_arguments,
+    check_host_options,
+    check_storage_for_workers,
+)
+from orchestrator.imports import LazyImport
+from orchestrator.planning.workloads import workload_class
+from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.study.spec import (
+    PRUNERS,
+    StudySpec,
+    count_trials,
+    draw_seed,
+    load_spec,
+    save_spec,
+)
+from samplers import SAMPLER_NAMES
 
 if TYPE_CHECKING:
     import optuna
     from optuna.storages import BaseStorage
 
+    from orchestrator import enqueue, launch
+    from orchestrator.commands import population
     from orchestrator.enqueue import Queued
-    from orchestrator.record.study.spec import StudySpec
+    from orchestrator.record.study import drift, settings_attrs
+    from orchestrator.record.trials import tracking
+else:
+    optuna = LazyImport("optuna")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    population = LazyImport("orchestrator.commands.population")
+    enqueue = LazyImport("orchestrator.enqueue")
+    launch = LazyImport("orchestrator.launch")
+    drift = LazyImport("orchestrator.record.study.drift")
+    settings_attrs = LazyImport("orchestrator.record.study.settings_attrs")
+    tracking = LazyImport("orchestrator.record.trials.tracking")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from orchestrator.flags.config_file import add_config_argument
-    from orchestrator.host_options import add_host_arguments
-
     parser = command_parser(
         subparsers,
         "run",
@@ -98,9 +130,6 @@ def _add_study_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
     """How the study searches: sampler, pruner, retries, what runs first, where it is tracked."""
-    from orchestrator.record.study.spec import PRUNERS, StudySpec
-    from samplers import SAMPLER_NAMES
-
     parser.add_argument(
         "--sampler",
         choices=SAMPLER_NAMES,
@@ -150,20 +179,8 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    import adapters
-    from adapters.base import uses_torch
-    from orchestrator.enqueue import planned_queue
-    from orchestrator.host_options import (
-        HostOptions,
-        check_host_options,
-        check_storage_for_workers,
-    )
-    from orchestrator.launch import configure, open_for_trials, plan_and_run
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.record.trials.tracking import tracking_uri_to_store
-
     host = HostOptions.from_args(args)
-    configure(host)
+    launch.configure(host)
     # Everything the user typed is checked before anything is stored.
     if not args.adapter and not args.adapter_path:
         raise UserError(
@@ -175,15 +192,17 @@ def run_command(args: argparse.Namespace) -> int:
     options = checked_options(args, adapter)
     checkpoint_settings(args)  # a refused --artifacts is said before anything is opened
     check_storage_for_workers(location)
-    queue = planned_queue(adapter, options, defaults=args.enqueue_defaults, path=args.enqueue)
-    mlflow_uri = tracking_uri_to_store(args.mlflow_uri)
+    queue = enqueue.planned_queue(
+        adapter, options, defaults=args.enqueue_defaults, path=args.enqueue
+    )
+    mlflow_uri = tracking.tracking_uri_to_store(args.mlflow_uri)
 
-    spare, storage = open_for_trials(location, uses_torch=uses_torch(adapter))
+    spare, storage = launch.open_for_trials(location, uses_torch=uses_torch(adapter))
     existing, spec = _resolve_spec(storage, args, adapter, options, location.describe())
     spec = spec.updated(mlflow_uri=mlflow_uri, **checkpoint_settings(args))
     check_spec(spec)
     queue = _fitting_queue(queue, existing, spec)
-    return plan_and_run(
+    return launch.plan_and_run(
         location=location,
         storage=storage,
         adapter=adapter,
@@ -200,11 +219,8 @@ def _fitting_queue(
     queue: list[Queued], existing: optuna.Study | None, spec: StudySpec
 ) -> list[Queued]:
     """The sets not queued before in this study, if the budget has room for them (else a UserError)."""
-    from orchestrator.enqueue import not_yet_queued
-    from orchestrator.record.study.spec import count_trials
-
     trials = existing.get_trials(deepcopy=False) if existing is not None else []
-    fresh = not_yet_queued(queue, trials)
+    fresh = enqueue.not_yet_queued(queue, trials)
     count = count_trials(trials)
     room = spec.trials - count.counted - count.running - count.waiting
     if len(fresh) > max(0, room):
@@ -223,8 +239,6 @@ def _resolve_spec(
     label: str,
 ) -> tuple[optuna.Study | None, StudySpec]:
     """The study to resume (or None) and the spec this run will store: read only, checked."""
-    import optuna
-
     name = args.study or adapter.name
     existing = None
     with contextlib.suppress(KeyError):
@@ -233,19 +247,14 @@ def _resolve_spec(
         spec = _new_spec(args, adapter, options)
     else:
         spec = _resumed_spec(existing, name, args, adapter, options, label)
-    from orchestrator.commands.population import check_population
-
     check_swarm(spec)
-    check_population(spec, adapter)
+    population.check_population(spec, adapter)
     return existing, spec
 
 
 def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> StudySpec:
     """A new study's spec: what was typed, the adapter's and its workload class's defaults, and
     StudySpec's for the rest."""
-    from orchestrator.planning.workloads import workload_class
-    from orchestrator.record.study.spec import StudySpec, draw_seed
-
     grid = grid_of(args, adapter, options)  # --sampler grid: its budget is one walk of the grid
     grid_trials = grid.pop("trials", 0)
     return StudySpec.new(
@@ -275,9 +284,6 @@ def _resumed_spec(
     label: str,
 ) -> StudySpec:
     """A resumed study's stored spec, checked to be ours and this adapter's, with what was typed now."""
-    from orchestrator.record.study.drift import differences, drift_message
-    from orchestrator.record.study.spec import count_trials
-
     adapter_ref = args.adapter_path or adapter.name
     spec = _wait_for_spec(existing)
     if spec is None:
@@ -314,9 +320,9 @@ def _resumed_spec(
         options={**spec.options, **typed_now},
     )
     check_swarm(wanted)  # a value no study takes is said as such, not as a drift
-    drifts = differences(spec, wanted)
+    drifts = drift.differences(spec, wanted)
     if drifts and not args.update_settings:
-        raise UserError(drift_message(name, drifts))  # before anything starts or is stored
+        raise UserError(drift.drift_message(name, drifts))  # before anything starts or is stored
     return wanted
 
 
@@ -332,14 +338,6 @@ def _store(
     parameter sets to run first. The stored settings are checked again here: another run may
     have created the study, or updated its settings, since this one read them (`args`: whether
     --update-settings and --seed were given)."""
-    import dataclasses
-
-    import optuna
-
-    from orchestrator.enqueue import enqueue
-    from orchestrator.record.study.settings_attrs import show_settings
-    from orchestrator.record.study.spec import load_spec, save_spec
-
     update_settings = bool(args and args.update_settings)
     seed_typed = args is None or args.seed is not None
 
@@ -352,18 +350,16 @@ def _store(
         # its own and was given none, joins that one's sequence instead of refusing a drift.
         spec = dataclasses.replace(spec, seed=stored.seed)
     save_spec(study, spec, update_settings=update_settings)
-    show_settings(study, spec)  # one user attribute per setting, for optuna-dashboard
-    enqueue(study, queue)
+    settings_attrs.show_settings(
+        study, spec
+    )  # one user attribute per setting, for optuna-dashboard
+    enqueue.enqueue(study, queue)
     return study
 
 
 def _wait_for_spec(study: optuna.Study, seconds: float = 10.0) -> StudySpec | None:
     """The study's spec; a study with no spec and no trials may be one another process is creating
     this very moment (create_study and save_spec are two steps), so give it a few seconds."""
-    import time
-
-    from orchestrator.record.study.spec import load_spec
-
     deadline = time.monotonic() + seconds
     while True:
         spec = load_spec(study)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import parse_options
+from orchestrator import api
 from orchestrator.errors import UserError
 from orchestrator.flags.objectives import grid_of, objectives_of
 from orchestrator.flags.trust import check_trust_flags
+from orchestrator.host_options import check_model_fits_a_gpu
 
 if TYPE_CHECKING:
     from orchestrator.record.study.spec import StudySpec
@@ -18,9 +21,6 @@ if TYPE_CHECKING:
 def checked_options(args: argparse.Namespace, adapter: Any) -> dict[str, Any]:
     """The adapter's options as typed (--env and --data among them), and the flags that depend
     on the adapter, checked before any database is opened."""
-    from adapters.base import parse_options
-    from orchestrator.host_options import check_model_fits_a_gpu
-
     raw_options = list(args.option)
     for flag in ("env", "data"):
         value = getattr(args, flag)
@@ -41,10 +41,8 @@ def checked_options(args: argparse.Namespace, adapter: Any) -> dict[str, Any]:
 
 def check_spec(spec: StudySpec) -> None:
     """The sampler for this many objectives, the pruner: said before the study is stored."""
-    from orchestrator.api import check_spec
-
     try:
-        check_spec(spec)
+        api.check_spec(spec)
     except ValueError as error:
         raise UserError(str(error)) from None
 

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING
 
+import adapters
+from orchestrator.deploy.slurm import MAX_GPUS_PER_NODE, MAX_NODES, SlurmJob, sbatch_script
 from orchestrator.errors import UserError
 from orchestrator.flags.common import (
     add_storage_argument,
@@ -23,15 +25,21 @@ from orchestrator.flags.common import (
     study_name,
     whole_number,
 )
-from orchestrator.planning.workloads import add_workloads_argument
+from orchestrator.imports import LazyImport
+from orchestrator.planning.workloads import add_workloads_argument, workload_class
+from orchestrator.record.store.location import STORAGE_ENV, StorageLocation
+from orchestrator.record.study.spec import load_existing_study, load_spec
 
 if TYPE_CHECKING:
-    from orchestrator.record.store.location import StorageLocation
+    from adapters import study_adapter
+    from orchestrator.show import queries
+else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    study_adapter = LazyImport("adapters.study_adapter")
+    queries = LazyImport("orchestrator.show.queries")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from orchestrator.deploy.slurm import MAX_GPUS_PER_NODE, MAX_NODES
-
     parser = command_parser(
         subparsers,
         "slurm",
@@ -83,8 +91,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def slurm_command(args: argparse.Namespace) -> int:
-    from orchestrator.deploy.slurm import SlurmJob, sbatch_script
-
     if args.adapter is None and args.study is None:
         raise UserError("name what to run: slurm ADAPTER, or slurm --study NAME to join a study")
     if args.trials is not None and args.adapter is None:
@@ -92,8 +98,6 @@ def slurm_command(args: argparse.Namespace) -> int:
             "--trials sets a new study's budget: give the ADAPTER too, or drop --trials"
         )
     adapter_name, class_name = _what_runs(args)
-    from orchestrator.planning.workloads import workload_class
-
     job = SlurmJob(
         study=args.study or adapter_name,
         workload=workload_class(class_name, args.workloads),
@@ -126,29 +130,21 @@ def slurm_command(args: argparse.Namespace) -> int:
 def _what_runs(args: argparse.Namespace) -> tuple[str, str]:
     """(adapter name, workload class): from ADAPTER, or from the study's stored settings."""
     if args.adapter is not None:
-        import adapters
-
         return args.adapter, adapters.get(args.adapter).workload_class
-    from adapters.study_adapter import resolve_adapter
-    from orchestrator.record.study.spec import load_existing_study, load_spec
-    from orchestrator.show.queries import open_for_reading
-
     storage = _storage_for_nodes(args.storage)
-    study = load_existing_study(open_for_reading(storage), args.study, storage.describe())
+    study = load_existing_study(queries.open_for_reading(storage), args.study, storage.describe())
     spec = load_spec(study)
     if spec is None:
         raise UserError(
             f"study {args.study!r} has no orchestrator settings: give the adapter, "
             f"`slurm ADAPTER --study {args.study}`"
         )
-    return spec.adapter, resolve_adapter(spec).workload_class
+    return spec.adapter, study_adapter.resolve_adapter(spec).workload_class
 
 
 def _storage_for_nodes(flag: StorageLocation | None) -> StorageLocation:
     """The storage tasks on other nodes reach the study through: --storage, else
     $ORCHESTRATOR_STORAGE, and a database server (an SQLite file is on one machine only)."""
-    from orchestrator.record.store.location import STORAGE_ENV, StorageLocation
-
     url = flag or os.environ.get(STORAGE_ENV, "")
     if not url:
         raise UserError(
@@ -168,8 +164,6 @@ def _storage_for_nodes(flag: StorageLocation | None) -> StorageLocation:
 def submit(script: str, url: str) -> str:
     """`sbatch --parsable` with the script on its standard input and the storage in its
     environment (which sbatch exports to every task); the job id it prints."""
-    from orchestrator.record.store.location import STORAGE_ENV
-
     try:
         done = subprocess.run(
             ["sbatch", "--parsable"],

@@ -13,11 +13,26 @@ from orchestrator.flags.common import (
     study_name,
     whole_number,
 )
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.study.final_scores import final_scores_of
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    import optuna
+    from rich import console as rich_console
 
+    from orchestrator.record.study import drift
     from orchestrator.record.study.final_scores import FinalScores
+    from orchestrator.show import queries, status_text
+    from orchestrator.show import text as show_text
+else:
+    optuna = LazyImport("optuna")
+    rich_console = LazyImport("rich.console")
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    drift = LazyImport("orchestrator.record.study.drift")
+    queries = LazyImport("orchestrator.show.queries")
+    status_text = LazyImport("orchestrator.show.status_text")
+    show_text = LazyImport("orchestrator.show.text")
 
 DEFAULT_LIMIT = 20
 
@@ -45,49 +60,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.show.queries import list_studies, open_for_reading, study_detail
-    from orchestrator.show.status_text import render_detail, render_studies
-    from orchestrator.show.text import to_jsonable
-
     location = StorageLocation.resolve(args.storage)
-    storage = open_for_reading(location)
+    storage = queries.open_for_reading(location)
     if args.study:
-        detail = study_detail(storage, args.study, location.describe())
+        detail = queries.study_detail(storage, args.study, location.describe())
         updates, scores = _stored_extras(storage, args.study)
         if args.json:
             extras = {"settings_updates": updates, "final_scores": scores and scores.as_dict()}
-            print(json.dumps({**to_jsonable(detail), **extras}, indent=2))
+            print(json.dumps({**show_text.to_jsonable(detail), **extras}, indent=2))
         else:
             _console().print(
-                render_detail(
+                status_text.render_detail(
                     detail, limit=args.limit, settings_updates=updates, final_scores=scores
                 )
             )
         return 0
-    rows = list_studies(storage)
+    rows = queries.list_studies(storage)
     if args.json:
-        print(json.dumps(to_jsonable(rows), indent=2))
+        print(json.dumps(show_text.to_jsonable(rows), indent=2))
     else:
-        _console().print(render_studies(rows, location.masked))
+        _console().print(status_text.render_studies(rows, location.masked))
     return 0
 
 
 def _stored_extras(storage: object, name: str) -> tuple[list[dict], FinalScores | None]:
     """What `run --update-settings` recorded with the study (record/study/drift.py), and the
     scores its end stored (record/study/final_scores.py)."""
-    import optuna
-
-    from orchestrator.record.study.drift import stored_updates
-    from orchestrator.record.study.final_scores import final_scores_of
-
     study = optuna.load_study(study_name=name, storage=storage)
-    return stored_updates(study), final_scores_of(study.user_attrs)
+    return drift.stored_updates(study), final_scores_of(study.user_attrs)
 
 
-def _console() -> Console:
-    from rich.console import Console
-
+def _console() -> rich_console.Console:
     # Off a terminal rich assumes 80 columns; the tables read better wider in a log or a pipe.
     terminal = sys.stdout.isatty()
-    return Console(width=None if terminal else 120, highlight=False)
+    return rich_console.Console(width=None if terminal else 120, highlight=False)

@@ -3,19 +3,37 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
+from orchestrator.errors import UserError
+from orchestrator.first_failures import watch_first_trials
 from orchestrator.flags.common import (
     add_output_arguments,
     add_storage_argument,
     command_parser,
     study_name,
 )
+from orchestrator.flags.config_file import add_config_argument
+from orchestrator.host_options import (
+    HostOptions,
+    add_host_arguments,
+    check_host_options,
+    check_storage_for_workers,
+)
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.study.spec import load_existing_study, load_spec, pruner_for
+
+if TYPE_CHECKING:
+    from adapters import study_adapter
+    from orchestrator import launch
+else:
+    # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
+    study_adapter = LazyImport("adapters.study_adapter")
+    launch = LazyImport("orchestrator.launch")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from orchestrator.flags.config_file import add_config_argument
-    from orchestrator.host_options import add_host_arguments
-
     parser = command_parser(
         subparsers,
         "worker",
@@ -34,22 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def worker_command(args: argparse.Namespace) -> int:
-    from adapters.study_adapter import resolve_adapter
-    from orchestrator.errors import UserError
-    from orchestrator.first_failures import watch_first_trials
-    from orchestrator.host_options import (
-        HostOptions,
-        check_host_options,
-        check_storage_for_workers,
-    )
-    from orchestrator.launch import configure, open_for_trials, plan_and_run
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.record.study.spec import load_existing_study, load_spec, pruner_for
-
     if not args.study:
         raise UserError('name the study to join: --study NAME (or study = "NAME" in --config)')
     host = HostOptions.from_args(args)
-    configure(host)
+    launch.configure(host)
     check_host_options(host)
     location = StorageLocation.resolve(args.storage)
     check_storage_for_workers(location)
@@ -61,7 +67,7 @@ def worker_command(args: argparse.Namespace) -> int:
         )
     # Torch is imported for the trial processes before the study says whether its adapter
     # uses it: the imports overlap opening the storage and planning.
-    spare, storage = open_for_trials(location)
+    spare, storage = launch.open_for_trials(location)
     study = load_existing_study(storage, args.study, location.describe())
     spec = load_spec(study)
     if spec is None:
@@ -70,10 +76,10 @@ def worker_command(args: argparse.Namespace) -> int:
             f"`python -m orchestrator run ADAPTER --study {args.study}`"
         )
     pruner_for(spec)  # a pruner this version lacks is one line here, not a failure per trial
-    return plan_and_run(
+    return launch.plan_and_run(
         location=location,
         storage=storage,
-        adapter=resolve_adapter(spec),
+        adapter=study_adapter.resolve_adapter(spec),
         spec=spec,
         options=host,
         spare=spare,

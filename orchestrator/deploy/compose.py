@@ -11,6 +11,8 @@ docker-compose.yml is that file for the study its `.env` names (`repository_file
 
 from __future__ import annotations
 
+import argparse
+import fcntl
 import json
 import os
 import sys
@@ -20,6 +22,7 @@ from typing import ClassVar
 
 from orchestrator.deploy.engine import STORAGE_ENV, StudyWorkers, program, worker_argv
 from orchestrator.errors import UserError
+from orchestrator.gpu import select_devices
 
 CLAIMS_DIR = "/var/lib/orchestrator/gpu-claims"
 USER_ERROR_EXIT = 2  # what the CLI returns for a UserError
@@ -31,8 +34,6 @@ def claim_gpu(lock_dir: str | Path, gpu_count: int) -> tuple[int, int]:
     The lock is an flock on `lock_dir/gpu-INDEX.lock`, shared by every replica through one volume;
     the kernel drops it when the holding process exits, so a crashed worker never leaves a stale claim.
     """
-    import fcntl
-
     if gpu_count < 1:
         raise UserError(
             "no GPU is visible in this container: install the NVIDIA Container Toolkit on the host "
@@ -56,16 +57,12 @@ def claim_gpu(lock_dir: str | Path, gpu_count: int) -> tuple[int, int]:
 
 
 def _visible_gpu_count() -> int:
-    from orchestrator.gpu import select_devices
-
     _, devices = select_devices("auto")
     return len(devices)
 
 
 def claim_gpu_main(argv: list[str]) -> int:
     """`claim-gpu [--locks DIR] [--gpu-count N] -- COMMAND...`: exec COMMAND --gpus INDEX, holding the lock."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator.deploy.compose claim-gpu",
         description="Take a GPU no other replica holds, then run COMMAND with --gpus INDEX.",

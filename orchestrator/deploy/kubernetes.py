@@ -25,10 +25,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrator.deploy.engine import StudyWorkers, program, worker_argv
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.planning.workloads import WORKLOAD_CLASSES
 from orchestrator.record.store.location import STORAGE_ENV
 
 if TYPE_CHECKING:
+    import yaml
+
     from orchestrator.planning.workloads import WorkloadClass
+else:
+    yaml = LazyImport("yaml")
 
 APP = "gpu-study-orchestrator"
 DEFAULT_IMAGE = f"{APP}:latest"
@@ -82,8 +88,6 @@ class Deployment:
     @property
     def builtin_default_epochs(self) -> int:
         """The default a worker's `run` applies: the image's built-in table, not a local file."""
-        from orchestrator.planning.workloads import WORKLOAD_CLASSES
-
         builtin = WORKLOAD_CLASSES.get(self.workload.name)
         return builtin.default_epochs if builtin else self.workload.default_epochs
 
@@ -326,7 +330,6 @@ def manifests(d: Deployment) -> dict[str, list[dict[str, Any]]]:
 
 def to_yaml(objects: list[dict[str, Any]]) -> str:
     """Objects as one multi-document YAML text, keys in the order written above."""
-    import yaml
 
     class Dumper(yaml.SafeDumper):
         # Shared label dictionaries would otherwise come out as &id001 anchors and aliases.

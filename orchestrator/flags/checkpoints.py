@@ -7,9 +7,16 @@ on any resume: they say how a trial survives an interruption, not what it comput
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    from orchestrator.record.checkpoints import files as checkpoint_files
+else:
+    # Used when the flags are checked, not when `--help` builds the parser.
+    checkpoint_files = LazyImport("orchestrator.record.checkpoints.files")
 
 
 def _every(text: str) -> int:
@@ -45,11 +52,9 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The spec's checkpoint settings as typed (None: not typed, the stored or default value)."""
-    from orchestrator.record.checkpoints.files import location_problem
-
     location = getattr(args, "artifacts", None)
     if location is not None:
-        problem = location_problem(location)
+        problem = checkpoint_files.location_problem(location)
         if problem:
             raise UserError(f"--artifacts {location} {problem}")
     return {"checkpoint_every": getattr(args, "checkpoint_every", None), "artifacts": location}

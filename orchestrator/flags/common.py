@@ -11,12 +11,25 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import SEED_MAX  # noqa: F401  (the adapters' seed range is `--seed`'s)
+from adapters.base import (
+    SEED_MAX,  # noqa: F401  (the adapters' seed range is `--seed`'s)
+    InputFile,
+)
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.store.passwords import redact, remember_secret
 from orchestrator.record.study import names as study_names
+from orchestrator.record.study.spec import StudySpec
 
 if TYPE_CHECKING:
-    from orchestrator.record.store.location import StorageLocation
+    import difflib
+
+    import optuna
+else:
+    optuna = LazyImport("optuna")
+    # Suggests a name for a typo only: not loaded by every `--help`.
+    difflib = LazyImport("difflib")
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,8 +43,6 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        from orchestrator.record.store.passwords import redact
-
         # "argument --trials: --trials 0 must be..." says the flag twice: once is enough.
         head, sep, rest = message.partition(": ")
         if (
@@ -46,8 +57,6 @@ class Parser(argparse.ArgumentParser):
 
     def _did_you_mean(self, message: str) -> str:
         """`--trails` is most likely `--trials`: the closest flag of any command, if one is close."""
-        import difflib
-
         flags = set(self._option_string_actions)
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
@@ -135,7 +144,6 @@ def study_name(text: str) -> str:
 
 def input_file(flag: str, what: str) -> Callable[[str], str]:
     """A path to a file that exists and can be read."""
-    from adapters.base import InputFile
 
     def parse(text: str) -> str:
         problem = InputFile(what).problem(text) if text else f"is empty: give {what}"
@@ -169,9 +177,6 @@ def add_storage_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _storage_url(text: str) -> StorageLocation:
-    from orchestrator.record.store.location import StorageLocation
-    from orchestrator.record.store.passwords import remember_secret
-
     remember_secret(text)  # it may come from a --config file, which argv does not show
     if not text.strip():
         raise UserError("--storage is empty: give e.g. --storage sqlite:///study.db")
@@ -195,8 +200,6 @@ def add_adapter_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_swarm_size_argument(parser: argparse.ArgumentParser) -> None:
-    from orchestrator.record.study.spec import StudySpec
-
     parser.add_argument(
         "--swarm-size",
         type=whole_number("--swarm-size", high=100_000, example=StudySpec.swarm_size),
@@ -237,6 +240,4 @@ def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
         stream=sys.stderr,
     )
     # Optuna logs every trial at INFO; our progress display says the same thing once.
-    import optuna
-
     optuna.logging.set_verbosity(logging.DEBUG if verbose else logging.WARNING)

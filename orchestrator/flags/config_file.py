@@ -12,9 +12,15 @@ import argparse
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = LazyImport("yaml")
 
 CONFIG_SUFFIXES = (".toml", ".yaml", ".yml")
 # Keys that name something other than an option of the command.
@@ -62,8 +68,6 @@ def read_config(path: str) -> dict[str, Any]:
         except tomllib.TOMLDecodeError as error:
             raise UserError(f"--config {path} is not valid TOML: {error}") from None
     else:
-        import yaml
-
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:  # its message spans lines: keep it to one

@@ -8,15 +8,24 @@ one line saying what to type instead.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from adapters import metric_name
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.record.study.objectives import MEASURED, parse_names, plan_objectives
+
+if TYPE_CHECKING:
+    from orchestrator import enqueue
+    from orchestrator.record.study import grid as study_grid
+else:
+    # Used when the flags are checked, not when `--help` builds the parser.
+    enqueue = LazyImport("orchestrator.enqueue")
+    study_grid = LazyImport("orchestrator.record.study.grid")
 
 
 def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
     """Several objectives: the adapter's own values' directions, and what the study optimises."""
-    from orchestrator.record.study.objectives import MEASURED
-
     parser.add_argument(
         "--directions",
         metavar="D1,D2",
@@ -39,9 +48,6 @@ def add_objective_arguments(parser: argparse.ArgumentParser) -> None:
 
 def objectives_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> dict:
     """The spec's direction, directions and objectives from --directions and --objectives."""
-    from adapters import metric_name
-    from orchestrator.record.study.objectives import parse_names, plan_objectives
-
     try:
         directions = parse_names(args.directions, "--directions") if args.directions else None
         objectives = parse_names(args.objectives, "--objectives") if args.objectives else None
@@ -83,21 +89,20 @@ def grid_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> 
     """The spec's grid (and, when --trials is not typed, the budget of one walk of it) for
     `--sampler grid`; --grid without it is refused, and so is a value outside the adapter's
     search space (before anything is stored: GridSampler would only find it in each trial)."""
-    from orchestrator.enqueue import checked_params, search_space
-    from orchestrator.record.study.grid import full_grid, grid_size, parse_grid
-
     if args.sampler != "grid":
         if args.grid:
             raise UserError("--grid is the grid of --sampler grid: add --sampler grid")
         return {}
     try:
-        grid = full_grid(parse_grid(args.grid or []), getattr(adapter, "default_params", {}))
+        grid = study_grid.full_grid(
+            study_grid.parse_grid(args.grid or []), getattr(adapter, "default_params", {})
+        )
     except ValueError as error:
         raise UserError(str(error)) from None
     if not grid:
         raise UserError("--sampler grid needs --grid NAME=V1,V2 (or a grid table in --config)")
-    space = search_space(adapter, options)
+    space = enqueue.search_space(adapter, options)
     for name, values in grid.items():
         if name in space:  # a default that is no searched parameter is passed as it is
-            grid[name] = [checked_params({name: v}, space, "--grid")[name] for v in values]
-    return {"grid": grid, "trials": args.trials or grid_size(grid)}
+            grid[name] = [enqueue.checked_params({name: v}, space, "--grid")[name] for v in values]
+    return {"grid": grid, "trials": args.trials or study_grid.grid_size(grid)}

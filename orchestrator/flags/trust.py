@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from adapters.repeats import MAX_REPEATS, check_repeats
 from orchestrator.errors import UserError
 from orchestrator.flags.common import whole_number
+from orchestrator.selection import DEFAULT_CONFIRM_SEEDS, Selection
 
 
 def add_repeats_argument(parser: argparse.ArgumentParser) -> None:
-    from adapters.repeats import MAX_REPEATS
-
     parser.add_argument(
         "--repeats",
         type=whole_number("--repeats", low=1, high=MAX_REPEATS, example=3),
@@ -28,8 +28,6 @@ def add_repeats_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def add_confirm_arguments(parser: argparse.ArgumentParser, *, at_the_end: bool) -> None:
-    from orchestrator.selection import DEFAULT_CONFIRM_SEEDS
-
     when = "when the study ends, " if at_the_end else "first "
     default = (
         "default 0: the best trial tested once, where the adapter has a test part"
@@ -67,8 +65,6 @@ def check_confirm(args: argparse.Namespace, adapter: Any) -> None:
 
 def check_trust_flags(args: argparse.Namespace, adapter: Any) -> None:
     """What `run` was given, checked before anything is stored: a one-line UserError."""
-    from adapters.repeats import check_repeats
-
     if args.repeats is not None:
         check_repeats(adapter, args.repeats)
     check_confirm(args, adapter)
@@ -76,6 +72,4 @@ def check_trust_flags(args: argparse.Namespace, adapter: Any) -> None:
 
 def selection_of(args: argparse.Namespace) -> Any:
     """What the study's end scores (orchestrator/selection.py)."""
-    from orchestrator.selection import DEFAULT_CONFIRM_SEEDS, Selection
-
     return Selection(top=args.confirm or 0, seeds=args.confirm_seeds or DEFAULT_CONFIRM_SEEDS)

@@ -15,14 +15,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import MemoryModel
+from orchestrator.imports import LazyImport
 from orchestrator.planning.footprint import envelope
+from orchestrator.record.store.storage import engine_kwargs
+from orchestrator.record.store.storage_failures import unreachable
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
     from sqlalchemy.engine import Engine
 
     from orchestrator.planning.footprint import Footprint
+    from orchestrator.record.store import records
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.store.records import MeasuredMemoryModel
+else:
+    records = LazyImport("orchestrator.record.store.records")
+    sa = LazyImport("sqlalchemy")
 
 DECLARED = "declared"
 CALIBRATION = "calibration"  # the sources stored in orch_memory_models
@@ -129,23 +137,16 @@ def existing_engine(location: StorageLocation) -> Engine | None:
 
     An SQLite file that is not there means "no measurements": planning never creates a database.
     """
-    import sqlalchemy as sa
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from orchestrator.record.store.records import memory_models
-    from orchestrator.record.store.storage import engine_kwargs
-    from orchestrator.record.store.storage_failures import unreachable
-
     if location.is_sqlite:
         path = location.sqlite_path
         if path is None or not path.is_file():
             return None
     engine = sa.create_engine(location.url, **engine_kwargs(location))
     try:
-        if not sa.inspect(engine).has_table(memory_models.name):
+        if not sa.inspect(engine).has_table(records.memory_models.name):
             engine.dispose()
             return None
-    except SQLAlchemyError as error:
+    except sa.exc.SQLAlchemyError as error:
         engine.dispose()
         raise unreachable(location, error) from None
     return engine
@@ -155,8 +156,6 @@ def measured_models(
     location: StorageLocation, adapter: str, declared: MemoryModel, gpu_names: Iterable[str]
 ) -> dict[str, tuple[MemoryModel, str]]:
     """GPU name -> (model, source) for every named GPU that has a measured model in the storage."""
-    from orchestrator.record.store.records import load_memory_model
-
     names = sorted(set(gpu_names))
     if not names:
         return {}
@@ -166,7 +165,7 @@ def measured_models(
     try:
         found = {}
         for name in names:
-            measured = load_memory_model(engine, adapter=adapter, gpu_name=name)
+            measured = records.load_memory_model(engine, adapter=adapter, gpu_name=name)
             if measured is not None:
                 found[name] = choose_memory_model(declared, measured)
         return found
@@ -192,8 +191,6 @@ def save_learnt_model(
     measured trials or all at one batch size, the footprints alone decide). `calibration`: a
     model `plan --calibrate` measured, stored as such. Stores nothing where nothing is learnt.
     """
-    from orchestrator.record.store.records import list_trial_vram, save_memory_model
-
     source = SOURCE_TRIALS
     measured = None
     if calibration is not None:
@@ -201,13 +198,13 @@ def save_learnt_model(
     elif study_names:
         rows: list[dict[str, Any]] = []
         for study_name in study_names:
-            rows.extend(list_trial_vram(engine, study_name))
+            rows.extend(records.list_trial_vram(engine, study_name))
         measured = fit_from_trials(rows, gpu_name, min_samples=min_samples)
     merged = learnt_model(measured, footprints)
     if merged is None:
         return None
     model, samples = merged
-    save_memory_model(
+    records.save_memory_model(
         engine,
         adapter=adapter,
         gpu_name=gpu_name,

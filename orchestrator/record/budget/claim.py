@@ -33,9 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.budget import section as budget_section
+from orchestrator.record.budget.counts import stored_count
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.storage import ASK_MARK
+from orchestrator.record.store.locks import lock_key, under_budget_lock
 from orchestrator.record.store.optuna_private import (
     add_to_trial_cache,
     forget_cached_trials,
@@ -44,13 +47,18 @@ from orchestrator.record.store.optuna_private import (
     study_id_of,
     trial_id_of,
 )
+from orchestrator.record.store.storage import one_connection_storage
 
 if TYPE_CHECKING:
     import optuna
+    import sqlalchemy as sa
     from optuna.storages import RDBStorage
     from sqlalchemy.engine import Connection
 
     from orchestrator.record.store.location import StorageLocation
+else:
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
 
 # A claimed waiting trial gets this mark: an ask retried after its answer was lost finds it.
 CLAIM_MARK = "orchestrator:claim"
@@ -157,8 +165,6 @@ def ask_within_budget(
     """The next trial of `study` (a waiting one first), or None when its budget of `budget`
     trials is used up or `stop()` says so. `budget_section.last_times()` then has the lock's
     wait and held time."""
-    from orchestrator.record.store.storage import one_connection_storage
-
     storage = one_connection_storage(location)
     if storage is None or storage.engine.dialect.name != "postgresql":
         return _ask_in_section(study, location, budget, stop)
@@ -190,8 +196,6 @@ def claim_trial(
 
     A retry after a lost answer looks for the trial its earlier attempt may have claimed (the
     mark) before it claims another: a second claim would leave the first RUNNING for ever."""
-    from orchestrator.record.store.locks import lock_key
-
     mark = json.dumps(uuid.uuid4().hex)
     attempts = 0
 
@@ -222,8 +226,6 @@ def claim_trial(
 
 def _run_once(connection: Connection, params: dict[str, Any]) -> Claim | None:
     """One send of the claim (None: the lock was not granted within its wait slice)."""
-    import sqlalchemy as sa
-
     # The driver's autocommit: the string is one implicit transaction that commits as the
     # server finishes it, with no BEGIN or COMMIT round trip of the driver's own around it.
     # (SQLAlchemy's AUTOCOMMIT option would send a session SET before and after, and a session
@@ -249,17 +251,14 @@ def _run_once(connection: Connection, params: dict[str, Any]) -> Claim | None:
 
 def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:
     """The claimed trial as Optuna's ask returns it, read back outside the lock."""
-    import optuna
-    from optuna.trial import FrozenTrial, TrialState
-
     assert claim.trial_id is not None and claim.number is not None
     # What Optuna's create enters (its trial id and number); the next read of the study reads
     # the trial again, as it is unfinished.
     add_to_trial_cache(
         study,
-        FrozenTrial(
+        optuna.trial.FrozenTrial(
             number=claim.number,
-            state=TrialState.RUNNING,
+            state=optuna.trial.TrialState.RUNNING,
             value=None,
             values=None,
             datetime_start=None,
@@ -279,9 +278,6 @@ def _trial_of(study: optuna.Study, claim: Claim) -> optuna.Trial:
 def _ask_in_section(
     study: optuna.Study, location: StorageLocation, budget: int, stop: Callable[[], bool] | None
 ) -> optuna.Trial | None:
-    from orchestrator.record.budget.counts import stored_count
-    from orchestrator.record.store.locks import under_budget_lock
-
     storage = storage_of(study)
     backend = rdb_storage_of(storage)
     marks: dict[str, float] = {}

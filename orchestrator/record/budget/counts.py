@@ -13,27 +13,28 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.budget.section import connection_for, counted
 from orchestrator.record.store.optuna_private import rdb_models
 from orchestrator.record.study.spec import BudgetCount
 
 if TYPE_CHECKING:
+    import optuna
+    import sqlalchemy as sa
     from sqlalchemy.engine import Engine
+else:
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
 
 
 def _state(value: Any) -> Any:
-    from optuna.trial import TrialState
-
     # A union's first column comes back as the enum, or as its name where the driver says so.
-    return value if isinstance(value, TrialState) else TrialState[str(value)]
+    states = optuna.trial.TrialState
+    return value if isinstance(value, states) else states[str(value)]
 
 
 def stored_count(engine: Engine, study_id: int) -> BudgetCount:
-    import sqlalchemy as sa
-
     models = rdb_models()
-    from optuna.trial import TrialState
-
     trials = models.TrialModel.__table__
     system = models.TrialSystemAttributeModel.__table__
     by_state = (
@@ -47,7 +48,7 @@ def stored_count(engine: Engine, study_id: int) -> BudgetCount:
         .where(trials.c.study_id == study_id, system.c.key == "retry_history")
     )
     # One round trip: under the budget lock every round trip is time the lock is held.
-    states: dict[TrialState, int] = {}
+    states: dict[optuna.trial.TrialState, int] = {}
     requeued: set[int] = set()
     with connection_for(engine) as connection:  # inside the budget section: its own connection
         for state, n, history in connection.execute(sa.union_all(by_state, histories)):
@@ -56,14 +57,14 @@ def stored_count(engine: Engine, study_id: int) -> BudgetCount:
                     requeued.add(json.loads(history)[-1])
             elif state is not None:
                 states[_state(state)] = int(n)
-    failed = states.get(TrialState.FAIL, 0)
+    failed = states.get(optuna.trial.TrialState.FAIL, 0)
     retried = min(failed, len(requeued))
-    counted(engine, states.get(TrialState.WAITING, 0))
+    counted(engine, states.get(optuna.trial.TrialState.WAITING, 0))
     return BudgetCount(
-        complete=states.get(TrialState.COMPLETE, 0),
-        pruned=states.get(TrialState.PRUNED, 0),
+        complete=states.get(optuna.trial.TrialState.COMPLETE, 0),
+        pruned=states.get(optuna.trial.TrialState.PRUNED, 0),
         failed=failed - retried,
         retried=retried,
-        running=states.get(TrialState.RUNNING, 0),
-        waiting=states.get(TrialState.WAITING, 0),
+        running=states.get(optuna.trial.TrialState.RUNNING, 0),
+        waiting=states.get(optuna.trial.TrialState.WAITING, 0),
     )

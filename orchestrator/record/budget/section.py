@@ -33,9 +33,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator.imports import LazyImport
+
 if TYPE_CHECKING:
+    import sqlalchemy as sa
     from optuna.storages import RDBStorage
+    from sqlalchemy import orm
     from sqlalchemy.engine import Connection, Engine
+else:
+    orm = LazyImport("sqlalchemy.orm")
+    sa = LazyImport("sqlalchemy")
 
 T = TypeVar("T")
 
@@ -120,8 +127,6 @@ def claimed(storage: RDBStorage, trial_id: int) -> None:
     """A trial was claimed in this thread's section: write its heartbeat row in the same
     transaction and commit, which lets the lock go. From here a lost process always leaves a
     RUNNING trial with a heartbeat, which the next worker finds stale."""
-    import sqlalchemy as sa
-
     section = current(storage.engine)
     if section is None or section.claimed or not section.asks:
         return
@@ -151,8 +156,6 @@ def take_lock(conn: Connection, key: int) -> None:
     and asks again. Behind PgBouncer a transaction holds one of the pool's few server
     connections: waiters that blocked without end could fill the pool while the holder of the
     lock waits for a connection of the pool to finish its section, and nobody would move."""
-    import sqlalchemy as sa
-
     # One round trip: the bounded wait, the lock, and the transaction's usual lock_timeout back.
     statement = sa.text(
         f"SET LOCAL lock_timeout = '{LOCK_WAIT_SLICE_MS}ms'; SELECT pg_advisory_xact_lock(:key); "
@@ -173,8 +176,6 @@ def run_section(storage: RDBStorage, key: int, section: Callable[[], T], *, asks
     of `storage`'s pool that Optuna's calls in this thread share while it runs: the process
     never waits for a second connection while it holds the lock on this one. `asks`: the
     section counts and claims a trial, and the lock goes at the claim."""
-    from sqlalchemy import orm
-
     if current() is not None:
         raise RuntimeError("a budget section does not nest")
     registry = storage.scoped_session.registry

@@ -15,6 +15,7 @@ URL, never a password. A file that cannot be read is reported as unreadable, nev
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import sys
@@ -23,13 +24,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.optuna_private import rdb_storage_of, storage_of
+from orchestrator.record.study.spec import load_spec
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
-
-    from orchestrator.record.store.location import StorageLocation
+    import torch
+    from optuna import artifacts
+else:
+    artifacts = LazyImport("optuna.artifacts")
+    torch = LazyImport("torch")
 
 # What a checkpoint file starts with: a torch.save file is a zip archive.
 _ZIP_MAGIC = b"PK"
@@ -82,8 +89,6 @@ def check_location(location: str | None) -> None:
 
 def open_store(location: str) -> Any:
     """Optuna's artifact store for a location: a folder (made if missing), S3 or GCS."""
-    from optuna import artifacts
-
     scheme, sep, rest = location.partition("://")
     if sep and scheme == "s3":
         return artifacts.Boto3ArtifactStore(rest.strip("/"))
@@ -104,8 +109,6 @@ def where(location: str, artifact_id: str) -> str:
 
 def study_location(study: optuna.Study) -> str | None:
     """Where this study keeps its checkpoints: `--artifacts` as stored, or beside its SQLite file."""
-    from orchestrator.record.study.spec import load_spec
-
     spec = load_spec(study)
     if spec is not None and spec.artifacts:
         return spec.artifacts
@@ -115,8 +118,6 @@ def study_location(study: optuna.Study) -> str | None:
         url = getattr(backend, "url", None)
         if url is None:
             return None
-        from orchestrator.record.store.location import StorageLocation
-
         # A study the caller opened with plain Optuna: its storage knows only its URL.
         stored_at = StorageLocation.parse(str(url))
     return default_location(stored_at)
@@ -160,8 +161,6 @@ def encode(epoch: int, state: dict[str, Any]) -> bytes:
     """The bytes of a checkpoint: torch.save when torch is loaded (tensors as they are), else JSON."""
     payload = {"epoch": int(epoch), "state": state}
     if "torch" in sys.modules:  # an adapter without torch never pays for importing it
-        import torch
-
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         return buffer.getvalue()
@@ -172,8 +171,6 @@ def decode(data: bytes) -> tuple[int, dict[str, Any]]:
     """(epoch, state) of a checkpoint's bytes, or CheckpointUnreadable saying why not."""
     try:
         if data.startswith(_ZIP_MAGIC):
-            import torch
-
             # weights_only: tensors, numbers, strings and containers, never code to run.
             payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         else:
@@ -204,8 +201,6 @@ def read(store: Any, checkpoint: Checkpoint) -> dict[str, Any]:
 
 def remove(store: Any, artifact_id: str) -> None:
     """Drop one checkpoint; one already gone is fine (another process may have tidied it)."""
-    import contextlib
-
     # Gone already, or the store refuses: disk is tidied on a best effort.
     with contextlib.suppress(Exception):
         store.remove(artifact_id)

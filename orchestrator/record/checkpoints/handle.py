@@ -20,8 +20,11 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.record.checkpoints import files as stored
+from orchestrator.record.outages.errors import is_outage
+from orchestrator.record.outages.riding import ride_out, single_attempt
 from orchestrator.record.store.optuna_private import cached_trial_of, storage_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
+from orchestrator.record.trials.attrs import set_user_attrs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -132,8 +135,6 @@ class CheckpointHandle:
     # --- reading and writing ------------------------------------------------------------------
 
     def _read(self, found: stored.Checkpoint, *, copy: bool) -> dict[str, Any] | None:
-        from orchestrator.record.trials.attrs import set_user_attrs
-
         try:
             state = stored.read(self._store, found)
         except stored.CheckpointUnreadable as why:
@@ -154,8 +155,6 @@ class CheckpointHandle:
 
     def _copy_curve(self, found: stored.Checkpoint) -> None:
         """The epochs the checkpoint's trial reported up to its epoch, reported here too."""
-        from orchestrator.record.outages.riding import ride_out
-
         storage = storage_of(self._study)
         source = next(t for t in self._study.get_trials(deepcopy=False) if t.number == found.trial)
         own = trial_id_of(self._trial)
@@ -171,9 +170,6 @@ class CheckpointHandle:
     def _write(self, epoch: int, state: dict[str, Any]) -> None:
         """Write the file, then name it in the trial's attributes. While the database is away
         training goes on: the file is kept unnamed, and the next save that is named drops it."""
-        from orchestrator.record.outages.errors import is_outage
-        from orchestrator.record.outages.riding import single_attempt
-
         artifact_id = str(uuid.uuid4())
         self._store.write(artifact_id, io.BytesIO(stored.encode(epoch, state)))
         try:
@@ -194,8 +190,6 @@ class CheckpointHandle:
     def _name(self, artifact_id: str, epoch: int) -> None:
         """List the artifact with the trial as Optuna does (its dashboard shows it), and make it
         the trial's `checkpoint`."""
-        from orchestrator.record.trials.attrs import set_user_attrs
-
         meta = {  # Optuna's ArtifactMeta
             "artifact_id": artifact_id,
             "filename": f"checkpoint-{self._trial.number}-epoch-{epoch}.pt",

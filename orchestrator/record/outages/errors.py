@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.store.passwords import redact
+
+if TYPE_CHECKING:
+    import psycopg2
+    import sqlalchemy as sa
+else:
+    psycopg2 = LazyImport("psycopg2")
+    sa = LazyImport("sqlalchemy")
 
 CONNECTION = "connection"  # the server is gone, refused us, or dropped the connection
 LOCKED = "locked"  # an SQLite file another process holds
@@ -59,16 +69,12 @@ def outage_kind(error: BaseException) -> str | None:
 
     Decided by exception types and codes (SQLAlchemy's, psycopg2's SQLSTATE, sqlite3's result
     code); the text of a message is read only for what libpq reports without a code."""
-    import sqlite3
-
-    from sqlalchemy import exc as sa_exc
-
     if is_full(error):
         return FULL
     for link in error_chain(error):
-        if isinstance(link, sa_exc.IntegrityError | sa_exc.DataError | sa_exc.ProgrammingError):
+        if isinstance(link, sa.exc.IntegrityError | sa.exc.DataError | sa.exc.ProgrammingError):
             return None  # a real error about the data or the statement: never retried
-        if isinstance(link, sa_exc.DBAPIError) and link.connection_invalidated:
+        if isinstance(link, sa.exc.DBAPIError) and link.connection_invalidated:
             return CONNECTION  # SQLAlchemy's dialect recognised a disconnect
         if isinstance(link, sqlite3.Error):
             code = getattr(link, "sqlite_errorcode", None)
@@ -84,10 +90,10 @@ def outage_kind(error: BaseException) -> str | None:
 def _psycopg2_kind(error: BaseException) -> str | None:
     """CONNECTION, None (a real error), or "unknown" when `error` is not psycopg2's."""
     try:
-        import psycopg2
-    except ImportError:
+        psycopg2_error = psycopg2.Error
+    except ImportError:  # psycopg2 not installed: no error can be its
         return "unknown"
-    if not isinstance(error, psycopg2.Error):
+    if not isinstance(error, psycopg2_error):
         return "unknown"
     code = error.pgcode
     if code:

@@ -23,6 +23,7 @@ that must be redone whole (take the budget lock, count, ask) is wrapped once, ou
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -151,7 +152,6 @@ def when_a_connection_is_free(call: Callable[[], T], *, outages: Outages | None 
 
 def retried(what: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """A decorator: every call of the function rides out an outage (see `ride_out`)."""
-    import functools
 
     def decorate(function: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(function)

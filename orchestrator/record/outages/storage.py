@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
+import functools
+import json
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.budget import section as budget_section
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.state import current
@@ -12,7 +18,11 @@ from orchestrator.record.store import optuna_private as private
 from orchestrator.record.store.optuna_private import rdb_models, scoped_session, trial_id_of
 
 if TYPE_CHECKING:
-    from optuna.storages import RDBStorage
+    import optuna
+    import sqlalchemy as sa
+else:
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
 
 # RDBStorage's methods that use the database, and what each does in a user's words.
 _RIDDEN = {
@@ -46,8 +56,6 @@ _RIDDEN = {
 
 
 def _ridden(method: Callable[..., Any], what: str) -> Callable[..., Any]:
-    import functools
-
     @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         return ride_out(lambda: method(self, *args, **kwargs), what=what)
@@ -58,25 +66,21 @@ def _ridden(method: Callable[..., Any], what: str) -> Callable[..., Any]:
 def _set_trial_state_values(self: Any, trial_id: int, state: Any, values: Any = None) -> bool:
     """Tell, riding out an outage. A connection lost at the commit leaves it unknown whether the
     state landed: a retry that finds the trial finished in that very state has told it."""
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.storages import RDBStorage
-    from optuna.trial import TrialState
-
     attempts = 0
 
     def attempt() -> bool:
         nonlocal attempts
         attempts += 1
         try:
-            return RDBStorage.set_trial_state_values(self, trial_id, state, values)
-        except UpdateFinishedTrialError:
+            return optuna.storages.RDBStorage.set_trial_state_values(self, trial_id, state, values)
+        except optuna.exceptions.UpdateFinishedTrialError:
             landed = attempts > 1 and state.is_finished()
-            if landed and RDBStorage.get_trial(self, trial_id).state == state:
+            if landed and optuna.storages.RDBStorage.get_trial(self, trial_id).state == state:
                 return True
             raise
 
     told = ride_out(attempt, what="tell a trial's result")
-    if told and state == TrialState.RUNNING:
+    if told and state == optuna.trial.TrialState.RUNNING:
         budget_section.claimed(self, trial_id)  # a waiting trial popped under the budget lock
     return told
 
@@ -85,12 +89,10 @@ def _get_trials(self: Any, study_id: int, states: Any, *args: Any, **kwargs: Any
     """Read trials, riding out an outage. Under the budget lock, before the claim, the one read
     is Optuna's look for a waiting trial (its cache asks for every unfinished trial, those that
     others run among them): only waiting ones are read there, and the rest are read after."""
-    from optuna.trial import TrialState
-
     if states is None and budget_section.before_claim(self.engine):
         if budget_section.none_waiting(self.engine):
             return []  # the count under this lock found none: no read at all
-        states = (TrialState.WAITING,)
+        states = (optuna.trial.TrialState.WAITING,)
     return ride_out(
         lambda: private.rdb_get_trials(self, study_id, states, *args, **kwargs),
         what="read the trials",
@@ -109,11 +111,6 @@ ASK_MARK = "orchestrator:ask"
 # plain ask is kept in the outermost ride_out's memory, so the ask made again finds its trial
 # (a section asks once: the budget lock's count-and-create, or an ask outside any section).
 def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> Any:
-    import copy
-    import uuid
-
-    from optuna.storages import RDBStorage
-
     # Only a plain ask looks for one made before; an enqueued or added trial has a mark of its own.
     memory = current().retry_memory()
     key = f"ask mark of study {study_id}"
@@ -129,7 +126,7 @@ def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> A
         if attempts > 1 or earlier is not None:
             made = _marked_trial_id(self, study_id, mark)
             if made is not None:
-                return RDBStorage.get_trial(self, made)
+                return optuna.storages.RDBStorage.get_trial(self, made)
         if template_trial is None:
             memory[key] = mark
         return _create_once(self, study_id, template, claim=template_trial is None)
@@ -138,13 +135,9 @@ def _create_new_trial(self: Any, study_id: int, template_trial: Any = None) -> A
 
 
 def _new_trial_template() -> Any:
-    import datetime as dt
-
-    from optuna.trial import FrozenTrial, TrialState
-
-    return FrozenTrial(
+    return optuna.trial.FrozenTrial(
         number=-1,
-        state=TrialState.RUNNING,
+        state=optuna.trial.TrialState.RUNNING,
         value=None,
         values=None,
         datetime_start=dt.datetime.now(),
@@ -161,8 +154,6 @@ def _new_trial_template() -> Any:
 def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> Any:
     """One attempt of RDBStorage._create_new_trial. Optuna's own method retries a failed commit
     itself, blind to whether it landed, and would make a second trial with the same mark."""
-    import copy
-
     models = rdb_models()
 
     with scoped_session(storage) as session:
@@ -179,10 +170,6 @@ def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> 
 
 
 def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
-    import json
-
-    import sqlalchemy as sa
-
     models = rdb_models()
 
     attrs, trials = models.TrialSystemAttributeModel.__table__, models.TrialModel.__table__
@@ -202,21 +189,22 @@ def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
 _RIDING_CLASS: type | None = None
 
 
-def riding_storage_class() -> type[RDBStorage]:
+def riding_storage_class() -> type[optuna.storages.RDBStorage]:
     """RDBStorage whose every database call rides out an outage (`orchestrator.record.outages.riding`).
 
     A subclass, not a wrapper, so that Optuna still puts its trial cache in front of it
     (`optuna.load_study` caches an RDBStorage, and only an RDBStorage)."""
     global _RIDING_CLASS
     if _RIDING_CLASS is None:
-        from optuna.storages import RDBStorage
-
-        body = {name: _ridden(getattr(RDBStorage, name), what) for name, what in _RIDDEN.items()}
+        body = {
+            name: _ridden(getattr(optuna.storages.RDBStorage, name), what)
+            for name, what in _RIDDEN.items()
+        }
         body["set_trial_state_values"] = _set_trial_state_values
         body[private.CREATE_NEW_TRIAL] = _create_new_trial
         body[private.GET_TRIALS] = _get_trials
         body["__module__"] = __name__
-        _RIDING_CLASS = type("RidingRDBStorage", (RDBStorage,), body)
+        _RIDING_CLASS = type("RidingRDBStorage", (optuna.storages.RDBStorage,), body)
     return _RIDING_CLASS
 
 

@@ -27,11 +27,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.spool.entry import Kept, Rejected, entry_path, entry_text, parse
 from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
+from orchestrator.record.trials.logs import private_folder, trial_log_path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no file locks (see `_lock`)
+    fcntl = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     import optuna
+else:
+    optuna = LazyImport("optuna")
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +51,6 @@ REJECTED_FOLDER = "rejected"
 
 def spool_dir(log_dir: str | os.PathLike[str], study_name: str) -> Path:
     """Where a study's kept outcomes lie: beside its trial logs (see `trial_log_path`)."""
-    from orchestrator.record.trials.logs import trial_log_path
-
     return trial_log_path(log_dir, study_name, 0).parent / SPOOL_FOLDER
 
 
@@ -53,8 +61,6 @@ def _path(folder: Path, trial_id: int) -> Path:
 def _make_folder(folder: Path) -> None:
     # The user's only: a kept outcome is the user's data. The study's folder above it is made
     # 0700 too (as the trial logs make it); chmod fixes a folder an earlier version made wider.
-    from orchestrator.record.trials.logs import private_folder
-
     private_folder(folder)
     with contextlib.suppress(OSError):
         os.chmod(folder, 0o700)
@@ -115,9 +121,7 @@ def _lock(fd: int, *, wait: bool) -> bool:
     """Lock the open file `fd` for this process: whether it got the lock (without `wait`, False
     when another process holds it). Where there are no file locks (not POSIX, a filesystem
     without them), always True: keeping the outcome matters more than the lock."""
-    try:
-        import fcntl
-    except ImportError:
+    if fcntl is None:
         return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -241,8 +245,6 @@ def deliver(study: optuna.Study, folder: Path) -> int:
 
 def _deliver_one(study: optuna.Study, folder: Path, kept: Kept) -> bool:
     """Store one entry, saying what became of it in one line: whether the study took it."""
-    from orchestrator.record.outages.riding import ride_out
-
     frozen = ride_out(lambda: _stored(study, kept), what="read a kept trial")
     if frozen is None:
         logger.warning(
@@ -270,8 +272,6 @@ def _deliver_one(study: optuna.Study, folder: Path, kept: Kept) -> bool:
 
 
 def _state_now(study: optuna.Study, kept: Kept, frozen: Any) -> str:
-    from orchestrator.record.outages.riding import ride_out
-
     if frozen.state.is_finished():
         return str(frozen.state.name)
     now = ride_out(lambda: storage_of(study).get_trial(kept.trial_id), what="read a kept trial")
@@ -281,13 +281,9 @@ def _state_now(study: optuna.Study, kept: Kept, frozen: Any) -> str:
 def _told(study: optuna.Study, kept: Kept, frozen: Any) -> bool:
     """Store `kept` for its RUNNING trial: True, or False when another process finished the
     trial between the look and the write (Optuna refuses to change a finished trial)."""
-    from optuna.exceptions import UpdateFinishedTrialError
-
-    from orchestrator.record.outages.riding import ride_out
-
     try:
         ride_out(lambda: _tell(study, kept, frozen), what=f"store trial {kept.number}")
-    except UpdateFinishedTrialError:
+    except optuna.exceptions.UpdateFinishedTrialError:
         return False
     now = ride_out(lambda: storage_of(study).get_trial(kept.trial_id), what="read a kept trial")
     return bool(now.state.name == kept.state)
@@ -305,22 +301,21 @@ def _stored(study: optuna.Study, kept: Kept) -> Any:
 
 
 def _tell(study: optuna.Study, kept: Kept, frozen: Any) -> None:
-    from optuna.exceptions import UpdateFinishedTrialError
-    from optuna.trial import TrialState
-
     storage = storage_of(study)
-    if storage.get_trial(kept.trial_id).state != TrialState.RUNNING:
+    if storage.get_trial(kept.trial_id).state != optuna.trial.TrialState.RUNNING:
         return  # a ride_out retried after the commit, or another host finished it: the caller looks
     for epoch, value in kept.reports:
         if epoch not in frozen.intermediate_values:
             storage.set_trial_intermediate_value(kept.trial_id, int(epoch), float(value))
     for key, value in kept.user_attrs.items():
         storage.set_trial_user_attr(kept.trial_id, key, value)
-    state = TrialState[kept.state]
-    values = kept.values if state == TrialState.COMPLETE else None
+    state = optuna.trial.TrialState[kept.state]
+    values = kept.values if state == optuna.trial.TrialState.COMPLETE else None
     try:
         study.tell(kept.number, values, state=state)  # Optuna's own rules, as the trial would have
     except ValueError as error:
         if storage.get_trial(kept.trial_id).state.is_finished():
-            raise UpdateFinishedTrialError(str(error)) from None  # "Cannot tell a FAIL trial."
+            raise optuna.exceptions.UpdateFinishedTrialError(
+                str(error)
+            ) from None  # "Cannot tell a FAIL trial."
         raise

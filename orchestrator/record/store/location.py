@@ -11,9 +11,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    import sqlalchemy as sa
+else:
+    sa = LazyImport("sqlalchemy")
 
 DEFAULT_STORAGE = "sqlite:///orchestrator.db"
 STORAGE_ENV = "ORCHESTRATOR_STORAGE"
@@ -128,13 +134,10 @@ def mask_password(url: str) -> str:
 
 def _checked(url: str) -> Any:
     """SQLAlchemy's reading of `url` (an sqlalchemy.engine.URL), checked to be one we can open."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
     try:
-        parsed = make_url(repair_url(url))
+        parsed = sa.engine.make_url(repair_url(url))
         port = parsed.port  # SQLAlchemy reads the port as it parses; check its range here
-    except (ArgumentError, ValueError) as error:
+    except (sa.exc.ArgumentError, ValueError) as error:
         location = url.rpartition("@")[2]
         why = (
             "an IPv6 host needs its closing bracket, e.g. [::1]:5432"

@@ -27,15 +27,19 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.budget import section as budget_section
 from orchestrator.record.outages.errors import is_outage
 from orchestrator.record.outages.riding import ride_out, when_a_connection_is_free
 from orchestrator.record.store.storage import engine_kwargs, section_storage
 
 if TYPE_CHECKING:
+    import sqlalchemy as sa
     from sqlalchemy.engine import Connection
 
     from orchestrator.record.store.location import StorageLocation
+else:
+    sa = LazyImport("sqlalchemy")
 
 T = TypeVar("T")
 
@@ -61,8 +65,6 @@ def storage_lock(location: StorageLocation, name: str) -> Iterator[None]:
     if location.is_sqlite:
         yield  # in-memory SQLite: one process only
         return
-    import sqlalchemy as sa
-
     # A connection for the lock alone, closed with it: only the connection settings apply.
     connect_args = engine_kwargs(location)["connect_args"]
     engine = sa.create_engine(location.url, poolclass=sa.pool.NullPool, connect_args=connect_args)
@@ -79,8 +81,6 @@ def storage_lock(location: StorageLocation, name: str) -> Iterator[None]:
 
 
 def _unlock(conn: Connection) -> None:
-    import sqlalchemy as sa
-
     try:
         conn.rollback()  # the transaction wrote nothing: ending it lets the lock go
     except sa.exc.SQLAlchemyError as error:

@@ -16,14 +16,25 @@ optuna-dashboard's note format (`trials/notes`, `study/note`) is that package's,
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
     import optuna
     from optuna.distributions import BaseDistribution
+    from optuna.samplers import _base as sampler_base
     from optuna.storages import BaseStorage
+    from optuna.storages import _cached_storage as cached_storage
+    from optuna.storages._rdb import storage as rdb_storage
     from optuna.trial import FrozenTrial
+else:
+    cached_storage = LazyImport("optuna.storages._cached_storage")
+    optuna = LazyImport("optuna")
+    rdb_storage = LazyImport("optuna.storages._rdb.storage")
+    sampler_base = LazyImport("optuna.samplers._base")
 
 # The logger of RDBStorage's own messages (its fallback warnings on a lost connection).
 RDB_STORAGE_LOGGER = "optuna.storages._rdb.storage"
@@ -62,16 +73,12 @@ def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
 
 def rdb_models() -> Any:
     """RDBStorage's table definitions (optuna.storages._rdb.models), for reads in one query."""
-    from optuna.storages._rdb import models
-
-    return models
+    return importlib.import_module(RDB_MODELS_MODULE)  # the module itself, imported on first use
 
 
 def scoped_session(storage: Any, ignore_integrity_error: bool = False) -> Any:
     """A session of RDBStorage `storage` that commits at the end, as Optuna's own writes do."""
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    return _create_scoped_session(storage.scoped_session, ignore_integrity_error)
+    return rdb_storage._create_scoped_session(storage.scoped_session, ignore_integrity_error)
 
 
 def set_trial_attr_without_commit(
@@ -102,9 +109,7 @@ GET_TRIALS = "_get_trials"
 
 def rdb_get_trials(storage: Any, study_id: int, states: Any, *args: Any, **kwargs: Any) -> Any:
     """RDBStorage's own read of a study's trials, for the subclass that overrides it."""
-    from optuna.storages import RDBStorage
-
-    return RDBStorage._get_trials(storage, study_id, states, *args, **kwargs)
+    return optuna.storages.RDBStorage._get_trials(storage, study_id, states, *args, **kwargs)
 
 
 def prepared_new_trial(storage: Any, study_id: int, template: FrozenTrial, session: Any) -> Any:
@@ -139,10 +144,8 @@ def add_to_trial_cache(study: optuna.Study, frozen: FrozenTrial) -> None:
     cache = storage_of(study)
     if not hasattr(cache, "_add_trials_to_cache"):
         return
-    from optuna.storages._cached_storage import _StudyInfo
-
     with cache._lock:
-        cache._studies.setdefault(study_id_of(study), _StudyInfo())
+        cache._studies.setdefault(study_id_of(study), cached_storage._StudyInfo())
         cache._add_trials_to_cache(study_id_of(study), [frozen])
 
 
@@ -189,6 +192,4 @@ def process_constraints_after_trial(
 ) -> None:
     """Store a finished trial's constraint values as Optuna's own samplers do after a trial
     (optuna.samplers._base), so a study's feasibility reads the same whichever sampler ran."""
-    from optuna.samplers._base import _process_constraints_after_trial
-
-    _process_constraints_after_trial(constraints_func, study, trial, state)
+    sampler_base._process_constraints_after_trial(constraints_func, study, trial, state)

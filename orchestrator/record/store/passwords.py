@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
+import traceback
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote, unquote
 
 from orchestrator.record.store.location import mask_password, password_of
 
@@ -22,8 +26,6 @@ def remember_secret(url: str | None) -> None:
     password = password_of(url)
     if not password:
         return
-    from urllib.parse import quote, unquote
-
     plain = unquote(password)
     for form in {password, plain, quote(plain, safe=""), quote(plain)}:
         if len(form) >= SHORTEST_SECRET:
@@ -59,10 +61,6 @@ def protect_output() -> None:
     if _redacting:
         return
     _redacting = True
-    import logging
-    import sys
-    import traceback
-
     make_record = logging.getLogRecordFactory()
 
     def redacted_record(*args: Any, **kwargs: Any) -> logging.LogRecord:

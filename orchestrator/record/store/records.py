@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.outages.riding import retried, ride_out
 from orchestrator.record.trials.slurm_task import slurm_task_of
 
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
     from sqlalchemy.dialects import postgresql, sqlite
     from sqlalchemy.engine import Engine
     from sqlalchemy.schema import SchemaItem
+else:
+    postgresql = LazyImport("sqlalchemy.dialects.postgresql")
+    sqlite = LazyImport("sqlalchemy.dialects.sqlite")
 
 # Optuna owns alembic's default `alembic_version`; our chain keeps its revision here.
 VERSION_TABLE = "orchestrator_alembic_version"
@@ -294,10 +298,8 @@ class MeasuredMemoryModel:
 def _insert(engine: Engine, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
     """INSERT with ON CONFLICT, in the dialect at hand (both PostgreSQL and SQLite have it)."""
     if engine.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
+        return postgresql.insert(table)
+    return sqlite.insert(table)
 
 
 @retried("store a measured memory model")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 from orchestrator.errors import UserError
@@ -67,8 +68,6 @@ def _is_sqlite(path: Path) -> bool:
     connections included (a second `optimize` in one process still has the first one's). Other
     processes then take this process for gone and remove the WAL index under it, and what they
     write after that is lost to it, then to the file."""
-    import sqlite3
-
     try:
         connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:

@@ -7,12 +7,16 @@ storage rides out an outage (`riding_storage`).
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
+import threading
+import warnings
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 from orchestrator.record.outages.riding import ride_out, when_a_connection_is_free
 from orchestrator.record.outages.state import note_connections, note_storage
 from orchestrator.record.outages.storage import riding_storage_class
@@ -21,13 +25,17 @@ from orchestrator.record.store.passwords import protect_output, remember_secret
 from orchestrator.record.store.storage_failures import missing_driver, unreachable
 
 if TYPE_CHECKING:
-    import logging
-
     import optuna
+    import sqlalchemy as sa
     from optuna.storages import RDBStorage
     from optuna.trial import FrozenTrial
+    from sqlalchemy import orm
 
     from orchestrator.record.store.location import StorageLocation
+else:
+    optuna = LazyImport("optuna")
+    orm = LazyImport("sqlalchemy.orm")
+    sa = LazyImport("sqlalchemy")
 
 
 # A trial process records a heartbeat this often; a trial silent for the grace period is stale
@@ -107,9 +115,6 @@ def one_at_a_time_pool_class() -> type:
     ONE_CONNECTION_WAIT_S. Made on first use: SQLAlchemy is imported late."""
     global _POOL_CLASS
     if _POOL_CLASS is None:
-        import threading
-
-        import sqlalchemy as sa
 
         class OneAtATimePool(sa.pool.NullPool):
             def __init__(self, *args: Any, turn: Any = None, **kwargs: Any) -> None:
@@ -189,11 +194,7 @@ def _enable_sqlite_wal(location: StorageLocation) -> None:
 def quiet_optuna_warnings() -> None:
     """Heartbeats with ask/tell are what we mean to use: Optuna's experimental-feature warnings
     and its "heartbeat is supposed to be used with Study.optimize" note would only be noise."""
-    import warnings
-
-    from optuna.exceptions import ExperimentalWarning
-
-    warnings.filterwarnings("ignore", category=ExperimentalWarning)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
     _quiet_optuna_fallback()
 
@@ -220,8 +221,6 @@ class _LostConnectionFallback:
 
 
 def _quiet_optuna_fallback() -> None:
-    import logging
-
     logger = logging.getLogger(RDB_STORAGE_LOGGER)
     if not any(isinstance(f, _LostConnectionFallback) for f in logger.filters):
         logger.addFilter(_LostConnectionFallback())
@@ -246,9 +245,6 @@ def heartbeat_settings(environ: Mapping[str, str] = os.environ) -> tuple[int, in
 def _hold_one_connection(storage: RDBStorage, location: StorageLocation) -> None:
     """Swap the storage's engine for one that keeps a single connection. Not from the start:
     Optuna's first opening of a new database nests a session inside a connection it holds."""
-    import sqlalchemy as sa
-    from sqlalchemy import orm
-
     opened_with = storage.engine
     kwargs = engine_kwargs(location, one_connection=True)
     storage.engine = sa.create_engine(location.url, **kwargs)
@@ -261,8 +257,6 @@ def _hold_one_connection(storage: RDBStorage, location: StorageLocation) -> None
 def _note_max_connections(storage: RDBStorage) -> None:
     """The server's connection limit, for the line a host says if the server runs out (then it
     could not be asked)."""
-    import sqlalchemy as sa
-
     try:
         with storage.engine.connect() as connection:
             value = connection.exec_driver_sql("SHOW max_connections").scalar()
@@ -290,8 +284,6 @@ def create_storage(
     A trial process also holds at most one connection (`one_connection`, by default `wait`):
     its heartbeat and its main thread share it, and its budget section runs on it.
     """
-    from sqlalchemy.exc import SQLAlchemyError
-
     remember_secret(location.text)
     protect_output()
     note_storage(location)  # outage lines name the storage
@@ -326,7 +318,7 @@ def create_storage(
         if wait:
             return ride_out(open_it, what="open the storage")
         return when_a_connection_is_free(open_it)  # a full server is not a wrong URL
-    except (SQLAlchemyError, sqlite3.Error, OSError) as error:
+    except (sa.exc.SQLAlchemyError, sqlite3.Error, OSError) as error:
         raise unreachable(location, error) from None
     except ImportError as error:
         raise missing_driver(location, error) from None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import sqlite3
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 from orchestrator.record.outages.errors import (
     CONNECTION,
     FULL,
@@ -18,6 +20,13 @@ from orchestrator.record.outages.errors import (
 )
 from orchestrator.record.outages.state import Outages, current
 from orchestrator.record.store.location import StorageLocation, mask_password
+
+if TYPE_CHECKING:
+    import optuna
+    import sqlalchemy as sa
+else:
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
 
 EXIT_STATUS = 75  # EX_TEMPFAIL: try again later (the study is intact)
 SQLITE_FULL = 13  # "database or disk is full": the disk, or a file at the size limit
@@ -78,12 +87,12 @@ def storage_failure(error: BaseException, outages: Outages | None = None) -> Use
     """The one line for a database error that reached the command line, or None if it is not one.
 
     A locked or read-only SQLite file, a server that went away: what happened, where, what to do."""
-    from optuna.exceptions import StorageInternalError
-    from sqlalchemy.exc import SQLAlchemyError
-
     chain = list(error_chain(error))
     if not any(
-        isinstance(e, SQLAlchemyError | sqlite3.Error | StorageInternalError) for e in chain
+        isinstance(
+            e, sa.exc.SQLAlchemyError | sqlite3.Error | optuna.exceptions.StorageInternalError
+        )
+        for e in chain
     ):
         return None
     where, detail = current(outages).where, first_line(error)
@@ -125,8 +134,6 @@ def storage_failure(error: BaseException, outages: Outages | None = None) -> Use
 
 def unreachable(location: StorageLocation, error: BaseException) -> UserError:
     """A UserError for a storage that could not be opened or used: where it is, never the password."""
-    from sqlalchemy.exc import OperationalError
-
     reason = str(getattr(error, "orig", None) or error).strip().splitlines()
     detail = mask_password(reason[0]) if reason else type(error).__name__
     if outage_kind(error) == FULL:
@@ -135,7 +142,7 @@ def unreachable(location: StorageLocation, error: BaseException) -> UserError:
             "too many processes hold connections (its max_connections); try again when fewer "
             "run, put PgBouncer in front of the server, or raise max_connections"
         )
-    if isinstance(error, OperationalError | sqlite3.OperationalError | OSError):
+    if isinstance(error, sa.exc.OperationalError | sqlite3.OperationalError | OSError):
         return UserError(
             f"cannot reach the storage ({location.describe()}): {detail}; "
             "check that the database is running and the URL in --storage or ORCHESTRATOR_STORAGE"

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
 
     from orchestrator.record.study.spec import StudySpec
+else:
+    optuna = LazyImport("optuna")
 
 
 def adoption_problem(study: optuna.Study, spec: StudySpec) -> str | None:
@@ -33,8 +36,6 @@ def adoption_problem(study: optuna.Study, spec: StudySpec) -> str | None:
 
 def batch_size_problem(distributions: dict[str, Any], options: dict[str, Any]) -> str | None:
     """Does the stored batch size's distribution match what `batch_sizes=` draws?"""
-    from optuna.distributions import IntDistribution
-
     stored = distributions.get(names.BATCH_SIZE)
     low, high = int(options.get("batch_size_min", 0)), int(options.get("batch_size_max", 0))
     if stored is None:
@@ -44,7 +45,7 @@ def batch_size_problem(distributions: dict[str, Any], options: dict[str, Any]) -
             f"its trials draw batch_size ({stored}); pass batch_sizes=({_low(stored)}, "
             f"{_high(stored)}) so each trial is admitted by its batch"
         )
-    wanted = IntDistribution(low, high, log=True)
+    wanted = optuna.distributions.IntDistribution(low, high, log=True)
     if stored != wanted:
         return (
             f"its trials draw batch_size as {_describe(stored)}, batch_sizes=({low}, {high}) "

@@ -19,6 +19,7 @@ admission how many trials fit at once, never what a trial computes).
 from __future__ import annotations
 
 import datetime as dt
+import json
 import socket
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -135,8 +136,6 @@ def check_stored(
 
 def record_update(study: optuna.Study, drifts: list[Drift]) -> None:
     """Append this update to the study's record of them (optuna-dashboard shows it as well)."""
-    import json
-
     entry = update_entry(drifts, host=socket.gethostname(), when=dt.datetime.now(dt.UTC))
     earlier = study.user_attrs.get(UPDATES_ATTR)
     updates = list(earlier) if isinstance(earlier, list) else []

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = LazyImport("yaml")
 
 
 def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
     """`NAME=V1,V2,...` (or `NAME=[V1, V2]`, as a config file's table gives it) as a mapping of
     value lists; a ValueError saying what to type."""
-    import yaml
-
     grid: dict[str, list[Any]] = {}
     for item in items:
         name, sep, text = item.partition("=")
@@ -32,8 +37,6 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
 
 
 def _value(part: Any) -> Any:
-    import yaml
-
     return yaml.safe_load(part.strip()) if isinstance(part, str) else part
 
 

@@ -11,17 +11,20 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_private import storage_of, study_id_of
+from orchestrator.record.trials.notes import save_note
 
 if TYPE_CHECKING:
     import optuna
+    from optuna_dashboard import _note as dashboard_note
+else:
+    dashboard_note = LazyImport("optuna_dashboard._note")
 
 logger = logging.getLogger(__name__)
 
 
 def save_study_note(study: optuna.Study, body: str) -> None:
-    from orchestrator.record.trials.notes import save_note
-
     storage, study_id = storage_of(study), study_id_of(study)
     save_note(storage, study_id, None, storage.get_study_system_attrs(study_id), body)
 
@@ -38,7 +41,5 @@ def write_study_note(study: optuna.Study, body: str) -> bool:
 
 def read_study_note(study: optuna.Study) -> str:
     """The study's note as optuna-dashboard reads it ("" when it has none)."""
-    from optuna_dashboard._note import get_note_from_system_attrs
-
     attrs = storage_of(study).get_study_system_attrs(study_id_of(study))
-    return get_note_from_system_attrs(attrs, None)["body"]
+    return dashboard_note.get_note_from_system_attrs(attrs, None)["body"]

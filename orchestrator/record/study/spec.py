@@ -7,18 +7,33 @@ pure: which trials count towards `--trials N`, and whether a worker may ask for 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_private import storage_of, study_id_of
 
 if TYPE_CHECKING:
+    import secrets
+
     import optuna
     from optuna.storages import BaseStorage
     from optuna.trial import FrozenTrial
+
+    from orchestrator.record.store import optuna_objects
+    from orchestrator.record.study import drift
+else:
+    optuna = LazyImport("optuna")
+    # Read when a study is saved or its pickles loaded; every `--help` loads this module (the
+    # flags build a StudySpec), so these wait for first use.
+    drift = LazyImport("orchestrator.record.study.drift")
+    optuna_objects = LazyImport("orchestrator.record.store.optuna_objects")
+    # hmac and OpenSSL's hashes load with it: paid when a study is made, not by every --help
+    secrets = LazyImport("secrets")
 
 SPEC_ATTR = "orchestrator"
 PICKLED = ("sampler_pickle", "pruner_pickle")  # StudySpec's fields kept in system attributes
@@ -100,12 +115,8 @@ def patience_for(epochs: int) -> int:
 def pruner_for(spec: StudySpec) -> optuna.pruners.BasePruner:
     """The pruner named in the spec. Pruners hold no state in the storage, so every process
     builds its own from the spec; epochs are the resource (the adapter reports once per epoch)."""
-    import optuna
-
     if spec.pruner_pickle is not None:
-        from orchestrator.record.store.optuna_objects import unpickled
-
-        return unpickled(spec.pruner_pickle)
+        return optuna_objects.unpickled(spec.pruner_pickle)
     if spec.pruner not in PRUNERS:
         raise UserError(
             f"study's pruner {spec.pruner!r} is unknown to this version; "
@@ -153,14 +164,10 @@ SEED_LIMIT = 2**32  # seeds are 0 .. 2**32 - 1, what numpy, torch and Optuna's s
 def draw_seed() -> int:
     """A seed for a study whose user gave none: drawn once, stored with the study's settings, so
     that every process on every node samples from one sequence (QMC) and the study can be rerun."""
-    import secrets
-
     return secrets.randbelow(SEED_LIMIT)
 
 
 def derived_seed(study_name: str, study_id: int) -> int:
-    import hashlib
-
     digest = hashlib.sha256(f"{study_name}\0{study_id}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
@@ -169,9 +176,7 @@ def save_spec(study: optuna.Study, spec: StudySpec, *, update_settings: bool = F
     """Store the spec; settings that would change what the study's trials mean are refused
     unless `update_settings` (record/study/drift.py: `run`, `optimize`, and a run that
     raced another to create the study all meet this one check)."""
-    from orchestrator.record.study.drift import check_stored
-
-    check_stored(study, load_spec(study), spec, update_settings=update_settings)
+    drift.check_stored(study, load_spec(study), spec, update_settings=update_settings)
     # JSON round trip: user attributes must be JSON-serialisable, and we want a clear error if not.
     study.set_user_attr(SPEC_ATTR, json.loads(json.dumps(spec.to_attr())))
     pickles = {key: getattr(spec, key) for key in PICKLED}
@@ -186,8 +191,6 @@ def study_names(storage: BaseStorage) -> list[str]:
 
 def load_existing_study(storage: BaseStorage, name: str, storage_label: str) -> optuna.Study:
     """The study called `name`, or a UserError that lists the studies that do exist."""
-    import optuna
-
     try:
         return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
@@ -236,21 +239,19 @@ def retried_trial_numbers(trials: Iterable[FrozenTrial]) -> set[int]:
 
 
 def count_trials(trials: Iterable[FrozenTrial]) -> BudgetCount:
-    from optuna.trial import TrialState
-
     trials = list(trials)
     retried = retried_trial_numbers(trials)
     counts = dict.fromkeys(("complete", "pruned", "failed", "retried", "running", "waiting"), 0)
     for trial in trials:
-        if trial.state == TrialState.COMPLETE:
+        if trial.state == optuna.trial.TrialState.COMPLETE:
             counts["complete"] += 1
-        elif trial.state == TrialState.PRUNED:
+        elif trial.state == optuna.trial.TrialState.PRUNED:
             counts["pruned"] += 1
-        elif trial.state == TrialState.FAIL:
+        elif trial.state == optuna.trial.TrialState.FAIL:
             counts["retried" if trial.number in retried else "failed"] += 1
-        elif trial.state == TrialState.RUNNING:
+        elif trial.state == optuna.trial.TrialState.RUNNING:
             counts["running"] += 1
-        elif trial.state == TrialState.WAITING:
+        elif trial.state == optuna.trial.TrialState.WAITING:
             counts["waiting"] += 1
     return BudgetCount(**counts)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
+from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.store.optuna_private import (
     cached_trial_of,
     rdb_models,
@@ -22,19 +24,18 @@ from orchestrator.record.store.optuna_private import (
 
 if TYPE_CHECKING:
     import optuna
+else:
+    optuna = LazyImport("optuna")
 
 
 def set_user_attrs(trial: optuna.Trial, attrs: Mapping[str, Any]) -> None:
-    from optuna.storages import RDBStorage
-
     models = rdb_models()
 
     backend = rdb_storage_of(trial.storage)  # Optuna's cache wraps it
-    if not isinstance(backend, RDBStorage) or not attrs:
+    if not isinstance(backend, optuna.storages.RDBStorage) or not attrs:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         return
-    from orchestrator.record.outages.riding import ride_out
 
     def write() -> None:
         with scoped_session(backend, True) as session:

@@ -16,9 +16,23 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
+from orchestrator.record.checkpoints.lineage import (
+    epochs_trained,
+    is_segment,
+    lineage_of,
+    schedule,
+    weights_of,
+)
+
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
+
+    from orchestrator.record.trials import pareto
+else:
+    optuna = LazyImport("optuna")
+    pareto = LazyImport("orchestrator.record.trials.pareto")
 
 
 def directions_of(study: optuna.Study) -> list[str]:
@@ -29,15 +43,13 @@ def directions_of(study: optuna.Study) -> list[str]:
 
 def pick_best(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> FrozenTrial | None:
     """The best of these trials for a study with these directions (see the module's rule)."""
-    from optuna.trial import TrialState
-
     if len(directions) != 1:
         return None
     # `values`, not `value`: reading `value` of a multi-objective trial raises.
     done = [
         t
         for t in trials
-        if t.state == TrialState.COMPLETE
+        if t.state == optuna.trial.TrialState.COMPLETE
         and t.values is not None
         and len(t.values) == 1
         and math.isfinite(t.values[0])
@@ -57,33 +69,27 @@ def best_of_study(study: optuna.Study) -> FrozenTrial | None:
     directions = directions_of(study)
     if len(directions) != 1:
         return None  # `study.best_trial` would raise RuntimeError
-    from optuna.trial import TrialState
-
     try:
         trial = study.best_trial
     except ValueError:  # no completed trial yet
         return None
     best = pick_best([trial], directions)
     if best is None:  # an inf or -inf at the top of the query: the finite ones, read whole
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         best = pick_best(done, directions)
     if best is not None and _is_segment(best):
         # Population-based training: a segment's value is its lineage's at the segment's end,
         # so only the lineages trained furthest compare (a mid-run value is no final one).
-        done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         best = pick_best(_trained_furthest(done), directions)
     return best
 
 
 def _is_segment(trial: FrozenTrial) -> bool:
-    from orchestrator.record.checkpoints.lineage import is_segment
-
     return is_segment(trial)
 
 
 def _trained_furthest(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    from orchestrator.record.checkpoints.lineage import epochs_trained, is_segment
-
     segments = [t for t in trials if is_segment(t)]
     furthest = max(epochs_trained(t) for t in segments)
     return [t for t in segments if epochs_trained(t) == furthest]
@@ -99,30 +105,24 @@ def pareto_front(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> li
     """The completed, feasible trials no other one dominates (at least as good on every
     objective and better on one), by number; of equal values the lowest number stands for all.
     For one objective it is the best trial."""
-    from optuna.trial import TrialState
-
-    from orchestrator.record.trials.pareto import non_dominated
-
     signs = [1.0 if d == "minimize" else -1.0 for d in directions]
     done = [
         t
         for t in sorted(trials, key=lambda t: t.number)
-        if t.state == TrialState.COMPLETE
+        if t.state == optuna.trial.TrialState.COMPLETE
         and t.values is not None
         and len(t.values) == len(signs)
         and not any(math.isnan(v) for v in t.values)
         and feasible(t)
     ]
     keys = [tuple(s * v for s, v in zip(signs, t.values, strict=True)) for t in done]
-    return [done[i] for i in non_dominated(keys) if keys[i] not in keys[:i]]
+    return [done[i] for i in pareto.non_dominated(keys) if keys[i] not in keys[:i]]
 
 
 def best_lineage(trials: Iterable[FrozenTrial], best: int | None) -> dict | None:
     """The lineage of trial `best` when it is a segment of population-based training (None
     otherwise): its segments' numbers, its schedule of params over epochs, and where its
     weights are (its latest checkpoint, or None when it saved none)."""
-    from orchestrator.record.checkpoints.lineage import is_segment, lineage_of, schedule, weights_of
-
     by_number = {t.number: t for t in trials}
     trial = by_number.get(best) if best is not None else None
     if trial is None or not is_segment(trial):

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from orchestrator.record.study.names import study_folder
+
 if TYPE_CHECKING:
     from orchestrator.record.store.location import StorageLocation
 
@@ -33,8 +35,6 @@ def default_log_dir(location: StorageLocation, cwd: Path | None = None) -> Path:
 
 def trial_log_path(log_dir: str | os.PathLike[str], study_name: str, number: int) -> Path:
     """`LOG_DIR/FOLDER/trial-N.log`, FOLDER the study's own (record/study/names.study_folder)."""
-    from orchestrator.record.study.names import study_folder
-
     return Path(log_dir) / study_folder(study_name) / f"trial-{number}.log"
 
 

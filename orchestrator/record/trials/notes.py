@@ -9,11 +9,13 @@ version per note), from any process, on SQLite or PostgreSQL.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_private import (
     rdb_storage_of,
     storage_of,
@@ -24,7 +26,13 @@ from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
+    import sqlalchemy as sa
     from optuna.trial import FrozenTrial
+    from optuna_dashboard import _note as dashboard_note
+else:
+    dashboard_note = LazyImport("optuna_dashboard._note")
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
 
 logger = logging.getLogger(__name__)
 
@@ -155,14 +163,12 @@ def save_note(
     """Write `body` as the note of a trial (or, with `trial_id` None, of the study) in
     optuna-dashboard's layout, given the note keys `existing` already among the study's system
     attributes: the next version, the chunks, and blanks over a longer earlier note's chunks."""
-    from optuna_dashboard._note import note_str_key_prefix, note_ver_key, split_body
-
-    version = int(existing.get(note_ver_key(trial_id), 0)) + 1
-    storage.set_study_system_attr(study_id, note_ver_key(trial_id), version)
-    chunks = split_body(body, trial_id)
+    version = int(existing.get(dashboard_note.note_ver_key(trial_id), 0)) + 1
+    storage.set_study_system_attr(study_id, dashboard_note.note_ver_key(trial_id), version)
+    chunks = dashboard_note.split_body(body, trial_id)
     for key, text in chunks.items():
         storage.set_study_system_attr(study_id, key, text)
-    prefix = note_str_key_prefix(trial_id)
+    prefix = dashboard_note.note_str_key_prefix(trial_id)
     old = sum(1 for key in existing if key.startswith(prefix))
     for i in range(len(chunks), old):
         storage.set_study_system_attr(study_id, f"{prefix}{i}", "")
@@ -171,17 +177,11 @@ def save_note(
 def _note_attrs(storage: Any, study_id: int, trial_id: int) -> dict[str, Any]:
     """This trial's note keys among the study's system attributes. On a database only its own
     rows are read, so the cost stays flat as the study (and its notes) grow; elsewhere, all."""
-    import json
-
-    from optuna.storages import RDBStorage
-
     backend = rdb_storage_of(storage)  # load_study wraps an RDBStorage in a cache
     prefix = f"dashboard:{trial_id}:"
-    if not isinstance(backend, RDBStorage):
+    if not isinstance(backend, optuna.storages.RDBStorage):
         attrs = storage.get_study_system_attrs(study_id)
         return {k: v for k, v in attrs.items() if k.startswith(prefix)}
-    import sqlalchemy as sa
-
     query = sa.text(  # Optuna's own table; the prefix holds no LIKE wildcard but ':'
         "SELECT key, value_json FROM study_system_attributes "
         "WHERE study_id = :study AND key LIKE :prefix"

@@ -16,12 +16,18 @@ from collections import defaultdict
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_private import rdb_models
 
 if TYPE_CHECKING:
+    import optuna
+    import sqlalchemy as sa
     from optuna.distributions import BaseDistribution
     from optuna.trial import FrozenTrial
     from sqlalchemy.engine import Engine
+else:
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
 
 SYSTEM_KEYS = ("retry_history", "fixed_params")
 
@@ -30,8 +36,6 @@ def read_trials(
     engine: Engine, study_id: int, *, intermediate_values: bool = False
 ) -> list[FrozenTrial]:
     """Every trial of the study, in number order."""
-    import sqlalchemy as sa
-
     models = rdb_models()
 
     trials = models.TrialModel.__table__
@@ -53,8 +57,6 @@ def read_trials(
 
 
 def _parts(conn: Any, of_study: Any, intermediate_values: bool) -> dict[str, dict[int, Any]]:
-    import sqlalchemy as sa
-
     models = rdb_models()
 
     def by_trial(table: sa.Table, *columns: str, where: Any = None) -> dict[int, list[tuple]]:
@@ -87,10 +89,8 @@ def _parts(conn: Any, of_study: Any, intermediate_values: bool) -> dict[str, dic
     return parts
 
 
-def _frozen(row: Any, parts: dict[str, dict[int, Any]]) -> FrozenTrial:
+def _frozen(row: Any, parts: dict[str, dict[int, Any]]) -> optuna.trial.FrozenTrial:
     models = rdb_models()
-    from optuna.trial import FrozenTrial
-
     trial_id = row.trial_id
     values = _values(parts["values"].get(trial_id, []))
     params, dists = {}, {}
@@ -98,7 +98,7 @@ def _frozen(row: Any, parts: dict[str, dict[int, Any]]) -> FrozenTrial:
         dist = _distribution(dist_json)
         params[name], dists[name] = dist.to_external_repr(internal), dist
     to_value = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value
-    return FrozenTrial(
+    return optuna.trial.FrozenTrial(
         number=row.number,
         state=row.state,
         value=None,
@@ -131,9 +131,7 @@ def _values(stored: list[tuple]) -> list[float] | None:
 @lru_cache(maxsize=256)
 def _distribution(dist_json: str) -> BaseDistribution:
     """Every trial of a study repeats the same few distributions: parse each once."""
-    from optuna.distributions import json_to_distribution
-
-    return json_to_distribution(dist_json)
+    return optuna.distributions.json_to_distribution(dist_json)
 
 
 def _local(moment: dt.datetime | None) -> dt.datetime | None:

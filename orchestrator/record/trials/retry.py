@@ -12,12 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.outages.riding import ride_out
+from orchestrator.record.study.spec import load_spec
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
+else:
+    optuna = LazyImport("optuna")
 
 
 def retry_history(trial: FrozenTrial) -> list[int]:
@@ -33,9 +37,6 @@ def requeue(
     reason: str,
 ) -> bool:
     """Queue a re-run of `trial` (with `params` replacing some of its own); False when out of retries."""
-    import optuna
-    from optuna.trial import TrialState
-
     history = [*retry_history(trial), trial.number]
     if max_retries is not None and len(history) > max_retries:
         return False
@@ -55,7 +56,7 @@ def requeue(
     if names.TRAIN_UNTIL_EPOCH in trial.user_attrs:
         user_attrs[names.TRAIN_UNTIL_EPOCH] = trial.user_attrs[names.TRAIN_UNTIL_EPOCH]
     rerun = optuna.trial.create_trial(
-        state=TrialState.WAITING,
+        state=optuna.trial.TrialState.WAITING,
         system_attrs={
             "fixed_params": fixed,
             "failed_trial": history[0],
@@ -83,7 +84,5 @@ def is_requeued(study: optuna.Study, number: int) -> bool:
 
 def stale_trial_callback(study: optuna.Study, trial: FrozenTrial) -> None:
     """Heartbeat callback: a trial whose process died is re-run, within the study's retry limit."""
-    from orchestrator.record.study.spec import load_spec
-
     spec = ride_out(lambda: load_spec(study), what="read the study's settings")
     requeue(study, trial, max_retries=spec.max_retries if spec else 2, reason="lost")

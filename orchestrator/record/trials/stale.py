@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 import logging
 from typing import TYPE_CHECKING
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.budget.section import connection_for
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.state import Outages, current
@@ -17,6 +20,10 @@ from orchestrator.record.store.optuna_private import (
 
 if TYPE_CHECKING:
     import optuna
+    import sqlalchemy as sa
+else:
+    optuna = LazyImport("optuna")
+    sa = LazyImport("sqlalchemy")
 
 # Every outage line comes from one logger, whichever module says it.
 logger = logging.getLogger("orchestrator.record.outages.riding")
@@ -33,8 +40,6 @@ def fail_stale_trials(study: optuna.Study, grace_s: float, outages: Outages | No
     Not while the database is away, nor for `grace_s` after it is back: until then no trial
     could record its heartbeat, and live ones would be failed; nor for `grace_s` after the
     PostgreSQL server (re)started. True when it looked."""
-    import optuna
-
     if not current(outages).quiet_for(grace_s):
         return False
 
@@ -55,8 +60,6 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
     server is back, and this process may never see an outage. But every heartbeat sent meanwhile
     waited too, and a trial that looks silent is healthy: its heartbeats get the grace period to
     resume from the server's start, as after an outage this process saw."""
-    import sqlalchemy as sa
-
     storage = storage_of(study)
     engine = getattr(rdb_storage_of(storage), "engine", None)
     if engine is None or engine.dialect.name != "postgresql":
@@ -87,15 +90,7 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
 
 
 def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
-    import copy
-    import datetime as dt
-
-    import sqlalchemy as sa
-    from optuna.exceptions import UpdateFinishedTrialError
-
     models = rdb_models()
-    from optuna.trial import TrialState
-
     storage = storage_of(study)
     backend = rdb_storage_of(storage)  # under Optuna's cache, the RDBStorage
     engine = getattr(backend, "engine", None)
@@ -109,7 +104,7 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
         .select_from(trials.outerjoin(beats, beats.c.trial_id == trials.c.trial_id))
         .where(
             trials.c.study_id == study_id_of(study),
-            trials.c.state == TrialState.RUNNING.name,
+            trials.c.state == optuna.trial.TrialState.RUNNING.name,
             beats.c.trial_id.is_(None),
             trials.c.datetime_start < cutoff,
         )
@@ -119,9 +114,9 @@ def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
     callback = backend.get_heartbeat_stale_trial_callback()
     for trial_id in orphans:
         try:
-            if not storage.set_trial_state_values(trial_id, state=TrialState.FAIL):
+            if not storage.set_trial_state_values(trial_id, state=optuna.trial.TrialState.FAIL):
                 continue
-        except UpdateFinishedTrialError:
+        except optuna.exceptions.UpdateFinishedTrialError:
             continue
         logger.info("trial id %d was asked for but never started: failed", trial_id)
         if callback is not None:

@@ -21,12 +21,16 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
+    import mlflow
     from optuna.trial import FrozenTrial
 
     from orchestrator.record.study.spec import StudySpec
+else:
+    mlflow = LazyImport("mlflow")
 
 logger = logging.getLogger(__name__)
 
@@ -142,22 +146,18 @@ class TrialTracker:
     @property
     def _client(self) -> Any:
         if self._mlflow is None:
-            from mlflow.tracking import MlflowClient
-
-            self._mlflow = MlflowClient(tracking_uri=self.tracking_uri)
+            self._mlflow = mlflow.tracking.MlflowClient(tracking_uri=self.tracking_uri)
         return self._mlflow
 
     def experiment_id(self) -> str:
         """The study's experiment, made on first use (by whichever process gets there first)."""
         if self._experiment_id is None:
-            from mlflow.exceptions import MlflowException
-
             found = self._client.get_experiment_by_name(self.experiment)
             if found is None:
                 try:
                     self._experiment_id = self._client.create_experiment(self.experiment)
                     return self._experiment_id
-                except MlflowException:  # another process made it a moment ago
+                except mlflow.exceptions.MlflowException:  # another process made it a moment ago
                     found = self._client.get_experiment_by_name(self.experiment)
                     if found is None:
                         raise
@@ -195,8 +195,6 @@ class TrialTracker:
             return None
 
     def _log(self, trial: FrozenTrial) -> str:
-        from mlflow.entities import Metric, Param
-
         existing = self.find_run(trial.number)
         if existing is not None:
             return existing
@@ -209,8 +207,11 @@ class TrialTracker:
         run_id = run.info.run_id
         end = _ms(trial.datetime_complete) or _ms(trial.datetime_start)
         stamp = end or 0
-        metrics = [Metric(k, v, stamp, step) for k, v, step in run_metrics(trial, self.metric)]
-        params = [Param(k, v) for k, v in run_params(trial).items()]
+        metrics = [
+            mlflow.entities.Metric(k, v, stamp, step)
+            for k, v, step in run_metrics(trial, self.metric)
+        ]
+        params = [mlflow.entities.Param(k, v) for k, v in run_params(trial).items()]
         # One batch call takes at most 1000 metrics and 100 parameters.
         for i in range(0, max(len(metrics), len(params), 1), 100):
             self._client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100])
