@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import MemoryModel
 from orchestrator.imports import LazyImport
 from orchestrator.planning.footprint import envelope
+from orchestrator.record.outages.riding import when_a_connection_is_free
 from orchestrator.record.store.storage import engine_kwargs
 from orchestrator.record.store.storage_failures import unreachable
 
@@ -143,7 +144,12 @@ def existing_engine(location: StorageLocation) -> Engine | None:
             return None
     engine = sa.create_engine(location.url, **engine_kwargs(location))
     try:
-        if not sa.inspect(engine).has_table(records.memory_models.name):
+        # A server with no connection free is waited for, as opening the storage does: a host
+        # joining a full server reads its memory models once a connection is free.
+        has_models = when_a_connection_is_free(
+            lambda: sa.inspect(engine).has_table(records.memory_models.name)
+        )
+        if not has_models:
             engine.dispose()
             return None
     except sa.exc.SQLAlchemyError as error:
@@ -165,7 +171,9 @@ def measured_models(
     try:
         found = {}
         for name in names:
-            measured = records.load_memory_model(engine, adapter=adapter, gpu_name=name)
+            measured = when_a_connection_is_free(
+                lambda name=name: records.load_memory_model(engine, adapter=adapter, gpu_name=name)
+            )
             if measured is not None:
                 found[name] = choose_memory_model(declared, measured)
         return found
