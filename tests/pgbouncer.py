@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,8 +95,9 @@ class PgBouncer:
                 raise RuntimeError("pgbouncer did not start listening")
             time.sleep(0.1)
 
-    def pools(self) -> list[dict[str, object]]:
-        """PgBouncer's `SHOW POOLS`: per database, its clients (cl_*) and server connections (sv_*)."""
+    @contextlib.contextmanager
+    def admin(self) -> Iterator[Any]:
+        """A connection to PgBouncer's admin console, held for many `SHOW` commands."""
         import psycopg2
 
         conn = psycopg2.connect(
@@ -103,12 +105,19 @@ class PgBouncer:
         )
         try:
             conn.autocommit = True
-            with conn.cursor() as cursor:
-                cursor.execute("SHOW POOLS")
-                names = [column.name for column in cursor.description]
-                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            yield conn
         finally:
             conn.close()
+
+    def pools(self, admin: Any = None) -> list[dict[str, object]]:
+        """PgBouncer's `SHOW POOLS`: per database, its clients (cl_*) and server connections (sv_*)."""
+        if admin is None:
+            with self.admin() as conn:
+                return self.pools(conn)
+        with admin.cursor() as cursor:
+            cursor.execute("SHOW POOLS")
+            names = [column.name for column in cursor.description]
+            return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _write_config(folder: Path, port: int, server_port: int, pool_size: int) -> Path:
