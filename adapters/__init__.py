@@ -14,8 +14,7 @@ __gpu_study_orchestrator__ = True
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapters.base import (
     BATCH_SIZE_MAX,
@@ -29,6 +28,13 @@ from adapters.base import (
 )
 from adapters.objective import ObjectiveAdapter, load_objective
 from orchestrator.errors import UserError
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    from importlib import metadata
+else:
+    # Read only to list the adapters: with its email parsing it is a tenth of `--help`'s imports.
+    metadata = LazyImport("importlib.metadata")
 
 __all__ = [
     "BATCH_SIZE_MAX",
@@ -93,7 +99,7 @@ def _entry(name: str, origin: str, target: str) -> AdapterEntry:
 
 def _declared() -> list[tuple[str, str, str]]:
     found = [(name, "built-in", target) for name, target in BUILTIN.items()]
-    for point in entry_points(group=ENTRY_POINT_GROUP):
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if point.name in BUILTIN and point.value == BUILTIN[point.name]:
             continue  # our own distribution declares the built-ins too
         dist = getattr(point.dist, "name", None) or "unknown package"

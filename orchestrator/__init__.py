@@ -27,7 +27,15 @@ with interrupts.stopped_quietly() if _COMMAND else contextlib.nullcontext():
             raise SystemExit(2) from None
         raise
 
-    from orchestrator.api import optimize, plan
-
 __version__ = "0.1.0"
 __all__ = ["optimize", "plan", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    """`orchestrator.optimize` and `orchestrator.plan`, loaded on first use: every command and
+    every trial process imports this package first, and most never call the Python API."""
+    if name in ("optimize", "plan"):
+        from orchestrator import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

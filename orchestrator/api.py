@@ -32,11 +32,20 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import samplers
+from adapters import base as adapter_base
+from adapters import objective as adapter_objective
+from adapters import study_adapter
+from orchestrator import host_options
 from orchestrator.api_checks import check_arguments, check_host, said_as_api
 from orchestrator.errors import UserError
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
 from orchestrator.imports import LazyImport
+from orchestrator.planning import host_plan
+from orchestrator.record.checkpoints import files as checkpoint_files
+from orchestrator.record.store import optuna_objects
 from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.study import adoption, settings_attrs
 from orchestrator.record.study.objectives import check_directions, parse_names, plan_objectives
 from orchestrator.record.study.spec import (
     PRUNERS,
@@ -51,33 +60,10 @@ if TYPE_CHECKING:
     import optuna
 
     import orchestrator.launch as launch
-    import samplers
-    from adapters import base as adapter_base
-    from adapters import objective as adapter_objective
-    from adapters import study_adapter
-    from orchestrator import host_options
-    from orchestrator.planning import host_plan
     from orchestrator.planning.planner import NodePlan
-    from orchestrator.record.checkpoints import files as checkpoint_files
-    from orchestrator.record.store import optuna_objects
-    from orchestrator.record.study import adoption, settings_attrs
 else:
     optuna = LazyImport("optuna")
-    # Ours, loaded when first used: this module loads with every command, --help included
-    # (and `launch` loads SQLAlchemy and Optuna as it loads).
-    launch = LazyImport("orchestrator.launch")
-    # `adapters.base` imports `orchestrator.errors`, which runs `orchestrator/__init__` and so this
-    # module while `adapters.base` is still loading: what reaches `adapters` loads at first use.
-    adapter_base = LazyImport("adapters.base")
-    adapter_objective = LazyImport("adapters.objective")
-    host_options = LazyImport("orchestrator.host_options")
-    samplers = LazyImport("samplers")
-    study_adapter = LazyImport("adapters.study_adapter")
-    host_plan = LazyImport("orchestrator.planning.host_plan")
-    checkpoint_files = LazyImport("orchestrator.record.checkpoints.files")
-    optuna_objects = LazyImport("orchestrator.record.store.optuna_objects")
-    adoption = LazyImport("orchestrator.record.study.adoption")
-    settings_attrs = LazyImport("orchestrator.record.study.settings_attrs")
+    launch = LazyImport("orchestrator.launch")  # loads SQLAlchemy and Optuna as it loads
 
 
 def optimize(
@@ -231,8 +217,7 @@ def plan(
     *,
     gpus: str = "auto",
     memory_model: tuple[float, float] = (0.0, 0.0),
-    batch_sizes: tuple[int, int] = (64, 4096),  # adapters.base's BATCH_SIZE_MIN/MAX: importing
-    # adapters here would run before the own-packages check of orchestrator/__init__
+    batch_sizes: tuple[int, int] = (adapter_base.BATCH_SIZE_MIN, adapter_base.BATCH_SIZE_MAX),
     cpu_bound: bool = False,
     swarm_size: int = StudySpec.swarm_size,
     concurrency: int | None = None,

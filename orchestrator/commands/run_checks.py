@@ -8,14 +8,17 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import parse_options
-from orchestrator import api
 from orchestrator.errors import UserError
 from orchestrator.flags.objectives import grid_of, objectives_of
 from orchestrator.flags.trust import check_trust_flags
 from orchestrator.host_options import check_model_fits_a_gpu
+from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
+    from orchestrator import api
     from orchestrator.record.study.spec import StudySpec
+else:
+    api = LazyImport("orchestrator.api")  # what the Python API checks, loaded when `run` runs
 
 
 def checked_options(args: argparse.Namespace, adapter: Any) -> dict[str, Any]:
