@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tests.cli_helpers import cli_env, run_cli, start_cli
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 6
@@ -26,17 +27,10 @@ def _study(url: str, name: str = "synthetic") -> optuna.Study:
     return optuna.load_study(study_name=name, storage=url)
 
 
-def _wait_for(what: str, check, timeout: float = 240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            found = check()
-        except (KeyError, IndexError, optuna.exceptions.StorageInternalError):
-            found = None  # the study or its trial is not there yet, or the file is busy
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+def _wait_for(what: str, check):
+    # The study or its trial is not there yet, or the file is busy: not yet.
+    tolerate = (KeyError, IndexError, optuna.exceptions.StorageInternalError)
+    return wait_for(check, what, timeout=240.0, tolerate=tolerate)
 
 
 def _rerun_of(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:

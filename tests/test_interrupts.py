@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import optuna
 import pytest
 
 from tests.cli_helpers import cli_env, start_cli
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _wait_for(condition, seconds: float = 120.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(("sig", "status", "line"), [
@@ -38,7 +31,7 @@ def test_a_stop_while_the_adapter_imports_is_one_line(tmp_path, sig, status, lin
         "--gpus", "sim:24576", cwd=tmp_path, env=env,
     )  # fmt: skip
     try:
-        _wait_for(marker.exists)
+        wait_for(marker.exists, "the adapter's import", every=0.05)
         os.killpg(process.pid, sig)  # as a terminal's Ctrl-C reaches the whole group
         out, err = process.communicate(timeout=120)
     finally:
@@ -67,7 +60,7 @@ def test_sigterm_while_trials_run_re_queues_them_and_exits_143(tmp_path):
                 return False
             return any(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
 
-        _wait_for(running)
+        wait_for(running, "the trial to run", every=0.05)
         process.send_signal(signal.SIGTERM)  # the run alone, as a service manager stops it
         out, err = process.communicate(timeout=120)
     finally:

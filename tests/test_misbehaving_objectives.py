@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import optuna
@@ -15,6 +14,7 @@ from optuna.trial import TrialState
 import orchestrator
 from orchestrator.record.trials.best import best_of_study, pick_best
 from tests.cli_helpers import cli_env, run_cli, start_cli
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTER = "tests.misbehaving_adapter:adapter"
@@ -104,16 +104,6 @@ def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
         return []
 
 
-def _wait_for(what, timeout: float = 240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = what()
-        if found:
-            return found
-        time.sleep(0.3)
-    raise AssertionError("waited too long")
-
-
 def test_a_frozen_trial_process_is_re_run_and_its_late_write_is_one_line(sqlite_url, tmp_path):
     marker, release = tmp_path / "marker", tmp_path / "release"
     flags = _flags(sqlite_url, marker, "behave=wait", f"release={release}")
@@ -126,9 +116,10 @@ def test_a_frozen_trial_process_is_re_run_and_its_late_write_is_one_line(sqlite_
             zero = [t for t in _trials(sqlite_url) if t.number == 0]
             return zero[0].user_attrs.get("pid") if zero else None
 
-        pid = _wait_for(training)
+        pid = wait_for(training, "the trial to train", timeout=240.0, every=0.3)
         os.kill(pid, signal.SIGSTOP)
-        _wait_for(lambda: any(t.user_attrs.get("retry_of") == 0 for t in _trials(sqlite_url)))
+        rerun = lambda: any(t.user_attrs.get("retry_of") == 0 for t in _trials(sqlite_url))  # noqa: E731
+        wait_for(rerun, "trial 0's re-run", timeout=240.0, every=0.3)
         release.touch()
         os.kill(pid, signal.SIGCONT)
         _, stderr = cli.communicate(timeout=300)

@@ -14,9 +14,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from orchestrator.cli import main
 from orchestrator.record.checkpoints import lineage as names
 from orchestrator.record.store.location import StorageLocation
 from tests.cli_helpers import run_cli, start_cli
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -25,18 +27,6 @@ POPULATION, EPOCHS, SEGMENTS = 4, 6, 3  # interval: a quarter of 6 epochs, round
 
 def _study(url: str) -> optuna.Study:
     return optuna.load_study(study_name="pbt", storage=StorageLocation.parse(url).url)
-
-
-def _wait_for_study(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if _study(url).user_attrs.get("orchestrator"):
-                return
-        except KeyError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError("the study was never created")
 
 
 def _running(url: str) -> int:
@@ -50,7 +40,7 @@ def _wait_until(predicate, timeout: float = 300) -> None:
         time.sleep(0.5)
 
 
-def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_path):
+def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_path, capsys):
     # The run takes one trial at a time, and its first segment ends only once the worker has
     # claimed one of its own, so both train however slowly a busy machine starts the worker.
     release = tmp_path / "release"
@@ -81,7 +71,8 @@ def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_
         "1",
         *common,
     )
-    _wait_for_study(postgres_url)
+    stored = lambda: _study(postgres_url).user_attrs.get("orchestrator")  # noqa: E731
+    wait_for(stored, "the study", every=0.5, tolerate=(KeyError,))
     second = start_cli(
         "worker", "--study", "pbt", "--gpus", "sim:81920", "--concurrency", "2", *common
     )  # fmt: skip
@@ -129,3 +120,15 @@ def test_two_workers_train_one_population_on_postgres_exactly(postgres_url, tmp_
     assert lineage["trials"][-1] == record["trial"]
     assert lineage["schedule"][0]["from"] == 0 and lineage["schedule"][-1]["until"] == EPOCHS
     assert lineage["weights"] is not None and "artifact_id" in lineage["weights"]
+
+    # The text form names the lineage and its weights; run in one process after it, the JSON
+    # form still finds the weights (the text form must leave the modules it reads as they were).
+    for form in ("text", "json"):
+        code = main(["best", "--study", "pbt", "--storage", postgres_url, "--format", form])
+        assert code == 0
+        out = capsys.readouterr().out
+        if form == "text":
+            assert f"lineage (trials {', '.join(map(str, lineage['trials']))}):" in out, out
+            assert "weights: {" in out and "artifact_id" in out, out
+        else:
+            assert json.loads(out)["lineage"]["weights"] == lineage["weights"]

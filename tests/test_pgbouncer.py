@@ -16,7 +16,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +23,7 @@ import sqlalchemy as sa
 
 from tests.pg_cluster import PgCluster
 from tests.pgbouncer import PgBouncer
+from tests.waiting import wait_for
 
 SERVER_CONNECTIONS = 5
 POOL_SIZE = 4  # PgBouncer's server connections for the study's database (the rest: the test's own)
@@ -142,7 +142,8 @@ def test_more_trial_processes_than_server_connections_and_nothing_fails(crowd):
         text=True,
         env=_env(),
     )
-    _wait_for_study(cluster.database_url("many"))
+    stored = lambda: _study_exists(cluster.database_url("many"))  # noqa: E731
+    wait_for(stored, "the study", every=0.5, tolerate=(sa.exc.SQLAlchemyError,))
     others = [
         subprocess.Popen(
             _command("worker", "--study", "synthetic", *common),
@@ -169,16 +170,6 @@ def test_more_trial_processes_than_server_connections_and_nothing_fails(crowd):
     assert alive.clients > SERVER_CONNECTIONS, (alive.clients, alive.servers)
     assert alive.servers <= POOL_SIZE, (alive.clients, alive.servers)
     assert _advisory_locks(cluster.database_url("many")) == 0
-
-
-def _wait_for_study(url: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(sa.exc.SQLAlchemyError):
-            if _states(url, "synthetic") or _study_exists(url):
-                return
-        time.sleep(0.5)
-    raise AssertionError("the study was not created")
 
 
 def _study_exists(url: str) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import optuna
 import pytest
@@ -20,6 +19,7 @@ from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.study.spec import StudySpec, count_trials, save_spec
 from orchestrator.run.pool.loop import Pool
 from tests.cli_helpers import cli_env, run_cli, start_cli
+from tests.waiting import wait_for
 
 VRAM_ATTRS = (
     "vram_peak_mb",
@@ -148,16 +148,6 @@ def test_the_watchdog_halves_the_memory_when_another_process_holds_it(tmp_path, 
     assert ledger.held_mb("another process") == 5500  # ours came and went; theirs stayed
 
 
-def _wait_for(predicate, timeout=120.0, every=0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("timed out")
-
-
 def test_a_killed_worker_s_trial_is_failed_by_heartbeat_and_re_run_by_a_survivor(postgres_url):
     common = ("--storage", postgres_url, "--gpus", "sim:24576")
     doomed = start_cli(
@@ -186,7 +176,7 @@ def test_a_killed_worker_s_trial_is_failed_by_heartbeat_and_re_run_by_a_survivor
         # Mid-training: every parameter drawn, the objective running.
         return next((t for t in trials if len(t.params) == 5), None)
 
-    victim = _wait_for(running_trial)
+    victim = wait_for(running_trial, "a running trial", every=0.5)
     os.killpg(doomed.pid, signal.SIGKILL)  # the worker and its trial process, mid-trial
     doomed.wait()
 
@@ -230,9 +220,9 @@ def test_two_workers_with_different_gpus_share_one_postgres_study_exactly(postgr
         *options,
         *common,
     )
-    _wait_for(lambda: _has_study(postgres_url, "pair"))
+    wait_for(lambda: _has_study(postgres_url, "pair"), "the study", every=0.5)
     second = start_cli("worker", "--study", "pair", "--gpus", "sim:81920", *common)
-    _wait_for(lambda: _running(postgres_url, "pair") > 2, timeout=300)
+    wait_for(lambda: _running(postgres_url, "pair") > 2, "3 running trials", timeout=300, every=0.5)
     release.touch()
     second_out, second_err = second.communicate(timeout=400)
     out, err = first.communicate(timeout=400)
@@ -299,7 +289,7 @@ def test_sigterm_lets_the_grace_period_pass_then_stops_and_re_queues(sqlite_url)
         trials = study.get_trials(states=(TrialState.RUNNING,))
         return next((t for t in trials if len(t.params) == 5), None)
 
-    victim = _wait_for(training)
+    victim = wait_for(training, "a training trial", every=0.5)
     worker.send_signal(signal.SIGTERM)  # the supervisor only, as `kill PID` or Kubernetes would
     worker.communicate(timeout=60)
     assert worker.returncode == 143  # as a shell reports a process stopped by SIGTERM

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from orchestrator.record.checkpoints import lineage as checkpoint_lineage
     from orchestrator.record.trials import best as best_trials
     from orchestrator.show import final_scores_text, queries, views
+    from orchestrator.show import front as show_front
     from orchestrator.show import text as show_text
 else:
     optuna = LazyImport("optuna")
@@ -135,12 +136,12 @@ def _lineage_lines(lineage: dict[str, Any] | None, number: int) -> list[str]:
     if lineage is None or lineage["trials"][-1] != number:
         return []
     weights = lineage["weights"]
-    checkpoint_files.where = "no checkpoint saved" if weights is None else json.dumps(weights)
+    where = "no checkpoint saved" if weights is None else json.dumps(weights)
     lines = [f"lineage (trials {', '.join(map(str, lineage['trials']))}):"]
     return [
         *lines,
         *(f"  {line}" for line in checkpoint_lineage.schedule_text(lineage["schedule"])),
-        f"weights: {checkpoint_files.where}",
+        f"weights: {where}",
     ]
 
 
