@@ -56,3 +56,17 @@ def test_another_error_in_a_finalizer_is_reported_as_python_does() -> None:
     assert done.stdout == "trained to the end\n", done.stderr
     assert "Exception ignored" in done.stderr
     assert "ValueError: a finalizer of the model" in done.stderr
+
+
+def test_a_spawned_trial_process_sets_its_handlers_before_the_heavy_imports() -> None:
+    # A spawned trial process imports the module of `serve` before `serve` sets its signal
+    # handlers: a Ctrl-C in that time is a traceback, so the module loads none of the packages
+    # that take most of a second; they load when the first trial runs.
+    code = (
+        "import sys, orchestrator.run.trial.worker\n"
+        "print(sorted(m for m in ('optuna', 'sqlalchemy', 'numpy', 'torch') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout

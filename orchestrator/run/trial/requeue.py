@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.imports import LazyImport
-from orchestrator.record.store import records
 from orchestrator.record.store.optuna_private import storage_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.retry import requeue
@@ -20,12 +19,14 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
+    from orchestrator.record.store import records
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.run.messages import TrialJob
     from orchestrator.run.trial.context import TrialContext
     from orchestrator.run.trial.result import RunResult
 else:
     optuna = LazyImport("optuna")
+    records = LazyImport("orchestrator.record.store.records")  # SQLAlchemy: see runner
 
 
 def requeue_if_interrupted(

@@ -21,7 +21,6 @@ from orchestrator.imports import LazyImport
 from orchestrator.record.budget import section as budget_section
 from orchestrator.record.budget.claim import ask_within_budget
 from orchestrator.record.outages.riding import Heartbeat
-from orchestrator.record.store import records
 from orchestrator.record.store.optuna_private import fixed_params_of, trial_id_of
 from orchestrator.record.store.storage import heartbeat_settings
 from orchestrator.record.study import objectives
@@ -42,7 +41,7 @@ from orchestrator.run.trial.memory import (
     reset_memory,
 )
 from orchestrator.run.trial.requeue import requeue_if_interrupted
-from orchestrator.run.trial.result import RunResult, outcome_of
+from orchestrator.run.trial.result import RunResult, trial_outcome
 from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
 from orchestrator.run.trial.spool import Told, kept_until_told, noted
 from orchestrator.run.trial.training import train
@@ -50,10 +49,13 @@ from orchestrator.run.trial.training import train
 if TYPE_CHECKING:
     import optuna
 
+    from orchestrator.record.store import records
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.run.trial.context import TrialContext
 else:
     optuna = LazyImport("optuna")
+    # Loads SQLAlchemy: read once a trial runs, after the process's signal handlers are set.
+    records = LazyImport("orchestrator.record.store.records")
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     except optuna.exceptions.UpdateFinishedTrialError:
         return _late(trial.number, log_file)
     log = None if log_file is None else str(log_file)
-    return outcome_of(result, trial.number, alone=alone, requeued=requeued, log_file=log)
+    return trial_outcome(result, trial.number, alone=alone, requeued=requeued, log_file=log)
 
 
 def tidy_checkpoints(
@@ -195,7 +197,7 @@ def run_objective(
                 if len(spec.all_directions) == 1
                 else unpruned_reporter(trial.number)
             )
-            result.flush = report.flush  # run before the result is told (trial_spool)
+            result.flush = report.flush  # run before the result is told (run/trial/spool)
             saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
             result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage, saves)
             with time_limit(ctx.config.settings.recycling.trial_timeout):  # from its admission on

@@ -8,10 +8,17 @@ sizes; the record layer only stores and reads them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_objects import unpickled
-from samplers import BoundedSampler, bounded
+
+if TYPE_CHECKING:
+    import samplers
+else:
+    # Loads Optuna: a spawned trial process imports this module before its signal handlers are
+    # set, and a Ctrl-C then would be a traceback; it loads when a trial makes its sampler.
+    samplers = LazyImport("samplers")
 
 
 def user_sampler(text: str, bounds: tuple[int, int]) -> Any:
@@ -19,7 +26,7 @@ def user_sampler(text: str, bounds: tuple[int, int]) -> Any:
 
     sampler = unpickled(text)
     sampler.reseed_rng()
-    return bounded(sampler, {"batch_size": bounds})
+    return samplers.bounded(sampler, {"batch_size": bounds})
 
 
 def walked_once(sampler: Any, bounds: tuple[int, int]) -> Any:
@@ -27,7 +34,7 @@ def walked_once(sampler: Any, bounds: tuple[int, int]) -> Any:
     grid is walked is dropped: `study.stop()` only works inside `study.optimize`, and raises in
     a trial process; here the study's budget, one walk of the grid, ends it instead."""
 
-    class WalkedOnce(BoundedSampler):
+    class WalkedOnce(samplers.BoundedSampler):
         def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
             try:
                 super().after_trial(study, trial, state, values)

@@ -1,6 +1,7 @@
 """A warm trial process: opens the study once, then runs trial after trial for one GPU slot.
 
-The supervisor starts `serve` with the `spawn` context (CUDA and fork do not mix), sends it a
+The supervisor starts `serve` in a fresh process, forked from the fork server or spawned, never
+forked from itself (CUDA and fork do not mix: `run/pool/trial_start`), sends it a
 `TrialJob` for each trial over a pipe and gets back ("asked", number) and then the trial's
 `TrialOutcome`. The process ends, and a fresh one takes its slot, when `recycle_reason` says so:
 after an out-of-memory error or any other CUDA error (only a process exit gives back everything
@@ -115,9 +116,9 @@ def _log_as_the_host_does() -> None:
 
 
 def _import_what_every_trial_needs(uses_torch: bool) -> None:
-    # Imported on purpose here, while the process waits for its first message, so its first
-    # trial does not pay for them (the modules' tops name them lazily); torch only when the
-    # adapter uses it.
+    # Imported on purpose here, once the signal handlers are set and while the process waits for
+    # its first message, so its first trial does not pay for them (the modules' tops name them
+    # through LazyImport); torch only when the adapter uses it.
     import optuna  # noqa: F401
     import sqlalchemy  # noqa: F401
 
