@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from orchestrator.cli import build_parser
+from orchestrator.cli import build_parser, main
 from orchestrator.deploy.compose import repository_file
 from orchestrator.deploy.engine import (
     GPUS_FLAG,
@@ -219,3 +219,34 @@ def test_a_planted_engine_works_through_the_interface(monkeypatch) -> None:
 def test_an_engine_that_builds_its_own_line_is_caught() -> None:
     with pytest.raises(AssertionError, match="procfile"):
         assert_same_worker({"procfile": ProcfileEngine(build_own_line=True)}, request())
+
+
+def test_the_planted_engine_is_a_choice_of_the_command_line(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setitem(ENGINES, ProcfileEngine.name, ProcfileEngine())
+    argv = ["manifests", "dqn", "--study", "syn", "--workers", "2", "--engine", "procfile"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    assert f"wrote {tmp_path / 'Procfile'}" in capsys.readouterr().out
+    written = {"Procfile": (tmp_path / "Procfile").read_text()}
+    assert [argv[-2:] for argv in worker_lines(written)] == [["--gpus", "0"], ["--gpus", "1"]]
+
+
+# --- the command line's way to every engine --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(ENGINES))
+def test_manifests_writes_what_each_engine_renders(name: str, tmp_path, capsys) -> None:
+    argv = ["manifests", "dqn", "--study", "syn", "--workers", "3", "--trials", "40"]
+    assert main([*argv, "--engine", name]) == 0
+    printed = capsys.readouterr().out
+    assert main([*argv, "--engine", name, "--out", str(tmp_path)]) == 0
+    files = ENGINES[name].render(request())
+    assert {path.name: path.read_text() for path in tmp_path.iterdir()} == files
+    assert printed == "---\n".join(files.values())
+
+
+def test_a_kubernetes_flag_with_another_engine_is_one_line(capsys) -> None:
+    argv = ["manifests", "dqn", "--study", "syn", "--workers", "3", "--engine", "compose"]
+    assert main([*argv, "--image", "registry.example.com/orchestrator:1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --image is for --engine kubernetes: drop it for compose"
+    )

@@ -1,4 +1,8 @@
-"""`manifests ADAPTER --study NAME --workers N`: Kubernetes YAML for N workers on the adapter's pool."""
+"""`manifests ADAPTER --study NAME --workers N`: a cluster engine's files for N workers of a study.
+
+Kubernetes YAML for the adapter's node pool by default; `--engine compose` (or `slurm`, or any
+engine listed in `deploy/engines.py`) renders that engine's files for the same workers.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,13 @@ import sys
 from pathlib import Path
 
 import adapters
+from orchestrator.deploy.engine import StudyWorkers
+from orchestrator.deploy.engines import ENGINES
 from orchestrator.deploy.kubernetes import (
     DEFAULT_IMAGE,
     DEFAULT_STORAGE_SECRET,
-    Deployment,
+    KubernetesEngine,
     apply_commands,
-    manifests,
-    to_yaml,
 )
 from orchestrator.errors import UserError
 from orchestrator.flags.common import command_parser, study_name, whole_number
@@ -41,17 +45,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="worker pods, one GPU each",
     )
     parser.add_argument(
+        "--engine",
+        choices=sorted(ENGINES),
+        default=KubernetesEngine.name,
+        help="the cluster engine whose files to write (default: %(default)s)",
+    )
+    parser.add_argument(
         "--image",
-        default=DEFAULT_IMAGE,
         type=image_reference,
-        help=f"container image (default: {DEFAULT_IMAGE})",
+        help=f"Kubernetes: the container image (default: {DEFAULT_IMAGE})",
     )
     parser.add_argument(
         "--storage-secret",
-        default=DEFAULT_STORAGE_SECRET,
         type=secret_name,
         metavar="NAME",
-        help="Secret whose key `url` holds the storage URL (default: %(default)s)",
+        help=f"Kubernetes: the Secret whose key `url` holds the storage URL "
+        f"(default: {DEFAULT_STORAGE_SECRET})",
     )
     parser.add_argument(
         "--epochs",
@@ -69,7 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out",
         metavar="DIR",
-        help="write migrate.yaml, workers.yaml, dashboard.yaml here (default: print)",
+        help="write the files here (Kubernetes: migrate.yaml, workers.yaml, dashboard.yaml; "
+        "default: print them)",
     )
     add_workloads_argument(parser)
     parser.set_defaults(handler=manifests_command)
@@ -107,51 +117,64 @@ def secret_name(text: str) -> str:
 def manifests_command(args: argparse.Namespace) -> int:
     adapter = adapters.get(args.adapter)
     wc = workload_class(adapter.workload_class, args.workloads)
-    deployment = Deployment(
-        adapter=args.adapter,
-        workload=wc,
+    workers = StudyWorkers(
         study=args.study,
         workers=args.workers,
-        image=args.image,
-        storage_secret=args.storage_secret,
-        epochs=args.epochs,
+        workload=wc,
+        adapter=args.adapter,
         trials=args.trials,
+        epochs=args.epochs,
     )
-    files = manifests(deployment)
+    if args.engine != KubernetesEngine.name:
+        for flag, value in (("--image", args.image), ("--storage-secret", args.storage_secret)):
+            if value is not None:
+                raise UserError(f"{flag} is for --engine kubernetes: drop it for {args.engine}")
+        _write(args, ENGINES[args.engine].render(workers), [])
+        return 0
+    engine = KubernetesEngine(
+        image=args.image or DEFAULT_IMAGE,
+        storage_secret=args.storage_secret or DEFAULT_STORAGE_SECRET,
+    )
+    deployment = engine.deployment(workers)
     summary = (
         f"{args.adapter} is {wc.name}: {args.workers} worker(s) on "
         f"{wc.node_selector_key}={wc.node_selector_value} ({wc.gpu_kind or 'GPU'}), "
         f"cpu {wc.cpu_request}/{wc.cpu_limit}, memory {wc.memory_request}/{wc.memory_limit}, "
         f"1 GPU, {deployment.epochs_in_words}"
     )
-    notes = []
+    notes = [summary]
     if args.epochs is None and wc.default_epochs != deployment.builtin_default_epochs:
         # Workers read the image's built-in table; the local workloads file does not travel.
         notes.append(
             f"note: workers do not see the workloads file's default_epochs = {wc.default_epochs}: "
             f"pass --epochs {wc.default_epochs} to use it"
         )
-    if args.out is None:
-        sys.stdout.write(to_yaml([obj for objects in files.values() for obj in objects]))
-        for line in (summary, *notes):
-            print(f"# {line}", file=sys.stderr)
-        return 0
+    _write(args, engine.render(workers), notes)
+    if args.out is not None:
+        print(f"slots per GPU: {wc.plan_command(args.adapter)}")
+        print("next:")
+        for command in apply_commands(deployment, args.out.rstrip("/")):
+            print(f"  {command}")
+    return 0
 
+
+def _write(args: argparse.Namespace, files: dict[str, str], notes: list[str]) -> None:
+    """The engine's files on stdout (YAML documents one after another, notes on stderr as
+    comments), or into --out with the notes and the names written on stdout."""
+    if args.out is None:
+        sys.stdout.write("---\n".join(files.values()))
+        for line in notes:
+            print(f"# {line}", file=sys.stderr)
+        return
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        for name, objects in files.items():
-            (out / name).write_text(to_yaml(objects), encoding="utf-8")
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
     except OSError as error:
         raise UserError(
             f"cannot write to {str(out)!r} ({error.strerror}): choose another --out"
         ) from None
-    print(summary)
     for line in notes:
         print(line)
     print(f"wrote {', '.join(str(out / name) for name in files)}")
-    print(f"slots per GPU: {wc.plan_command(args.adapter)}")
-    print("next:")
-    for command in apply_commands(deployment, args.out.rstrip("/")):
-        print(f"  {command}")
-    return 0

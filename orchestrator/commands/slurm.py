@@ -17,7 +17,8 @@ import sys
 from typing import TYPE_CHECKING
 
 import adapters
-from orchestrator.deploy.slurm import MAX_GPUS_PER_NODE, MAX_NODES, SlurmJob, sbatch_script
+from orchestrator.deploy.engine import StudyWorkers
+from orchestrator.deploy.slurm import MAX_GPUS_PER_NODE, MAX_NODES, SlurmEngine
 from orchestrator.errors import UserError
 from orchestrator.flags.common import (
     add_storage_argument,
@@ -98,19 +99,22 @@ def slurm_command(args: argparse.Namespace) -> int:
             "--trials sets a new study's budget: give the ADAPTER too, or drop --trials"
         )
     adapter_name, class_name = _what_runs(args)
-    job = SlurmJob(
-        study=args.study or adapter_name,
-        workload=workload_class(class_name, args.workloads),
-        nodes=args.nodes,
+    engine = SlurmEngine(
         gpus_per_node=args.gpus_per_node,
-        adapter=args.adapter,
-        trials=args.trials,
         partition=args.partition,
         time=args.time,
         account=args.account,
         python=sys.executable or "python3",
     )
-    script = sbatch_script(job)
+    workers = StudyWorkers(
+        study=args.study or adapter_name,
+        workers=args.nodes,
+        workload=workload_class(class_name, args.workloads),
+        adapter=args.adapter,
+        trials=args.trials,
+    )
+    job = engine.job(workers)
+    (script,) = engine.render(workers).values()
     storage = _storage_for_nodes(args.storage)  # a dry run is refused what a submit would be
     if args.dry_run:
         sys.stdout.write(script)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from orchestrator.errors import UserError
 from orchestrator.record.store.location import STORAGE_ENV
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def worker_argv(
     """
     if adapter is None:
         if trials is not None or epochs is not None:
-            raise ValueError("--trials and --epochs set a new study's settings: give the adapter")
+            raise UserError("--trials and --epochs set a new study's settings: give the adapter")
         args = ["worker", "--study", study]
     else:
         args = ["run", adapter, "--study", study]

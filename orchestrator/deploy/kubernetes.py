@@ -361,10 +361,15 @@ class KubernetesEngine:
 
     def render(self, workers: StudyWorkers) -> dict[str, str]:
         """migrate.yaml, workers.yaml and dashboard.yaml, in the order they are applied."""
+        objects = manifests(self.deployment(workers))
+        return {name: to_yaml(items) for name, items in objects.items()}
+
+    def deployment(self, workers: StudyWorkers) -> Deployment:
+        """What the manifests are made from, and what `manifests` says of them."""
         if workers.adapter is None:
             # Every pod runs `run ADAPTER`, so that none depends on another creating the study.
             raise UserError("Kubernetes workers run `run ADAPTER`: give the study's adapter")
-        deployment = Deployment(
+        return Deployment(
             adapter=workers.adapter,
             workload=workers.workload,
             study=workers.study,
@@ -374,4 +379,3 @@ class KubernetesEngine:
             epochs=workers.epochs,
             trials=workers.trials,
         )
-        return {name: to_yaml(objects) for name, objects in manifests(deployment).items()}

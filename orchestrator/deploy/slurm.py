@@ -196,7 +196,12 @@ class SlurmEngine:
 
     def render(self, workers: StudyWorkers) -> dict[str, str]:
         """The batch script, named after the job (`sbatch` reads it from a file or its input)."""
-        job = SlurmJob(
+        job = self.job(workers)
+        return {f"{job.job_name}.sbatch": sbatch_script(job)}
+
+    def job(self, workers: StudyWorkers) -> SlurmJob:
+        """The array job the script submits, and what `slurm` says of it."""
+        return SlurmJob(
             study=workers.study,
             workload=workers.workload,
             nodes=workers.workers,
@@ -209,4 +214,3 @@ class SlurmEngine:
             account=self.account,
             python=self.python,
         )
-        return {f"{job.job_name}.sbatch": sbatch_script(job)}
