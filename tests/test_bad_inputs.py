@@ -6,6 +6,7 @@ line each one gets must also be the one docs/reliability.md shows for it.
 
 from __future__ import annotations
 
+import datetime
 import os
 import shutil
 import sqlite3
@@ -36,6 +37,16 @@ def make_study_folder(folder: str | os.PathLike[str]) -> None:
     assert done.returncode == 0, done.stderr
     (folder / "prices").mkdir()
     (folder / "prices" / "close.csv").write_text("close\n" + "\n".join(["1.0"] * 300) + "\n")
+    # Dated prices a user exported by hand: one date twice, and one European date among ISO ones.
+    days = [
+        (datetime.date(2020, 1, 1) + datetime.timedelta(days=i)).isoformat() for i in range(300)
+    ]
+    twice, european = list(days), list(days)
+    twice[200] = twice[100]  # 2020-04-10, on lines 102 and 202
+    european[250] = "31/01/2020"  # line 252
+    for name, dates in (("prices.csv", twice), ("eu.csv", european)):
+        rows = "".join(f"{date},{100.0 + i}\n" for i, date in enumerate(dates))
+        (folder / name).write_text("Date,Close\n" + rows)
     # What a careless user points flags at: binary garbage as a config, a text file and a
     # folder as a database.
     (folder / "garbage.toml").write_bytes(bytes(range(256)) * 4)
