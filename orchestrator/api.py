@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from orchestrator.planning.planner import NodePlan
 else:
     optuna = LazyImport("optuna")
-    launch = LazyImport("orchestrator.launch")  # loads SQLAlchemy and Optuna as it loads
+    launch = LazyImport("orchestrator.launch")  # the pool and its processes: 40 modules
 
 
 def optimize(
@@ -165,19 +165,18 @@ def _objectives(
 
 def _sampler_and_pruner(sampler: Any, pruner: Any) -> dict[str, Any]:
     """The spec's sampler and pruner fields: a name, or an Optuna object pickled with its class."""
-
-    fields: dict[str, Any] = {"sampler": sampler, "pruner": pruner}
+    chosen: dict[str, Any] = {"sampler": sampler, "pruner": pruner}
     if isinstance(sampler, optuna.samplers.BaseSampler):
-        fields["sampler"] = optuna_objects.sampler_label(sampler)
-        fields["sampler_pickle"] = optuna_objects.pickled(sampler, "sampler")
+        chosen["sampler"] = optuna_objects.sampler_label(sampler)
+        chosen["sampler_pickle"] = optuna_objects.pickled(sampler, "sampler")
     elif not isinstance(sampler, str):
         raise ValueError(f"sampler={sampler!r}: give a sampler's name or an Optuna sampler")
     if isinstance(pruner, optuna.pruners.BasePruner):
-        fields["pruner"] = type(pruner).__name__
-        fields["pruner_pickle"] = optuna_objects.pickled(pruner, "pruner")
+        chosen["pruner"] = type(pruner).__name__
+        chosen["pruner_pickle"] = optuna_objects.pickled(pruner, "pruner")
     elif not isinstance(pruner, str) or pruner not in PRUNERS:
         raise ValueError(f"pruner={pruner!r}: give an Optuna pruner or one of {', '.join(PRUNERS)}")
-    return fields
+    return chosen
 
 
 def _with_checkpoints(spec: StudySpec, host: dict[str, Any]) -> StudySpec:
@@ -224,7 +223,6 @@ def plan(
     n_trials: int | None = None,
 ) -> NodePlan:
     """What this host would run: per GPU, the trials at once and the batch sizes that fit."""
-
     return host_plan.host_plan(
         gpus,
         adapter_base.MemoryModel(float(memory_model[0]), float(memory_model[1])),
@@ -320,12 +318,9 @@ def _store(storage: Any, name: str, spec: Any, existing: Any) -> Any:
     """The study, created (or the one resumed or adopted) with the spec stored and its metric
     names set; a new study whose spec cannot be stored is deleted again, so a corrected call
     is not refused because of it."""
-
     if existing is not None:
         save_spec(existing, spec)
-        settings_attrs.show_settings(
-            existing, spec
-        )  # one user attribute per setting, for optuna-dashboard
+        settings_attrs.show_settings(existing, spec)  # one user attribute per setting
         set_metric_names(existing, spec)
         return existing
     study = optuna.create_study(

@@ -95,7 +95,7 @@ class VersionAction(argparse.Action):
             dest,
             nargs=0,
             default=argparse.SUPPRESS,
-            help="show the program's version number and exit",
+            help="show program's version number and exit",
         )
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:

@@ -54,8 +54,6 @@ if TYPE_CHECKING:
 # System attribute of a segment: its plan, {"member", "generation", "start", "until", "parent",
 # "params" (None: drawn afresh), "round"}. None: a claim withdrawn (another worker won it).
 PLAN_KEY = "pbt"
-# How many times one ask may lose a member to a worker that claimed it at the same moment.
-CLAIM_ATTEMPTS = 50
 
 
 class PBTSampler(BaseSampler):

@@ -5,8 +5,9 @@ need around it: `Config` (a trial's parameters as a dataclass), `training` (the 
 lines of every `learn`), `score_epoch` (the score after each epoch, reported and logged), `Run`
 (what a run did) and `RLAdapter` (the adapter's `train`, with folds, and `final_scores`).
 
-The task a run trains on and how it is scored is `_rl_task`'s; a network's parameters are
-`_weights`'s. Both are imported here too, so the algorithms reach everything through `_rl`.
+The task a run trains on and how it is scored is `_rl/task`'s; a network's parameters are
+`_rl/weights`'s. Both are imported here too, so the algorithms reach everything through this
+module (`from adapters._rl import frame as _rl`).
 """
 
 from __future__ import annotations

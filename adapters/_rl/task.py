@@ -116,7 +116,7 @@ class Task:
         )
 
     def evaluate(self, policy: Policy, device: torch.device, *, max_position: int = 1) -> float:
-        """The run's score for a greedy `policy` (see `_scoring`)."""
+        """The run's score for a greedy `policy` (see `_rl/scoring`)."""
         if not self.is_trading:
             return mean_eval_return(
                 self.env_id, policy, device, seed=self.seed + self.eval_seed_offset
@@ -229,7 +229,7 @@ def test_task(options: Mapping[str, Any]) -> Task:
 
 
 def baselines(options: Mapping[str, Any]) -> dict[str, dict[str, float]]:
-    """What a tuned agent's validation and test scores stand beside (see `_scoring`)."""
+    """What a tuned agent's validation and test scores stand beside (see `_rl/scoring`)."""
     market = load_market(options)
     if market is None:
         return gym_baselines(str(options["env"]), int(options.get("seed", 0)))

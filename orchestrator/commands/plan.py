@@ -235,9 +235,8 @@ def _calibrate(
     check_options = getattr(adapter, "check_options", None)
     if callable(check_options):
         check_options(options)  # bad data fails here, not inside the calibration process
-    calibration.calibration_params(
-        adapter, 1, options
-    )  # fails early, here, if it cannot vary batch_size
+    # Fails early, here, if it cannot vary batch_size.
+    calibration.calibration_params(adapter, 1, options)
     first_by_name: dict[str, Device] = {}
     for device in real:
         first_by_name.setdefault(device.name, device)

@@ -350,9 +350,7 @@ def _store(
         # its own and was given none, joins that one's sequence instead of refusing a drift.
         spec = dataclasses.replace(spec, seed=stored.seed)
     save_spec(study, spec, update_settings=update_settings)
-    settings_attrs.show_settings(
-        study, spec
-    )  # one user attribute per setting, for optuna-dashboard
+    settings_attrs.show_settings(study, spec)  # one user attribute per setting
     enqueue.enqueue(study, queue)
     return study
 

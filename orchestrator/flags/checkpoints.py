@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import UserError
 from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
@@ -53,8 +52,5 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
 def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The spec's checkpoint settings as typed (None: not typed, the stored or default value)."""
     location = getattr(args, "artifacts", None)
-    if location is not None:
-        problem = checkpoint_files.location_problem(location)
-        if problem:
-            raise UserError(f"--artifacts {location} {problem}")
+    checkpoint_files.check_location(location)
     return {"checkpoint_every": getattr(args, "checkpoint_every", None), "artifacts": location}

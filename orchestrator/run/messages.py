@@ -70,8 +70,9 @@ class Go:
 @dataclass(frozen=True)
 class TrialOutcome:
     """How a trial process's trial ended, as the supervisor hears it: a trial's result
-    (`orchestrator.run.trial.result.RunResult`, made into this by its `outcome_of` alone) or what
-    the process says of itself (it could not start, it gave up, it crashed)."""
+    (`orchestrator.run.trial.result.RunResult`, made into this by its `trial_outcome`), a trial
+    another host finished first (`run/trial/runner`), or what the process says of itself (it
+    could not start, it gave up, it crashed)."""
 
     trial_number: int | None  # None: no trial was asked (budget used, stopped, or no start)
     state: str  # COMPLETE, PRUNED, FAIL, or NONE

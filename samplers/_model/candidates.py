@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from optuna.distributions import CategoricalDistribution
 
-from samplers._space import from_unit, grid_bounds, grid_size, to_unit, unit_edges
+from samplers._space import grid_bounds, grid_size, to_unit, unit_edges
 from samplers._swarm import SwarmCoefficients, dimension_clamp, reflect
 
 if TYPE_CHECKING:
@@ -248,20 +248,6 @@ def values_at(space: Space, u: np.ndarray, value: Any) -> dict[str, Any]:
         name: value(name, dist, float(x))
         for name, dist, x in zip(space.names, space.dists, u, strict=True)
     }
-
-
-def default_value(name: str, dist: BaseDistribution, x: float) -> Any:
-    return from_unit(dist, x)
-
-
-def first_new(keys: Sequence[tuple], seen: set[tuple], order: np.ndarray) -> int | None:
-    """The first index in `order` whose key is neither seen nor repeated earlier in `order`."""
-    taken = set(seen)
-    for i in order:
-        if keys[i] not in taken:
-            return int(i)
-        taken.add(keys[i])
-    return None
 
 
 def single_moves(space: Space, u: np.ndarray) -> np.ndarray:

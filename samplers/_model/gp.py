@@ -40,7 +40,6 @@ else:
 MAX_POINTS = 200
 MIN_NOISE = 1e-6
 _JITTER = 1e-8
-_SQRT5 = math.sqrt(5.0)
 
 
 def _matern(sq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

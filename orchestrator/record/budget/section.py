@@ -1,7 +1,7 @@
 """A section under a lock on a trial process's one connection, as one transaction; its times.
 
 A trial process's own ask on PostgreSQL does not come here: it is one round trip
-(`budget_claim`), and only records its times here (`record_times`, `last_times`). This is for
+(`budget/claim`), and only records its times here (`record_times`, `last_times`). This is for
 any other section a trial process runs under a lock (`locks.locked`), and for an ask written as
 Optuna code (count, then `study.ask()`), which takes about a dozen round trips under the lock.
 
@@ -91,7 +91,7 @@ def last_times() -> LockTimes | None:
 
 
 def record_times(times: LockTimes | None) -> None:
-    """Set what `last_times` answers in this thread (a section run elsewhere: `budget_claim`)."""
+    """Set what `last_times` answers in this thread (a section run elsewhere: `budget/claim`)."""
     _local.last = times
 
 

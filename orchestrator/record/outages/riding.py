@@ -4,17 +4,17 @@ A PostgreSQL restart, a failover or a network blip takes the database away for s
 storage call of a long-running process goes through `ride_out`, which
 
 - tells a connection-level failure (refused, reset, closed, admin shutdown, SQLite busy) from a
-  real error (integrity, data, programming): only the first is retried (`outage_errors`);
+  real error (integrity, data, programming): only the first is retried (`outages/errors`);
 - retries with capped exponential backoff for at most `--storage-retry-seconds` in all;
 - a server with no connection slot free ("too many clients") is not an outage: the server is
   up and a slot frees when another client lets go. The call is retried after short random
   pauses, without a bound, and the process says once what it is and what cures it;
 - logs one line when the database goes away and one when it is back, however many calls and
-  threads of the process wait at once (the state is shared per process: `outage_state`);
-- after the bound, raises `StorageUnreachable` (`storage_failures`), whose one line says how
+  threads of the process wait at once (the state is shared per process: `outages/state`);
+- after the bound, raises `StorageUnreachable` (`store/storage_failures`), whose one line says how
   long the database has been gone and the command that resumes.
 
-A trial's heartbeat lives through an outage here too; `stale_trials` waits for one to be over.
+A trial's heartbeat lives through an outage here too; `trials/stale` waits for one to be over.
 
 A retry repeats the whole call. Calls nest: only the outermost `ride_out` retries, so a block
 that must be redone whole (take the budget lock, count, ask) is wrapped once, outside.

@@ -15,7 +15,6 @@ from orchestrator.record.budget import section as budget_section
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.state import current
 from orchestrator.record.store import optuna_private as private
-from orchestrator.record.store.optuna_private import rdb_models, scoped_session, trial_id_of
 
 if TYPE_CHECKING:
     import optuna
@@ -154,9 +153,9 @@ def _new_trial_template() -> Any:
 def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> Any:
     """One attempt of RDBStorage._create_new_trial. Optuna's own method retries a failed commit
     itself, blind to whether it landed, and would make a second trial with the same mark."""
-    models = rdb_models()
+    models = private.rdb_models()
 
-    with scoped_session(storage) as session:
+    with private.scoped_session(storage) as session:
         # Optuna's lock on the study row: numbering a new trial is not atomic otherwise.
         models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
         trial = private.prepared_new_trial(storage, study_id, template, session)
@@ -165,12 +164,12 @@ def _create_once(storage: Any, study_id: int, template: Any, *, claim: bool) -> 
         frozen.datetime_start = trial.datetime_start
         private.set_trial_id(frozen, trial.trial_id)
     if claim:  # a plain ask under the budget lock: the lock goes now (a re-queue keeps it)
-        budget_section.claimed(storage, trial_id_of(frozen))
+        budget_section.claimed(storage, private.trial_id_of(frozen))
     return frozen
 
 
 def _marked_trial_id(storage: Any, study_id: int, mark: str) -> int | None:
-    models = rdb_models()
+    models = private.rdb_models()
 
     attrs, trials = models.TrialSystemAttributeModel.__table__, models.TrialModel.__table__
     query = (

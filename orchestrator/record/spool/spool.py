@@ -314,8 +314,6 @@ def _tell(study: optuna.Study, kept: Kept, frozen: Any) -> None:
     try:
         study.tell(kept.number, values, state=state)  # Optuna's own rules, as the trial would have
     except ValueError as error:
-        if storage.get_trial(kept.trial_id).state.is_finished():
-            raise optuna.exceptions.UpdateFinishedTrialError(
-                str(error)
-            ) from None  # "Cannot tell a FAIL trial."
+        if storage.get_trial(kept.trial_id).state.is_finished():  # "Cannot tell a FAIL trial."
+            raise optuna.exceptions.UpdateFinishedTrialError(str(error)) from None
         raise

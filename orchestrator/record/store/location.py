@@ -2,7 +2,7 @@
 
 A command or the Python API makes one `StorageLocation` from what the user gave (`--storage`,
 $ORCHESTRATOR_STORAGE, the default file, an `optimize(storage=...)` string) and passes it down:
-nothing below parses the URL again. This module is the only one that reads a storage URL.
+nothing below parses the URL again. This module is the only one that parses and checks one.
 """
 
 from __future__ import annotations

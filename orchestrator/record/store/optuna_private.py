@@ -91,7 +91,7 @@ def set_trial_attr_without_commit(
 
 def use_engine(storage: Any) -> None:
     """Make RDBStorage's schema version check use the storage's engine and sessions again, after
-    they were swapped (`store/storage` holds SQLite to one connection): it keeps its own."""
+    they were swapped (`store/storage` holds a PostgreSQL trial process to one connection): it keeps its own."""
     storage._version_manager.engine = storage.engine
     storage._version_manager.scoped_session = storage.scoped_session
 

@@ -2,7 +2,7 @@
 
 The storage is a `StorageLocation`, read and checked where the user gave it (`location`); its
 password is hidden from every line of output (`passwords`), and every database call of the
-storage rides out an outage (`riding_storage`).
+storage rides out an outage (`outages/storage`).
 """
 
 from __future__ import annotations
@@ -174,8 +174,9 @@ def section_storage(location: StorageLocation) -> RDBStorage | None:
 
 
 def location_of(storage: RDBStorage) -> StorageLocation:
-    """Where a storage that `create_storage` opened is."""
-    return storage.location  # type: ignore[attr-defined]
+    """Where a storage is: as `create_storage` set it, or read from a plain RDBStorage's URL."""
+    location = getattr(storage, "location", None)
+    return location if location is not None else StorageLocation.parse(str(storage.url))
 
 
 def _enable_sqlite_wal(location: StorageLocation) -> None:

@@ -42,8 +42,8 @@ NOT_SET = "(not set)"
 
 
 class Settings(Protocol):
-    """What drift compares: a study's settings, `record/study/spec.StudySpec`. Named by its
-    shape, not imported: `spec.save_spec` checks drift here, so an import back would be a loop."""
+    """What drift compares: a study's settings, `record/study/spec.StudySpec`, named by its
+    shape: `spec.save_spec` checks drift here, so this module reads nothing of `spec`."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]  # a dataclass: each field is a setting
     sampler: str

@@ -77,16 +77,12 @@ def best_of_study(study: optuna.Study) -> FrozenTrial | None:
     if best is None:  # an inf or -inf at the top of the query: the finite ones, read whole
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         best = pick_best(done, directions)
-    if best is not None and _is_segment(best):
+    if best is not None and is_segment(best):
         # Population-based training: a segment's value is its lineage's at the segment's end,
         # so only the lineages trained furthest compare (a mid-run value is no final one).
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         best = pick_best(_trained_furthest(done), directions)
     return best
-
-
-def _is_segment(trial: FrozenTrial) -> bool:
-    return is_segment(trial)
 
 
 def _trained_furthest(trials: list[FrozenTrial]) -> list[FrozenTrial]:

@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from orchestrator.run.backend import Event, TrialBackend
     from orchestrator.run.messages import TrialOutcome, TrialSettings
     from orchestrator.run.pool.admission import Change
-    from orchestrator.run.pool.stored_study import StoredStudy
 
 logger = logging.getLogger(__name__)
 

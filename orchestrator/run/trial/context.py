@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
     from adapters.base import MemoryModel
     from orchestrator.gpu.base import Device
-    from orchestrator.gpu.sim import SimLedger
     from orchestrator.record.study.spec import StudySpec
 else:
     optuna = LazyImport("optuna")
@@ -115,7 +114,7 @@ class TrialContext:
             self.metric = adapters.metric_name(self.adapter, spec.options)
             self.tracker = tracker_for(spec, self.config.study_name, metric=self.metric)
             self.pruner = pruner_for(spec)
-            self.memory: MemoryModel = _memory_model(self.adapter, spec.options)
+            self.memory: MemoryModel = memory_model_of(self.adapter, spec.options)
             self._samplers.clear()
             self.spec = spec
         return spec
@@ -158,7 +157,3 @@ class TrialContext:
             independent_seed_offset=trial_number or 0,
             n_objectives=n_objectives,
         )
-
-
-def _memory_model(adapter: Any, options: dict[str, Any]) -> MemoryModel:
-    return memory_model_of(adapter, options)

@@ -3,9 +3,9 @@
 `RunResult` is what running the objective gave, filled in step by step by the trial's steps
 (`orchestrator.run.trial.runner`), its memory (`orchestrator.run.trial.memory`) and its errors
 (`orchestrator.run.trial.errors`), then told to the study. What the supervisor hears of it is a
-`TrialOutcome` (`orchestrator.run.messages`), made from it by `outcome_of` alone: the fields both
-carry are copied in one place, and what only the process needs (its reports, its checkpoint, the
-function that sends reports an outage held back) never crosses the pipe.
+`TrialOutcome` (`orchestrator.run.messages`), made from it by `trial_outcome` alone: the
+fields both carry are copied in one place, and what only the process needs (its reports, its
+checkpoint, the function that sends reports an outage held back) never crosses the pipe.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class RunResult:
     checkpoint: Any = None  # the trial's checkpoint handle (orchestrator/record/checkpoints/handle)
 
 
-def outcome_of(
+def trial_outcome(
     result: RunResult, number: int, *, alone: bool, requeued: bool, log_file: str | None
 ) -> TrialOutcome:
     """What the supervisor hears of trial `number`'s result (`alone`: an OOM with no other trial

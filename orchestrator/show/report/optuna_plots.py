@@ -121,7 +121,7 @@ def contour_note(params: Sequence[str], sampled: str | None = None) -> str:
     shown = list(params[:CONTOUR_PARAMS])
     return (
         f"{', '.join(shown)}: the {len(shown)} most important parameters, pair by pair "
-        "(on this page only, no PNG: see orchestrator.show.report.pngs)"
+        "(on this page only, no PNG: drawn as one it takes about 10 s for three parameters)"
         + (f"; {sampled}" if sampled else "")
     )
 
