@@ -20,6 +20,7 @@ NOT_FOR_HELP = (
     "numpy",
     "alembic",
     "importlib.metadata",  # the adapters' entry points and --version only
+    "hashlib",  # OpenSSL: a study made or a name hashed
     "orchestrator.api",  # the Python API, loaded on first use of orchestrator.optimize/plan
     "orchestrator.launch",
 )

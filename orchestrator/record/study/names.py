@@ -10,8 +10,15 @@ names apart and every folder inside the log root and short enough for the file s
 
 from __future__ import annotations
 
-import hashlib
 import re
+from typing import TYPE_CHECKING
+
+from orchestrator.imports import LazyImport
+
+if TYPE_CHECKING:
+    import hashlib
+else:
+    hashlib = LazyImport("hashlib")  # OpenSSL's hashes: loaded when a name is hashed, not by --help
 
 STUDY_NAME_MAX = 512  # Optuna's studies.study_name column
 _SLUG_MAX = 80  # the readable part of a folder name; with the hash well under NAME_MAX (255)

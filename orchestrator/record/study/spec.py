@@ -7,7 +7,6 @@ pure: which trials count towards `--trials N`, and whether a worker may ask for 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -18,6 +17,7 @@ from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_private import storage_of, study_id_of
 
 if TYPE_CHECKING:
+    import hashlib
     import secrets
 
     import optuna
@@ -32,7 +32,9 @@ else:
     # flags build a StudySpec), so these wait for first use.
     drift = LazyImport("orchestrator.record.study.drift")
     optuna_objects = LazyImport("orchestrator.record.store.optuna_objects")
-    # hmac and OpenSSL's hashes load with it: paid when a study is made, not by every --help
+    # OpenSSL's hashes (and hmac, with secrets) load with them: paid when a study is made or
+    # named, not by every --help
+    hashlib = LazyImport("hashlib")
     secrets = LazyImport("secrets")
 
 SPEC_ATTR = "orchestrator"
