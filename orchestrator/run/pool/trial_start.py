@@ -72,12 +72,14 @@ PRELOAD = (
     "multiprocessing.sharedctypes",
     "multiprocessing.synchronize",
     "orchestrator.run.trial.runner",
+    "orchestrator.record.store.records",  # named lazily by the runner: loaded by its first trial
     "orchestrator.record.budget.claim",
     "orchestrator.record.trials.retry",
     "orchestrator.record.trials.logs",
     "orchestrator.record.trials.tracking",
     "adapters.study_adapter",
     "samplers._factory",
+    "samplers._bounded",  # named lazily by the trial's samplers, as the records are
     "samplers._pso",
 )
 
