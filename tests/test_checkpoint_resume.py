@@ -17,14 +17,14 @@ import optuna
 from optuna.trial import TrialState
 
 from tests.cli_helpers import cli_env, run_cli, start_cli
-from tests.waiting import wait_for
+from tests.waiting import stored_study, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 6
 
 
 def _study(url: str, name: str = "synthetic") -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=url)
+    return stored_study(url, name)
 
 
 def _wait_for(what: str, check):

@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from tests.cli_helpers import cli_env, start_cli
-from tests.waiting import wait_for
+from tests.waiting import stored_study, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,8 +55,8 @@ def test_sigterm_while_trials_run_re_queues_them_and_exits_143(tmp_path):
 
         def running() -> bool:
             try:
-                study = optuna.load_study(study_name="synthetic", storage=url)
-            except Exception:  # not created yet
+                study = stored_study(url, "synthetic")
+            except KeyError:  # not created yet
                 return False
             return any(t.state == optuna.trial.TrialState.RUNNING for t in study.trials)
 

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 import orchestrator
 from orchestrator.record.trials.best import best_of_study, pick_best
 from tests.cli_helpers import cli_env, run_cli, start_cli
-from tests.waiting import wait_for
+from tests.waiting import stored_study, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTER = "tests.misbehaving_adapter:adapter"
@@ -99,7 +99,7 @@ def test_the_api_takes_trial_timeout_and_max_retries_zero_means_no_rerun(sqlite_
 
 def _trials(storage: str) -> list[optuna.trial.FrozenTrial]:
     try:
-        return optuna.load_study(study_name="odd", storage=storage).trials
+        return stored_study(storage, "odd").trials
     except KeyError:  # not created yet
         return []
 

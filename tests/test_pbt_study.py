@@ -16,9 +16,8 @@ from optuna.trial import TrialState
 
 from orchestrator.cli import main
 from orchestrator.record.checkpoints import lineage as names
-from orchestrator.record.store.location import StorageLocation
 from tests.cli_helpers import run_cli, start_cli
-from tests.waiting import wait_for
+from tests.waiting import stored_study, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -26,7 +25,7 @@ POPULATION, EPOCHS, SEGMENTS = 4, 6, 3  # interval: a quarter of 6 epochs, round
 
 
 def _study(url: str) -> optuna.Study:
-    return optuna.load_study(study_name="pbt", storage=StorageLocation.parse(url).url)
+    return stored_study(url, "pbt")
 
 
 def _running(url: str) -> int:

@@ -19,7 +19,7 @@ from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.study.spec import StudySpec, count_trials, save_spec
 from orchestrator.run.pool.loop import Pool
 from tests.cli_helpers import cli_env, run_cli, start_cli
-from tests.waiting import wait_for
+from tests.waiting import stored_study, wait_for
 
 VRAM_ATTRS = (
     "vram_peak_mb",
@@ -38,7 +38,7 @@ def _engine(url):
 
 
 def _study(url, name):
-    return optuna.load_study(study_name=name, storage=StorageLocation.parse(url).url)
+    return stored_study(url, name)
 
 
 def _assert_every_trial_recorded(url, name):

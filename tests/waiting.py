@@ -1,10 +1,17 @@
-"""Waiting in a test for something another process does: polled, with a deadline and its name."""
+"""Waiting in a test for something another process does: polled, with a deadline and its name,
+and reading the study that process is storing."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import optuna
+
+from orchestrator.record.store.location import StorageLocation
+from orchestrator.record.store.migrate import open_storage
 
 T = TypeVar("T")
 
@@ -30,3 +37,16 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
+
+
+def stored_study(url: str, name: str) -> optuna.Study:
+    """Study `name` as another process is storing it, opened as the commands open a storage
+    (under the schema's lock): a plain `optuna.load_study` on a database still being created
+    creates its tables at the moment the command does, and one of the two fails (seen as
+    `UNIQUE constraint failed: alembic_version.version_num`). KeyError until it is stored."""
+    return optuna.load_study(study_name=name, storage=_storage(url))
+
+
+@functools.cache
+def _storage(url: str) -> Any:
+    return open_storage(StorageLocation.parse(url))
