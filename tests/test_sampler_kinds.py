@@ -40,7 +40,7 @@ SETTINGS = {item.name for item in dataclasses.fields(StudySpec)}
 
 
 def test_every_name_has_one_declaration_under_its_own_name() -> None:
-    assert SAMPLER_NAMES == tuple(SAMPLER_KINDS)
+    assert tuple(SAMPLER_KINDS) == SAMPLER_NAMES
     assert SAMPLER_NAMES[0] == StudySpec.sampler  # the default first, as `run --sampler` says
     assert all(kind.name == name for name, kind in SAMPLER_KINDS.items())
     assert all(sampler_kind(name) is SAMPLER_KINDS[name] for name in SAMPLER_NAMES)
@@ -72,9 +72,9 @@ def test_the_study_settings_agree_with_the_declarations() -> None:
         for kind in SAMPLER_KINDS.values()
         for setting in kind.settings
     }
-    assert drift.SAMPLER_SETTINGS == declared
+    assert declared == drift.SAMPLER_SETTINGS
     seeded = frozenset(k.name for k in SAMPLER_KINDS.values() if k.seed_from_study)
-    assert study_spec.SEED_FROM_STUDY == seeded
+    assert seeded == study_spec.SEED_FROM_STUDY
 
 
 def test_reading_a_declaration_loads_no_optuna() -> None:
