@@ -1,7 +1,7 @@
 """Samplers: a particle swarm and population-based training, each shared by every worker
 through the storage, and Optuna's own.
 
-    from samplers import PBTSampler, PSOSampler, SAMPLER_NAMES, bounded, make_sampler
+    from samplers import PBTSampler, PSOSampler, SAMPLER_NAMES, bounded, make_sampler, sampler_kind
 
 Names are imported on first use, so importing this package does not import Optuna.
 """
@@ -23,6 +23,8 @@ _WHERE = {
     "bounded": "samplers._bounded",
     "make_sampler": "samplers._factory",
     "SAMPLER_NAMES": "samplers._factory",  # what `run --sampler` accepts
+    "SamplerKind": "samplers._factory",
+    "sampler_kind": "samplers._factory",  # a sampler's declaration: its rules, read by name
     "latin_hypercube": "samplers._lhs",
 }
 

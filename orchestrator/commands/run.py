@@ -50,7 +50,7 @@ from orchestrator.record.study.spec import (
     load_spec,
     save_spec,
 )
-from samplers import SAMPLER_NAMES
+from samplers import SAMPLER_NAMES, sampler_kind
 
 if TYPE_CHECKING:
     import optuna
@@ -268,8 +268,7 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         sampler=args.sampler,
         seed=args.seed if args.seed is not None else draw_seed(),
         swarm_size=args.swarm_size,
-        # PBT replaces members itself: a pruner would stop segments about to be copied.
-        pruner=args.pruner or ("none" if args.sampler == "pbt" else None),
+        pruner=args.pruner or sampler_kind(args.sampler).default_pruner,  # the sampler's own
         max_retries=args.max_retries,
         repeats=args.repeats,
     )

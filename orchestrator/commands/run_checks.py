@@ -13,6 +13,7 @@ from orchestrator.flags.objectives import grid_of, objectives_of
 from orchestrator.flags.trust import check_trust_flags
 from orchestrator.host_options import check_model_fits_a_gpu
 from orchestrator.imports import LazyImport
+from samplers import sampler_kind
 
 if TYPE_CHECKING:
     from orchestrator import api
@@ -51,7 +52,7 @@ def check_spec(spec: StudySpec) -> None:
 
 
 def check_swarm(spec: StudySpec) -> None:
-    if spec.sampler == "pso" and spec.swarm_size < 2:
-        raise UserError(f"--swarm-size {spec.swarm_size}: a swarm needs at least 2 particles")
-    if spec.sampler == "pbt" and spec.swarm_size < 2:
-        raise UserError(f"--swarm-size {spec.swarm_size}: a population needs at least 2 members")
+    swarm = sampler_kind(spec.sampler).swarm  # ("swarm", "particles"), or None: no swarm
+    if swarm is not None and spec.swarm_size < 2:
+        group, members = swarm
+        raise UserError(f"--swarm-size {spec.swarm_size}: a {group} needs at least 2 {members}")

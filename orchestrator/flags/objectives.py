@@ -14,6 +14,7 @@ from adapters import metric_name
 from orchestrator.errors import UserError
 from orchestrator.imports import LazyImport
 from orchestrator.record.study.objectives import MEASURED, parse_names, plan_objectives
+from samplers import sampler_kind
 
 if TYPE_CHECKING:
     from orchestrator import enqueue
@@ -89,7 +90,7 @@ def grid_of(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -> 
     """The spec's grid (and, when --trials is not typed, the budget of one walk of it) for
     `--sampler grid`; --grid without it is refused, and so is a value outside the adapter's
     search space (before anything is stored: GridSampler would only find it in each trial)."""
-    if args.sampler != "grid":
+    if not sampler_kind(args.sampler).needs_grid:
         if args.grid:
             raise UserError("--grid is the grid of --sampler grid: add --sampler grid")
         return {}

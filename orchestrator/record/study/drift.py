@@ -37,6 +37,9 @@ CHANGEABLE = frozenset({"trials", "max_retries", "mlflow_uri", "checkpoint_every
 # random state: two equal samplers pickle differently, so the pickles are not compared.
 NOT_COMPARED = frozenset({"sampler_pickle", "pruner_pickle"})
 ADMISSION_OPTIONS = frozenset({"overhead_mb", "per_sample_mb"})
+# The settings only some samplers read, and the samplers that read them: the `settings` of each
+# declaration in samplers/_factory.py (record may not import samplers; a test ties them).
+SAMPLER_SETTINGS = {"swarm_size": frozenset({"pso"})}
 UPDATES_ATTR = "orchestrator_settings_updates"  # a list of {time, host, changes}
 NOT_SET = "(not set)"
 
@@ -72,8 +75,9 @@ def differences(stored: Settings, wanted: Settings) -> list[Drift]:
         name = item.name
         if name in CHANGEABLE or name in NOT_COMPARED or name == "options":
             continue
-        if name == "swarm_size" and "pso" not in (stored.sampler, wanted.sampler):
-            continue  # only the swarm sampler has particles
+        readers = SAMPLER_SETTINGS.get(name)
+        if readers is not None and not readers & {stored.sampler, wanted.sampler}:
+            continue  # a setting neither sampler reads (only the swarm has particles)
         before, after = getattr(stored, name), getattr(wanted, name, None)
         # None asks for nothing (a seed not given keeps the stored one, or QMC's derived one).
         if after is not None and before != after:

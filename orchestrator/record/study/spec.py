@@ -145,6 +145,12 @@ def pruner_for(spec: StudySpec) -> optuna.pruners.BasePruner:
     return pruners.NopPruner()
 
 
+# The samplers whose processes agree only through the study's one seed, which they cannot derive
+# themselves: those declared `seed_from_study` in samplers/_factory.py (record may not import
+# samplers; a test ties them).
+SEED_FROM_STUDY = frozenset({"qmc"})
+
+
 def load_spec(study: optuna.Study) -> StudySpec | None:
     value = study.user_attrs.get(SPEC_ATTR)
     if not isinstance(value, dict):
@@ -153,7 +159,7 @@ def load_spec(study: optuna.Study) -> StudySpec | None:
     pickles = storage_of(study).get_study_system_attrs(study_id_of(study)).get(PICKLES_ATTR)
     if isinstance(pickles, dict):
         spec = replace(spec, **{k: v for k, v in pickles.items() if k in PICKLED})
-    if spec.seed is None and spec.sampler == "qmc":
+    if spec.seed is None and spec.sampler in SEED_FROM_STUDY:
         # A study stored before seeds were drawn: QMC's points form one sequence only if every
         # process scrambles it alike, so each derives the same seed from the study itself.
         spec = replace(spec, seed=derived_seed(study.study_name, study_id_of(study)))

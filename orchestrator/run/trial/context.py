@@ -22,7 +22,7 @@ from orchestrator.record.trials.retry import stale_trial_callback
 from orchestrator.record.trials.tracking import tracker_for
 from orchestrator.run.messages import WorkerConfig
 from orchestrator.run.trial.stored_samplers import user_sampler, walked_once
-from samplers import make_sampler
+from samplers import make_sampler, sampler_kind
 
 if TYPE_CHECKING:
     import optuna
@@ -134,20 +134,21 @@ class TrialContext:
                 self._samplers[bounds] = user_sampler(spec.sampler_pickle, bounds)
             return self._samplers[bounds]
         n_objectives = len(spec.all_directions)
-        if spec.sampler == "pso":
+        kind = sampler_kind(spec.sampler)
+        if kind.needs_grid:  # one walk of the stored grid, shared through the storage
+            if bounds not in self._samplers:
+                grid = make_sampler(spec.sampler, seed=spec.seed, grid=spec.grid)
+                self._samplers[bounds] = walked_once(grid, bounds)
+            return self._samplers[bounds]
+        if kind.kept:
             if bounds not in self._samplers:
                 self._samplers[bounds] = make_sampler(
-                    "pso",
+                    spec.sampler,
                     seed=spec.seed,
                     swarm_size=spec.swarm_size,
                     bounds={"batch_size": bounds},
                     n_objectives=n_objectives,
                 )
-            return self._samplers[bounds]
-        if spec.sampler == "grid":  # one walk of the stored grid, shared through the storage
-            if bounds not in self._samplers:
-                grid = make_sampler("grid", seed=spec.seed, grid=spec.grid)
-                self._samplers[bounds] = walked_once(grid, bounds)
             return self._samplers[bounds]
         return make_sampler(
             spec.sampler,

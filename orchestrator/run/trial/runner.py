@@ -45,6 +45,7 @@ from orchestrator.run.trial.result import RunResult, trial_outcome
 from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
 from orchestrator.run.trial.spool import Told, kept_until_told, noted
 from orchestrator.run.trial.training import train
+from samplers import sampler_kind
 
 if TYPE_CHECKING:
     import optuna
@@ -72,7 +73,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     if trial is None:
         return TrialOutcome(None, "NONE")
     channel.send(("asked", trial.number))
-    if spec.sampler != "pso":
+    if not sampler_kind(spec.sampler).kept:
         ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
     fit_fixed_batch_size(trial, job.batch_bounds)
     log_file = _log_file(ctx, trial)
