@@ -1,4 +1,4 @@
-"""What `run --sampler pbt` checks before anything is stored."""
+"""What `run --sampler pbt` checks before anything is stored, and its `--pbt-keep` names."""
 
 from __future__ import annotations
 
@@ -11,9 +11,29 @@ if TYPE_CHECKING:
     from orchestrator.record.study.spec import StudySpec
 
 
+def keep_names(text: str | None) -> list[str] | None:
+    """`--pbt-keep width,hidden` as parameter names (None when not typed)."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    wrong = [name for name in names if not name.isidentifier()]
+    if wrong or not names:
+        shown = text if text.isprintable() else repr(text)
+        raise UserError(
+            f"--pbt-keep {shown}: give parameter names separated by commas, such as "
+            "--pbt-keep width,hidden"
+        )
+    return list(dict.fromkeys(names))
+
+
 def check_population(spec: StudySpec, adapter: Any) -> None:
     """Population-based training continues members from checkpoints: an adapter whose `train`
     saves none would train every segment from epoch 0."""
+    if spec.pbt_keep and spec.sampler != "pbt":
+        raise UserError(
+            f"--pbt-keep is for --sampler pbt, and this study's sampler is {spec.sampler!r}: "
+            "drop --pbt-keep or add --sampler pbt"
+        )
     if spec.sampler == "pbt" and not takes_checkpoint(adapter.train):
         raise UserError(
             f"--sampler pbt needs an adapter that checkpoints its training, and {adapter.name!r} "
