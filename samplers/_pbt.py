@@ -31,6 +31,14 @@ from orchestrator.record.store.optuna_private import (
 )
 from orchestrator.record.study.spec import load_spec
 from samplers._lhs import lhs_point
+from samplers._pbt_repairs import (
+    MOVED_ON,
+    inherited,
+    learn_shape,
+    learnt_keep,
+    rerun_plan,
+    retried_numbers,
+)
 from samplers._pbt_rules import (
     KEEP,
     PERTURBATION_FACTORS,
@@ -73,7 +81,8 @@ class PBTSampler(BaseSampler):
     (each resampled with ``resample_probability``, else scaled by 0.8 or 1.2, or a choice moved
     to a neighbour); any other continues from its own checkpoint with its own params. A lineage
     that reached the last epoch starts again fresh; a failed or pruned segment is replaced by a
-    new one from the member's latest complete segment.
+    new one from the member's latest complete segment. A re-queued segment (its process lost,
+    out of memory, stopped) is re-run as the same segment.
 
     **Workers.** A member trains in one trial at a time. An ask picks a free member and claims
     it by writing its plan; a worker that finds a claim made at the same moment withdraws its
@@ -90,9 +99,11 @@ class PBTSampler(BaseSampler):
         epochs: epochs of a whole lineage; ``None``: the study's stored epochs.
         quantile, resample_probability, factors: the exploit and explore rules (Ray Tune's
             defaults 0.25, 0.25, (1.2, 0.8)).
-        keep: parameters a copied member never perturbs, because they shape the weights its
-            checkpoint holds (by default the built-in adapters' ``hidden_size`` and the usual
-            names of a layer count).
+        keep: more parameters a copied member never perturbs, because they shape the weights
+            its checkpoint holds (besides the built-in adapters' ``hidden_size`` and the usual
+            names of a layer count, always kept). ``run --pbt-keep`` stores more with the
+            study; a parameter whose change made a parent's checkpoint fail to load is learnt
+            and kept too (``samplers._pbt_repairs``).
         seed: ``None`` derives one from the study's name and id, so every worker agrees.
         wait_seconds: how often a waiting ask looks for a free member.
     """
@@ -125,7 +136,9 @@ class PBTSampler(BaseSampler):
         self._interval = interval
         self._epochs = epochs
         self._rules = (float(quantile), float(resample_probability), tuple(map(float, factors)))
-        self._keep = tuple(keep)
+        if isinstance(keep, str) or not all(isinstance(k, str) for k in keep):
+            raise ValueError(f"The `{keep=}` must be parameter names, such as ['width'].")
+        self._keep = tuple(dict.fromkeys((*KEEP, *keep)))  # the usual shapes, and these
         self._seed = seed
         self._salt = 0
         self._wait = float(wait_seconds)
@@ -149,8 +162,23 @@ class PBTSampler(BaseSampler):
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         if "fixed_params" in trial.system_attrs:
-            return  # an enqueued trial (a re-run) runs as it was given
-        plan = self._claim(study, trial)
+            if retried_numbers(trial):  # a re-run (lost, stale, OOM, stopped): its own segment
+                self._rerun(study, trial)
+            return  # an enqueued trial runs as it was given
+        self._start(study, trial, self._claim(study, trial))
+
+    def after_trial(
+        self,
+        study: Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        if state == TrialState.FAIL:
+            self._learn_shape(study, trial)
+
+    def _start(self, study: Study, trial: FrozenTrial, plan: Plan) -> None:
+        """Write the segment's plan into the trial's user attributes (and the frozen trial's)."""
         attrs = {
             names.PBT_MEMBER: plan.member,
             names.PBT_GENERATION: plan.generation,
@@ -159,7 +187,7 @@ class PBTSampler(BaseSampler):
             names.PBT_EXPLOITED: plan.exploited,
             names.TRAIN_UNTIL_EPOCH: plan.until - 1,  # the last epoch, counted from 0
         }
-        if plan.parent is not None:
+        if plan.parent is not None or names.CHECKPOINT_FROM in trial.user_attrs:
             attrs[names.CHECKPOINT_FROM] = plan.parent
         storage = storage_of(study)
         for key, value in attrs.items():
@@ -167,6 +195,20 @@ class PBTSampler(BaseSampler):
         # The frozen trial Optuna holds was read before this call: later readers of it (the
         # sampling below, the trial runner) see the plan too.
         trial.user_attrs.update(attrs)
+
+    # -- re-runs and shapes (samplers._pbt_repairs) ---------------------------------------------
+
+    def _rerun(self, study: Study, trial: FrozenTrial) -> None:
+        """A re-queued segment runs as the segment it replaces (`samplers._pbt_repairs`); one
+        whose member trained on meanwhile is planned afresh instead."""
+        record = rerun_plan(study, trial, PLAN_KEY)
+        if record is MOVED_ON:
+            self._start(study, trial, self._claim(study, trial))
+        elif record is not None:
+            _PLANS[trial_id_of(trial)] = record
+
+    def _learn_shape(self, study: Study, trial: FrozenTrial) -> None:
+        learn_shape(study, trial, PLAN_KEY, self._keep)
 
     def sample_independent(
         self,
@@ -230,13 +272,24 @@ class PBTSampler(BaseSampler):
 
     def _segments(self, study: Study, exclude: int) -> list[Segment]:
         trials = storage_of(study).get_all_trials(study_id_of(study), deepcopy=False)
+        by_number = {t.number: t for t in trials}
         sign = -1.0 if study.directions[0] == StudyDirection.MAXIMIZE else 1.0
-        return [s for t in trials if t.number != exclude and (s := _segment(t, sign)) is not None]
+        found = []
+        for trial in trials:
+            if trial.number == exclude:
+                continue
+            plan = trial.system_attrs.get(PLAN_KEY)
+            if PLAN_KEY not in trial.system_attrs and trial.state in _WAITING_OR_RUNNING:
+                # A re-run not yet asked for: its member is busy, as the segment it replaces.
+                plan = (inherited(trial, by_number, PLAN_KEY) or (None,))[0]
+            if (segment := _segment(trial, plan, sign)) is not None:
+                found.append(segment)
+        return found
 
     def _settings(self, study: Study) -> Settings:
         epochs = self._epochs
+        spec = load_spec(study)
         if epochs is None:
-            spec = load_spec(study)
             if spec is None:
                 raise ValueError(
                     "PBTSampler needs the epochs of a lineage: pass PBTSampler(epochs=...)."
@@ -244,8 +297,16 @@ class PBTSampler(BaseSampler):
             epochs = spec.epochs
         interval = self._interval or default_interval(epochs)
         quantile, resample, factors = self._rules
+        keep = set(self._keep) | set(getattr(spec, "pbt_keep", None) or ())
+        keep |= learnt_keep(storage_of(study).get_study_system_attrs(study_id_of(study)))
         return Settings(
-            self._population, min(interval, epochs), epochs, quantile, resample, factors
+            self._population,
+            min(interval, epochs),
+            epochs,
+            quantile,
+            resample,
+            factors,
+            tuple(sorted(keep)),
         )
 
     def _entropy(self, study: Study) -> int:
@@ -256,6 +317,9 @@ class PBTSampler(BaseSampler):
             entropy = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
         return entropy ^ (self._salt << 64) if self._salt else entropy
 
+
+_WAITING_OR_RUNNING = (TrialState.WAITING, TrialState.RUNNING)
+# A segment's place in its lineage, which a re-run of it carries as it was.
 
 # Plans claimed by this process, by trial id: the sampler object that samples a trial's params
 # may be another one than the object that claimed it (a trial process makes one per trial).
@@ -282,8 +346,7 @@ def _record(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _segment(trial: FrozenTrial, sign: float) -> Segment | None:
-    plan = trial.system_attrs.get(PLAN_KEY)
+def _segment(trial: FrozenTrial, plan: Any, sign: float) -> Segment | None:
     if not isinstance(plan, dict):
         return None
     if trial.state in (TrialState.RUNNING, TrialState.WAITING):

@@ -137,8 +137,9 @@ def next_segment(
 
     A member with no complete segment starts fresh. The others are ranked by the latest
     complete segment of each member that can still train (its lineage has epochs to go): in the
-    bottom quantile a member exploits a top one (copies its checkpoint and explores its params);
-    anywhere else it continues from its own checkpoint with its own params. A member whose
+    bottom quantile a member exploits a top one that trained at least as far (copies its
+    checkpoint and explores its params); anywhere else it continues from its own checkpoint
+    with its own params. A member whose
     lineage reached the last epoch takes up the best member that can still train, as an exploit
     (with workers training at different speeds some lineages finish first, and the budget is
     better spent on the best lineage than on a fresh start that cannot catch up); when none can,
@@ -164,6 +165,9 @@ def next_segment(
         best = min(scores, key=lambda m: (scores[m], m))
         return _exploit(member, latest[best], settings, rng)
     bottom, top = quantiles(scores, settings.quantile)
+    # A donor behind the member (workers train at different speeds) would throw its epochs
+    # away and train a stretch of them again: only one at least as far is copied.
+    top = [m for m in top if (donor := latest[m]) is not None and donor.until >= base.until]
     if member in bottom and top:
         return _exploit(member, latest[int(rng.choice(top))], settings, rng)
     until = min(base.until + settings.interval, settings.epochs)

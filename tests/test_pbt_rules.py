@@ -184,3 +184,16 @@ def test_explore_never_changes_what_shapes_the_checkpoint():
     always = Settings(4, 5, 20, resample_probability=1.0)
     rng = np.random.default_rng(0)
     assert {explore(params, dists, always, rng)["hidden_size"] for _ in range(50)} == {128}
+
+
+def test_the_bottom_member_never_copies_a_donor_behind_it():
+    """Workers at different speeds: the best member is a segment behind the worst one; copying
+    it would train the same epochs again, so the bottom member goes on from its own."""
+    segments = [
+        seg(0, 0, 0.9, until=10, start=5, generation=1),  # bottom, at epoch 10
+        seg(1, 1, 0.1, until=5),  # top, at epoch 5
+        seg(2, 2, 0.5, until=10, start=5, generation=1),
+        seg(3, 3, 0.6, until=10, start=5, generation=1),
+    ]
+    plan = next_segment(segments, 0, SETTINGS, np.random.default_rng(0))
+    assert not plan.exploited and plan.parent == 0 and plan.start == 10

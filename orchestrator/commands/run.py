@@ -142,6 +142,12 @@ def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
         help="sampler seed (default: one is drawn and stored with the study)",
     )
     add_swarm_size_argument(parser)
+    parser.add_argument(
+        "--pbt-keep",
+        metavar="NAMES",
+        help="with --sampler pbt: parameters never perturbed because they shape the model's "
+        "weights, comma-separated (width,hidden; docs/pbt.md)",
+    )
     add_objective_arguments(parser)
     parser.add_argument(
         "--pruner",
@@ -268,6 +274,7 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         sampler=args.sampler,
         seed=args.seed if args.seed is not None else draw_seed(),
         swarm_size=args.swarm_size,
+        pbt_keep=population.keep_names(args.pbt_keep),
         pruner=args.pruner or sampler_kind(args.sampler).default_pruner,  # the sampler's own
         max_retries=args.max_retries,
         repeats=args.repeats,
@@ -313,6 +320,7 @@ def _resumed_spec(
         sampler=args.sampler,
         seed=args.seed,
         swarm_size=args.swarm_size,
+        pbt_keep=population.keep_names(args.pbt_keep),
         pruner=args.pruner,
         max_retries=args.max_retries,
         repeats=args.repeats,

@@ -53,6 +53,7 @@ class StudySpec:
     sampler: str = "pso"
     seed: int | None = None
     swarm_size: int = 20  # PSOSampler's default (record may not import samplers; a test ties them)
+    pbt_keep: list[str] | None = None  # --sampler pbt: parameters never perturbed (docs/pbt.md)
     max_retries: int = 2  # how often an OOM'd or lost trial's parameters are re-run
     pruner: str = "median"  # one of PRUNERS; see pruner_for and docs/pruners.md
     mlflow_uri: str | None = (

@@ -6,8 +6,14 @@ COMPLETE) is never best. There is none while no trial has completed, and
 none in a study of several objectives: its trials carry several values and no single one is best
 (its Pareto front is, which optuna-dashboard shows).
 
-The pool's progress, `run`'s outcome, `status`, `best` and the report all ask here, so they name
-the same trial.
+Population-based training: a segment's value is its lineage's at the segment's end, so among
+trials of which any is a segment only those whose lineages trained furthest compare (a value from
+the middle of training is no final one). A budget that is not a whole number of runs of the
+population, or a study stopped and resumed, leaves some lineages short of the others: they are
+not the answer.
+
+The pool's progress, `run`'s outcome, `status`, `best` and the report all ask here (`pick_best`
+holds the whole rule), so they name the same trial.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints.lineage import (
+    TRAIN_UNTIL_EPOCH,
     epochs_trained,
     is_segment,
     lineage_of,
@@ -56,6 +63,8 @@ def pick_best(trials: Iterable[FrozenTrial], directions: Sequence[str]) -> Froze
     ]
     if not done:
         return None
+    if any(is_segment(t) for t in done):
+        done = _trained_furthest(done)
     sign = 1.0 if directions[0] == "minimize" else -1.0
     return min(done, key=lambda t: (sign * t.values[0], t.number))
 
@@ -74,18 +83,17 @@ def best_of_study(study: optuna.Study) -> FrozenTrial | None:
     except ValueError:  # no completed trial yet
         return None
     best = pick_best([trial], directions)
-    if best is None:  # an inf or -inf at the top of the query: the finite ones, read whole
+    # An inf or -inf at the top of the query: the finite ones, read whole. A segment of
+    # population-based training (or a trial that trains to a set epoch, as a re-run of one
+    # does): the rule needs every lineage, so every completed trial is read.
+    if best is None or is_segment(best) or TRAIN_UNTIL_EPOCH in best.user_attrs:
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         best = pick_best(done, directions)
-    if best is not None and is_segment(best):
-        # Population-based training: a segment's value is its lineage's at the segment's end,
-        # so only the lineages trained furthest compare (a mid-run value is no final one).
-        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        best = pick_best(_trained_furthest(done), directions)
     return best
 
 
 def _trained_furthest(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The segments whose lineages trained the most epochs (the module's rule)."""
     segments = [t for t in trials if is_segment(t)]
     furthest = max(epochs_trained(t) for t in segments)
     return [t for t in segments if epochs_trained(t) == furthest]
