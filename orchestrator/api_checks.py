@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.errors import UserError
-from orchestrator.record.checkpoints.place import checked_location
+from orchestrator.record.checkpoints.place import WHAT, checked_location
 from orchestrator.record.study.names import name_problem
 
 DB_INT_MAX = 2**31 - 1  # trial numbers and report steps are 32-bit integers in the database
@@ -101,6 +101,8 @@ def check_artifacts(artifacts: Any) -> str | None:
             f"artifacts must be a folder (a str or a path), s3://BUCKET or gs://BUCKET, "
             f"not {type(artifacts).__name__}"
         )
+    if not artifacts.strip():
+        raise ValueError(f"artifacts={artifacts!r} is empty: {WHAT}")
     with said_as_api():
         return checked_location(artifacts)
 

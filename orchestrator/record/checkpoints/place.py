@@ -26,7 +26,7 @@ from orchestrator.errors import UserError
 # the extra that installs it.
 BUCKETS = {"s3": ("boto3", "s3"), "gs": ("google.cloud.storage", "gcs")}
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_WHAT = "give a folder every node can write, s3://BUCKET or gs://BUCKET"
+WHAT = "give a folder every node can write, s3://BUCKET or gs://BUCKET"
 
 
 def shown(location: str) -> str:
@@ -68,9 +68,9 @@ def checked_location(location: str) -> str:
 def _problem(location: str) -> str | None:
     """What is wrong with the text itself, before any folder is looked at."""
     if not location.strip():
-        return f"is empty: {_WHAT}"
+        return f"is empty: {WHAT}"
     if _has_control(location):
-        return f"holds a control character (a newline?): {_WHAT}, its name on one line"
+        return f"holds a control character (a newline?): {WHAT}, its name on one line"
     found = _SCHEME.match(location)
     if found is None:
         if _looks_like_login(location):
@@ -87,7 +87,7 @@ def _problem(location: str) -> str | None:
     if scheme == "file":
         return None if rest.startswith("/") else "names a host: give file:///FOLDER, a local path"
     if scheme not in BUCKETS:
-        return f"has scheme {scheme}://: {_WHAT} (or file:///FOLDER)"
+        return f"has scheme {scheme}://: {WHAT} (or file:///FOLDER)"
     if not rest.strip("/"):
         return f"names no bucket: give {scheme}://BUCKET"
     return _package_problem(scheme)
