@@ -211,7 +211,7 @@ class CheckpointHandle:
         host's line handed on, and the failure in the trial's record."""
         cause = cause_of(error)
         if self.failing is None:
-            latest = f"epoch {self.saved[-1].epoch}" if self.saved else "none yet"
+            latest = f"epoch {self.saved[-1].epoch}" if self.saved else "none of its own yet"
             _say(
                 f"epoch {epoch}: the checkpoint could not be saved in {self.location} ({cause}): "
                 f"training goes on and the next save tries again; its latest usable checkpoint: "
