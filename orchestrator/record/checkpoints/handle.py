@@ -74,7 +74,7 @@ class CheckpointHandle:
         location: str | None = None,
     ) -> None:
         self._study, self._trial, self._store = study, trial, store
-        self.location = location  # where the store keeps them, in the lines that name it
+        self.location = location  # where the store keeps them, as the lines show it (masked)
         self.every, self.source, self.until = max(0, int(every)), source, until
         self.saved: list[stored.Checkpoint] = []  # this trial's own, oldest first
         self.resumed_epoch: int | None = None  # the epoch of the state `load` returned

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints import files as stored
 from orchestrator.record.checkpoints.handle import ARTIFACT_PREFIX, CheckpointHandle
+from orchestrator.record.checkpoints.place import shown
 from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.best import best_of_study
@@ -65,7 +66,7 @@ def open_handle(
         try:
             store = stored.open_store(location)
         except Exception as error:  # a bucket's client that cannot be made here
-            _say_once(f"checkpoints are off: {location} cannot hold them ({error})")
+            _say_once(f"checkpoints are off: {shown(location)} cannot hold them ({error})")
     elif saves and spec.checkpoint_every > 0:
         _say_once(  # once per process: the trial's log says why nothing resumes
             "checkpoints are off: a study on a database server keeps them where --artifacts "
@@ -80,7 +81,7 @@ def open_handle(
         every=spec.checkpoint_every,
         source=source if isinstance(source, int) and not isinstance(source, bool) else None,
         until=until if isinstance(until, int) and not isinstance(until, bool) else None,
-        location=location,
+        location=None if location is None else shown(location),  # stored before it was checked
     )
     if tell_host is not None:
         handle.on_unsaved = _once_per_process(tell_host)
