@@ -38,4 +38,8 @@ def __getattr__(name: str) -> object:
         from orchestrator import api
 
         return getattr(api, name)
+    if name == "load_checkpoint":  # torch is loaded by the call, not by the name
+        from orchestrator import checkpoints
+
+        return checkpoints.load_checkpoint
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

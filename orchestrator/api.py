@@ -37,12 +37,11 @@ from adapters import base as adapter_base
 from adapters import objective as adapter_objective
 from adapters import study_adapter
 from orchestrator import host_options
-from orchestrator.api_checks import check_arguments, check_host, said_as_api
+from orchestrator.api_checks import check_arguments, check_artifacts, check_host, said_as_api
 from orchestrator.errors import UserError
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
 from orchestrator.imports import LazyImport
 from orchestrator.planning import host_plan
-from orchestrator.record.checkpoints import files as checkpoint_files
 from orchestrator.record.store import optuna_objects
 from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.study import adoption, settings_attrs
@@ -184,12 +183,9 @@ def _with_checkpoints(spec: StudySpec, host: dict[str, Any]) -> StudySpec:
     arguments (docs/checkpoints.md: an objective of three arguments gets the trial's handle)."""
 
     every = host.pop("checkpoint_every", spec.checkpoint_every)
-    artifacts = host.pop("artifacts", spec.artifacts)
+    artifacts = check_artifacts(host.pop("artifacts", None)) or spec.artifacts
     if not isinstance(every, int) or isinstance(every, bool) or every < 0:
         raise ValueError(f"checkpoint_every={every!r} must be a whole number of epochs, 0: never")
-    problem = None if artifacts is None else checkpoint_files.location_problem(artifacts)
-    if problem:
-        raise ValueError(f"artifacts={artifacts!r} {problem}")
     return spec.updated(checkpoint_every=every, artifacts=artifacts)
 
 

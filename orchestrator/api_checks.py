@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.errors import UserError
+from orchestrator.record.checkpoints.place import WHAT, checked_location
 from orchestrator.record.study.names import name_problem
 
 DB_INT_MAX = 2**31 - 1  # trial numbers and report steps are 32-bit integers in the database
@@ -86,6 +87,24 @@ def check_arguments(
             f"{need:,.0f} MB, more than any GPU holds"
         )
     return _catch_classes(catch)
+
+
+def check_artifacts(artifacts: Any) -> str | None:
+    """`artifacts=`: where checkpoints are kept, as stored (a folder made absolute), or None.
+    The place is checked as `run --artifacts` checks it; the message never shows a secret."""
+    if artifacts is None:
+        return None
+    if isinstance(artifacts, os.PathLike):
+        artifacts = os.fspath(artifacts)
+    if not isinstance(artifacts, str):  # its value is not shown: bytes may hold a password
+        raise TypeError(
+            f"artifacts must be a folder (a str or a path), s3://BUCKET or gs://BUCKET, "
+            f"not {type(artifacts).__name__}"
+        )
+    if not artifacts.strip():
+        raise ValueError(f"artifacts={artifacts!r} is empty: {WHAT}")
+    with said_as_api():
+        return checked_location(artifacts)
 
 
 def _short(value: Any) -> str:

@@ -1,7 +1,8 @@
 """`--checkpoint-every` and `--artifacts`: how often a trial's training is checkpointed, and where.
 
 Both are stored with the study (every worker on every node reads them from there) and may change
-on any resume: they say how a trial survives an interruption, not what it computes.
+on any resume: they say how a trial survives an interruption, not what it computes. `--artifacts`
+is checked before anything is stored (record/checkpoints/place.py) and stored absolute.
 """
 
 from __future__ import annotations
@@ -44,13 +45,13 @@ def add_checkpoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--artifacts",
         metavar="PATH_OR_URL",
-        help="where checkpoints are kept: a folder every node shares, s3://BUCKET or gs://BUCKET "
-        "(default: a folder beside the SQLite file; a PostgreSQL study keeps none without it)",
+        help="where checkpoints are kept: a folder every node shares (made if missing, stored "
+        "absolute), s3://BUCKET or gs://BUCKET; never credentials in it (default: a folder "
+        "beside the SQLite file; a PostgreSQL study keeps none without it)",
     )
 
 
 def checkpoint_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The spec's checkpoint settings as typed (None: not typed, the stored or default value)."""
-    location = getattr(args, "artifacts", None)
-    checkpoint_files.check_location(location)
+    location = checkpoint_files.check_location(getattr(args, "artifacts", None))
     return {"checkpoint_every": getattr(args, "checkpoint_every", None), "artifacts": location}

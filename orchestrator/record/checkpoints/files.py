@@ -1,9 +1,11 @@
 """Where a trial's checkpoints live, how one is written and read, and which is a trial's latest.
 
-A checkpoint is one artifact of Optuna's artifact stores (`optuna.artifacts`): a file in a
-`FileSystemArtifactStore` (by default a folder beside an SQLite file: `study.db` keeps them in
-`study-artifacts/`; a shared folder on a cluster), or an object in S3 or GCS through Optuna's own
-`Boto3ArtifactStore` and `GCSArtifactStore` (`--artifacts s3://bucket`, `gs://bucket`). Each one
+A checkpoint is one artifact of Optuna's artifact stores (`optuna.artifacts`): a file in a folder
+laid out as Optuna's `FileSystemArtifactStore` lays it, each written whole (`FolderStore`; by
+default a folder beside an SQLite file: `study.db` keeps them in `study-artifacts/`; a shared
+folder on a cluster; `place.py` checks what `--artifacts` names), or an object in S3 or GCS
+through Optuna's own `Boto3ArtifactStore` and `GCSArtifactStore` (`--artifacts s3://bucket`,
+`gs://bucket`). Each one
 is listed with its trial as Optuna lists an uploaded artifact, and the trial's user attribute
 `checkpoint` = {"artifact_id", "epoch"} names its latest, so any process on any node can find it.
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UserError
 from orchestrator.imports import LazyImport
+from orchestrator.record.checkpoints import place
 from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.optuna_private import rdb_storage_of, storage_of
 from orchestrator.record.study.spec import load_spec
@@ -52,7 +57,8 @@ class Checkpoint:
 
 
 class CheckpointUnreadable(Exception):
-    """A checkpoint that is missing, cut short or not ours: the trial starts afresh."""
+    """A checkpoint that is missing, cut short or not ours: a trial starts afresh (and
+    `orchestrator.load_checkpoint` raises it, saying which file and why)."""
 
 
 # --- where they live --------------------------------------------------------------------------
@@ -68,23 +74,17 @@ def default_location(storage: StorageLocation) -> str | None:
 
 
 def location_problem(location: str) -> str | None:
-    """Why `--artifacts` is refused, in words; None when it is accepted."""
-    scheme, sep, rest = location.partition("://")
-    if sep and "@" in rest.split("/", 1)[0]:
-        return "must not carry credentials: give them to boto3 or gcloud as usual, not in the URL"
-    if sep and scheme not in ("s3", "gs", "file"):
-        return "must be a folder, file://FOLDER, s3://BUCKET or gs://BUCKET"
-    if sep and scheme != "file" and not rest.strip("/"):
-        return f"names no bucket: give {scheme}://BUCKET"
+    """Why `--artifacts` is refused, in words (never showing a secret); None when accepted."""
+    try:
+        place.checked_location(location)
+    except UserError as error:
+        return str(error)
     return None
 
 
-def check_location(location: str | None) -> None:
-    if location is None:
-        return
-    problem = location_problem(location)
-    if problem:
-        raise UserError(f"--artifacts {location} {problem}")
+def check_location(location: str | None) -> str | None:
+    """`--artifacts` as stored (a folder made absolute), or a UserError saying why not."""
+    return None if location is None else place.checked_location(location)
 
 
 def open_store(location: str) -> Any:
@@ -94,9 +94,42 @@ def open_store(location: str) -> Any:
         return artifacts.Boto3ArtifactStore(rest.strip("/"))
     if sep and scheme == "gs":
         return artifacts.GCSArtifactStore(rest.strip("/"))
-    folder = Path(rest if sep else location)
-    folder.mkdir(parents=True, exist_ok=True)
-    return artifacts.FileSystemArtifactStore(folder)
+    return FolderStore(Path(rest if sep else location))
+
+
+class FolderStore:
+    """Optuna's `FileSystemArtifactStore`, writing each file whole: to a hidden `.partial` name,
+    synced, then renamed (a rename within a folder is atomic), so a full or failing disk leaves
+    no cut file under a checkpoint's name, and no partial one behind. The folder is made at
+    each write when missing (it may have been unmounted or removed since the last)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        with contextlib.suppress(OSError):  # said at the first write, which tries again
+            folder.mkdir(parents=True, exist_ok=True)
+        self._optuna = artifacts.FileSystemArtifactStore(folder)
+
+    def open_reader(self, artifact_id: str) -> Any:
+        return self._optuna.open_reader(artifact_id)
+
+    def remove(self, artifact_id: str) -> None:
+        self._optuna.remove(artifact_id)
+
+    def write(self, artifact_id: str, content_body: Any) -> None:
+        if Path(artifact_id).name != artifact_id or artifact_id.startswith("."):
+            raise ValueError(f"Invalid artifact_id: {artifact_id}")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        partial = self.folder / f".{artifact_id}.partial"
+        try:
+            with open(partial, "wb") as out:
+                shutil.copyfileobj(content_body, out)
+                out.flush()
+                os.fsync(out.fileno())  # on disk before it is named: a crash leaves no cut file
+            os.replace(partial, self.folder / artifact_id)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            raise
 
 
 def where(location: str, artifact_id: str) -> str:
@@ -197,6 +230,22 @@ def read(store: Any, checkpoint: Checkpoint) -> dict[str, Any]:
     if epoch != checkpoint.epoch:
         raise CheckpointUnreadable(f"it was saved at epoch {epoch}, not {checkpoint.epoch}")
     return state
+
+
+def read_file(path: str | os.PathLike[str]) -> tuple[int, dict[str, Any]]:
+    """(epoch, state) of a checkpoint file on this machine (the one `best` names), or
+    CheckpointUnreadable naming the file and why."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        why = os.strerror(error.errno) if error.errno else type(error).__name__
+        raise CheckpointUnreadable(f"checkpoint {path} cannot be read: {why}") from None
+    try:
+        return decode(data)
+    except CheckpointUnreadable as why:
+        raise CheckpointUnreadable(
+            f"checkpoint {path} is cut short or not one this tool saved ({why})"
+        ) from None
 
 
 def remove(store: Any, artifact_id: str) -> None:

@@ -10,12 +10,19 @@ missing or cannot be read is one line in the log and a fresh start, never an err
 `save` writes every `every` epochs (0: never), and always at `train_until_epoch`; the trial keeps
 its last `KEEP` checkpoints. A trial with `train_until_epoch` = E ends after epoch E was both
 saved and reported (`TrainedUntil`), whichever of the two comes second.
+
+A checkpoint is insurance: a save the store refuses (a full or read-only disk, a bucket away)
+never ends the trial. Training goes on, the next save tries again, the trial's `checkpoint` still
+names its latest usable one and `checkpoint_unsaved` the save that failed; its log says so once
+(until a save works again), and `on_unsaved` hands the host one line naming the place and cause.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -64,14 +71,19 @@ class CheckpointHandle:
         every: int,
         source: int | None = None,
         until: int | None = None,
+        location: str | None = None,
     ) -> None:
         self._study, self._trial, self._store = study, trial, store
+        self.location = location  # where the store keeps them, as the lines show it (masked)
         self.every, self.source, self.until = max(0, int(every)), source, until
         self.saved: list[stored.Checkpoint] = []  # this trial's own, oldest first
         self.resumed_epoch: int | None = None  # the epoch of the state `load` returned
         self._reported: dict[int, float] = {}
         self.unnamed: list[str] = []  # written during an outage, not yet named by the trial
         self.on_saved: Callable[[], None] = lambda: None  # after each save (the trial runner's)
+        self.on_unsaved: Callable[[str], None] = lambda line: None  # the host's line, each failure
+        self.failing: str | None = None  # why the last save failed, until one works again
+        self._tried_at: int | None = None  # the last epoch a save was tried at
 
     # --- the adapter's side ---------------------------------------------------------------
 
@@ -110,8 +122,8 @@ class CheckpointHandle:
     def reported(self, epoch: int, value: float, *, saves: bool) -> None:
         """The adapter reported `value` at `epoch`; `saves`: it saves through this handle."""
         self._reported[epoch] = value
-        if epoch == self.until and (not saves or self._store is None or self._saved_at(epoch)):
-            raise TrainedUntil(epoch, value)
+        if epoch == self.until and (not saves or self._store is None or self._tried_at == epoch):
+            raise TrainedUntil(epoch, value)  # saved, or tried and failed: it will not come
 
     def _maybe_stop(self, epoch: int) -> None:
         if epoch != self.until:
@@ -128,9 +140,6 @@ class CheckpointHandle:
         handle does not see) ends at its next call here, before that epoch's state is kept."""
         if self.until is not None and epoch > self.until:
             self._maybe_stop(self.until)
-
-    def _saved_at(self, epoch: int) -> bool:
-        return bool(self.saved) and self.saved[-1].epoch == epoch
 
     # --- reading and writing ------------------------------------------------------------------
 
@@ -171,7 +180,17 @@ class CheckpointHandle:
         """Write the file, then name it in the trial's attributes. While the database is away
         training goes on: the file is kept unnamed, and the next save that is named drops it."""
         artifact_id = str(uuid.uuid4())
-        self._store.write(artifact_id, io.BytesIO(stored.encode(epoch, state)))
+        # Encoding is the adapter's state: its errors are its own. Writing is the store's.
+        body = io.BytesIO(stored.encode(epoch, state))
+        self._tried_at = epoch
+        try:
+            self._store.write(artifact_id, body)
+        except Exception as error:  # the store's: a full or read-only disk, a bucket away
+            self._unsaved(epoch, error)
+            return
+        if self.failing is not None:
+            self.failing = None
+            _say(f"epoch {epoch}: checkpoints are saved again in {self.location}")
         try:
             with single_attempt():
                 self._name(artifact_id, epoch)
@@ -186,6 +205,28 @@ class CheckpointHandle:
         self.saved.append(stored.Checkpoint(self._trial.number, artifact_id, int(epoch)))
         while len(self.saved) > KEEP:  # only once the new one is named: never none to go on from
             stored.remove(self._store, self.saved.pop(0).artifact_id)
+
+    def _unsaved(self, epoch: int, error: Exception) -> None:
+        """A save the store refused: one line in the trial's log (until one works again), the
+        host's line handed on, and the failure in the trial's record."""
+        cause = cause_of(error)
+        if self.failing is None:
+            latest = f"epoch {self.saved[-1].epoch}" if self.saved else "none of its own yet"
+            _say(
+                f"epoch {epoch}: the checkpoint could not be saved in {self.location} ({cause}): "
+                f"training goes on and the next save tries again; its latest usable checkpoint: "
+                f"{latest}"
+            )
+        self.failing = cause
+        self.on_unsaved(unsaved_line(self.location, error))
+        try:
+            with single_attempt():
+                set_user_attrs(
+                    self._trial, {names.CHECKPOINT_UNSAVED: {"epoch": epoch, "error": cause}}
+                )
+        except Exception as failed:  # the database away too: the log said it
+            if not is_outage(failed):
+                raise
 
     def _name(self, artifact_id: str, epoch: int) -> None:
         """List the artifact with the trial as Optuna does (its dashboard shows it), and make it
@@ -202,3 +243,27 @@ class CheckpointHandle:
         set_user_attrs(
             self._trial, {names.CHECKPOINT: {"artifact_id": artifact_id, "epoch": epoch}}
         )
+
+
+def cause_of(error: BaseException) -> str:
+    """Why a save failed, the same words in every process (no file name in them)."""
+    if isinstance(error, OSError) and error.errno:
+        return f"{os.strerror(error.errno)}, errno {errno.errorcode.get(error.errno, error.errno)}"
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:160] if text else ''}".rstrip(": ")
+
+
+def unsaved_line(location: str | None, error: BaseException) -> str:
+    """The host's one line about saves that fail in `location` for this cause."""
+    code = getattr(error, "errno", None)
+    advice = {
+        errno.ENOSPC: "; free some space there",
+        errno.EDQUOT: "; free some space there",
+        errno.EROFS: "; make it writable",
+        errno.EACCES: "; make it writable by this user",
+        errno.EPERM: "; make it writable by this user",
+    }.get(code if isinstance(code, int) else -1, "")
+    return (
+        f"checkpoints cannot be saved in {location} ({cause_of(error)}): trials train on without "
+        f"them and try again at each save{advice}"
+    )

@@ -34,4 +34,5 @@ RETRY_REASON = "retry_reason"
 CHECKPOINT = "checkpoint"  # {"artifact_id": str, "epoch": int}: the trial's latest, every save
 CHECKPOINT_FROM = "checkpoint_from"  # a trial number: training starts from its latest checkpoint
 TRAIN_UNTIL_EPOCH = "train_until_epoch"  # train up to this epoch (inclusive), then end COMPLETE
+CHECKPOINT_UNSAVED = "checkpoint_unsaved"  # {"epoch": int, "error": str}: its last failed save
 RESUMED_FROM_EPOCH = "resumed_from_epoch"  # the epoch of the checkpoint training went on from

@@ -105,6 +105,7 @@ class WarmProcesses:
     processes: list[_Process] = field(default_factory=list)
     _handles: itertools.count = field(default_factory=lambda: itertools.count(1))
     _pending: list[Event] = field(default_factory=list)
+    _said: set[str] = field(default_factory=set)  # the trial processes' lines said so far
 
     @classmethod
     def for_plans(
@@ -199,6 +200,9 @@ class WarmProcesses:
                         self._pending.append(Sized(worker.trial, message[1]))
                     elif message[0] == "vram_peak_mb":
                         self._pending.append(VramPeak(worker.trial, float(message[1])))
+                    elif message[0] == "say" and message[1] not in self._said:
+                        self._said.add(message[1])  # once per host, from any of its processes
+                        logger.warning("%s", message[1])
                 elif isinstance(message, TrialOutcome):
                     if message.recycle or message.setup_failed or message.unreachable:
                         worker.ending = True

@@ -16,6 +16,7 @@ A trial that resumed from a failed one (a re-run) also drops that one's, once it
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints import files as stored
 from orchestrator.record.checkpoints.handle import ARTIFACT_PREFIX, CheckpointHandle
+from orchestrator.record.checkpoints.place import shown
 from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.best import best_of_study
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
+    from orchestrator.run.messages import Channel
 else:
     optuna = LazyImport("optuna")
 
@@ -42,7 +45,8 @@ logger = logging.getLogger(__name__)
 
 # Which trial's final weights the study keeps: {"trial": n, "artifact_id": id} (system attribute).
 BEST_WEIGHTS_ATTR = "orchestrator:best_weights"
-_warned_no_store: set[StorageLocation] = set()
+_said: set[str] = set()  # the lines this process wrote about a store that is off
+_told_host: set[str] = set()  # the lines about failed saves this process handed to its host
 
 
 def open_handle(
@@ -51,38 +55,60 @@ def open_handle(
     spec: StudySpec,
     storage_location: StorageLocation,
     saves: bool = True,
+    tell_host: Callable[[str], None] | None = None,
 ) -> Any:
     """The trial's handle: its store, cadence, where it resumes from and where it ends. An
-    adapter that does not save (`saves` False) gets no store: no folder is made for it."""
+    adapter that does not save (`saves` False) gets no store: no folder is made for it.
+    `tell_host` takes the host's line when a save fails (the pool says it once per host)."""
     location = (spec.artifacts or stored.default_location(storage_location)) if saves else None
     store = None
     if location is not None:
         try:
             store = stored.open_store(location)
-        except Exception as error:  # a folder not writable, a bucket's library missing
-            print(f"checkpoints are off: {location} cannot hold them ({error})", flush=True)
-    if (
-        saves
-        and store is None
-        and spec.checkpoint_every > 0
-        and storage_location not in _warned_no_store
-    ):
-        _warned_no_store.add(storage_location)
-        print(  # once per process: the trial's log says why nothing resumes
+        except Exception as error:  # a bucket's client that cannot be made here
+            _say_once(f"checkpoints are off: {shown(location)} cannot hold them ({error})")
+    elif saves and spec.checkpoint_every > 0:
+        _say_once(  # once per process: the trial's log says why nothing resumes
             "checkpoints are off: a study on a database server keeps them where --artifacts "
-            "says (a folder every node shares, s3://BUCKET or gs://BUCKET)",
-            flush=True,
+            "says (a folder every node shares, s3://BUCKET or gs://BUCKET)"
         )
     attrs = storage_of(study).get_trial(trial_id_of(trial)).user_attrs
     source, until = attrs.get(names.CHECKPOINT_FROM), attrs.get(names.TRAIN_UNTIL_EPOCH)
-    return CheckpointHandle(
+    handle = CheckpointHandle(
         study,
         trial,
         store=store,
         every=spec.checkpoint_every,
         source=source if isinstance(source, int) and not isinstance(source, bool) else None,
         until=until if isinstance(until, int) and not isinstance(until, bool) else None,
+        location=None if location is None else shown(location),  # stored before it was checked
     )
+    if tell_host is not None:
+        handle.on_unsaved = _once_per_process(tell_host)
+    return handle
+
+
+def tell_host(channel: Channel) -> Callable[[str], None]:
+    """A line for the host's own log, sent over the trial's pipe: ("say", line)."""
+    return lambda line: channel.send(("say", line))
+
+
+def _say_once(line: str) -> None:
+    if line not in _said:
+        _said.add(line)
+        print(line, flush=True)
+
+
+def _once_per_process(tell_host: Callable[[str], None]) -> Callable[[str], None]:
+    """`tell_host` for lines this process has not handed on before (the host dedupes again)."""
+
+    def tell(line: str) -> None:
+        if line not in _told_host:
+            _told_host.add(line)
+            with contextlib.suppress(OSError, ValueError):  # the pool gone: the log said it
+                tell_host(line)
+
+    return tell
 
 
 def takes_checkpoint(train: Callable[..., Any]) -> bool:

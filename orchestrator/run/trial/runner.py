@@ -30,7 +30,7 @@ from orchestrator.record.trials.attrs import set_user_attrs
 from orchestrator.record.trials.logs import captured, trial_log_path
 from orchestrator.record.trials.notes import write_trial_note
 from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
-from orchestrator.run.trial.checkpoints import open_handle, takes_checkpoint, tidy
+from orchestrator.run.trial.checkpoints import open_handle, takes_checkpoint, tell_host, tidy
 from orchestrator.run.trial.clock import time_limit
 from orchestrator.run.trial.errors import fail_with, settle
 from orchestrator.run.trial.memory import (
@@ -200,7 +200,9 @@ def run_objective(
             )
             result.flush = report.flush  # run before the result is told (run/trial/spool)
             saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
-            result.checkpoint = open_handle(ctx.study, trial, spec, ctx.config.storage, saves)
+            result.checkpoint = open_handle(
+                ctx.study, trial, spec, ctx.config.storage, saves, tell_host(channel)
+            )
             with time_limit(ctx.config.settings.recycling.trial_timeout):  # from its admission on
                 value = train(
                     ctx,
