@@ -2,6 +2,7 @@
 through the storage, and Optuna's own.
 
     from samplers import PBTSampler, PSOSampler, SAMPLER_NAMES, bounded, make_sampler
+    from samplers import recommend  # a study's best configuration by a model of its trials
 
 Names are imported on first use, so importing this package does not import Optuna.
 """
@@ -24,6 +25,12 @@ _WHERE = {
     "make_sampler": "samplers._factory",
     "SAMPLER_NAMES": "samplers._factory",  # what `run --sampler` accepts
     "latin_hypercube": "samplers._lhs",
+    # What a study recommends: its best configuration by a model, not its luckiest draw.
+    "recommend": "samplers._model.recommend",
+    "recommend_front": "samplers._model.recommend",
+    "recommendation": "samplers._model.recommend",
+    "ranked": "samplers._model.recommend",
+    "Recommendation": "samplers._model.recommend",
 }
 
 __all__ = sorted(_WHERE)
