@@ -41,6 +41,7 @@ from orchestrator.api_checks import check_arguments, check_host, said_as_api
 from orchestrator.errors import UserError
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
 from orchestrator.imports import LazyImport
+from orchestrator.intensify import intensify_problem
 from orchestrator.planning import host_plan
 from orchestrator.record.checkpoints import files as checkpoint_files
 from orchestrator.record.store import optuna_objects
@@ -55,15 +56,18 @@ from orchestrator.record.study.spec import (
     save_spec,
     set_metric_names,
 )
+from orchestrator.record.trials.best import directions_of
 
 if TYPE_CHECKING:
     import optuna
 
     import orchestrator.launch as launch
     from orchestrator.planning.planner import NodePlan
+    from orchestrator.show import recommended as show_recommended
 else:
     optuna = LazyImport("optuna")
     launch = LazyImport("orchestrator.launch")  # the pool and its processes: 40 modules
+    show_recommended = LazyImport("orchestrator.show.recommended")
 
 
 def optimize(
@@ -86,6 +90,7 @@ def optimize(
     swarm_size: int = StudySpec.swarm_size,
     epochs: int = 1,
     max_retries: int = StudySpec.max_retries,
+    intensify: int = 0,
     catch: Iterable[type[Exception]] | type[Exception] = (),
     **host: Any,
 ) -> optuna.Study:
@@ -98,7 +103,10 @@ def optimize(
     objectives; `objectives` names them and may add "vram_peak_mb" and "seconds", which every
     trial measures (orchestrator.record.study.objectives). `sampler` and `pruner` are names or Optuna
     objects; `callbacks` are called as `callback(study, frozen_trial)` here for every trial
-    that finishes. The objective's first error is raised here unless it is one of `catch`
+    that finishes. `intensify`: trials of the budget that re-run the recommended trial's
+    parameters, spread over its second half (orchestrator/intensify.py;
+    `orchestrator.recommend(study)` names the recommended trial, the one to deploy rather than
+    `study.best_trial`). The objective's first error is raised here unless it is one of `catch`
     (orchestrator.first_failures). `host`: `run`'s flags about this host by their Python
     names (concurrency, timeout, log_dir, quiet: progress when stderr is a terminal, ...).
     """
@@ -116,15 +124,25 @@ def optimize(
         epochs=epochs, direction=all_directions[0],
         directions=all_directions if several else None, objectives=names if several else None,
         options=_options(memory_model, batch_sizes), seed=seed, swarm_size=swarm_size,
-        max_retries=max_retries, **_sampler_and_pruner(sampler, pruner),
+        max_retries=max_retries, intensify=intensify, **_sampler_and_pruner(sampler, pruner),
     )  # fmt: skip
     check_spec(spec)
+    _check_intensify(spec)
     name = study_name or default_study_name(objective)
     first = RaiseAtFirstFailure(caught, getattr(objective, "__module__", None))
     try:  # the objective's error is raised outside the pools, once they have stopped
         return _run(spec, name, storage, gpus, host, [first, *callbacks])
     except ObjectiveRaised as raised:
         raise raised.error from None
+
+
+def _check_intensify(spec: StudySpec) -> None:
+    value = spec.intensify
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"intensify={value!r}: give a whole number, e.g. intensify=4")
+    problem = intensify_problem(value, spec)
+    if problem:
+        raise ValueError(f"intensify={value} {problem}")
 
 
 def _options(memory_model: tuple[float, float], batch_sizes: tuple[int, int] | None) -> dict:
@@ -268,7 +286,22 @@ def _run(
         spare=spare,
         callbacks=callbacks,
     )
-    return optuna.load_study(study_name=name, storage=opened)
+    study = optuna.load_study(study_name=name, storage=opened)
+    if not settings.quiet:
+        say_recommended(study)
+    return study
+
+
+def say_recommended(study: optuna.Study, stream: Any = None) -> None:
+    """The last lines on stderr: the recommended trial beside the best observed one
+    (orchestrator/show/recommended.py), as `run` ends."""
+    trials = study.get_trials(deepcopy=False)
+    rec = show_recommended.recommended_of(trials, directions_of(study))
+    if rec is None:
+        return
+    metric = study.metric_names[0] if study.metric_names else "value"
+    for line in show_recommended.lines(rec, metric):
+        print(f"[{study.study_name}] {line}", file=stream or sys.stderr)
 
 
 def quiet_by_default(quiet: bool | None, stream: Any = None) -> bool:

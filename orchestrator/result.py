@@ -117,9 +117,9 @@ def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:
     if outcome.best_trial is None:
         return [*lines, "no trial has completed yet"]
     rec = outcome.recommended
-    if rec is None:
+    if rec is None or rec.same:
         lines.append(f"best trial #{outcome.best_trial}: {metric} = {outcome.best_value:.6g}")
-        said: list[str] = []
+        said = [] if rec is None else [f"recommended: the same trial ({rec.reason})"]
     else:  # the trial to deploy, its parameters, then the best observed one and why they differ
         first, *said = recommended_lines(rec, metric)
         lines.append(first)
