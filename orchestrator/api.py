@@ -99,17 +99,14 @@ def optimize(
     `memory_model` is (overhead MB, MB per sample): what one trial needs on a GPU at a batch
     size, which admission counts by; `batch_sizes` is the (low, high) range the objective draws
     "batch_size" from (log scale), drawn before it runs so the trial is admitted by its bytes.
-    `epochs`: the pruners' resource, when the objective reports once per epoch. `directions` (one per value the objective returns) makes a study of several
-    objectives; `objectives` names them and may add "vram_peak_mb" and "seconds", which every
-    trial measures (orchestrator.record.study.objectives). `sampler` and `pruner` are names or Optuna
-    objects; `callbacks` are called as `callback(study, frozen_trial)` here for every trial
-    that finishes. `intensify`: trials of the budget that re-run the recommended trial's
-    parameters, spread over its second half (orchestrator/intensify.py;
-    `orchestrator.recommend(study)` names the recommended trial, the one to deploy rather than
-    `study.best_trial`). The objective's first error is raised here unless it is one of `catch`
-    (orchestrator.first_failures). `host`: `run`'s flags about this host by their Python
-    names (concurrency, timeout, log_dir, quiet: progress when stderr is a terminal, ...).
-    """
+    `epochs`: the pruners' resource, when the objective reports once per epoch. `directions`
+    (one per value the objective returns) makes a study of several objectives; `objectives`
+    names them and may add "vram_peak_mb" and "seconds", which every trial measures
+    (orchestrator.record.study.objectives). `sampler` and `pruner` are names or Optuna objects;
+    `callbacks` are called as `callback(study, frozen_trial)` here for every trial that
+    finishes; `intensify` trials re-run the recommended one (orchestrator/intensify.py). The
+    objective's first error is raised here unless it is one of `catch`. `host`: `run`'s flags
+    about this host by their Python names (concurrency, timeout, log_dir, quiet, ...)."""
 
     ref = adapter_objective.objective_ref(objective)
     caught = check_arguments(
@@ -127,7 +124,6 @@ def optimize(
         max_retries=max_retries, intensify=intensify, **_sampler_and_pruner(sampler, pruner),
     )  # fmt: skip
     check_spec(spec)
-    _check_intensify(spec)
     name = study_name or default_study_name(objective)
     first = RaiseAtFirstFailure(caught, getattr(objective, "__module__", None))
     try:  # the objective's error is raised outside the pools, once they have stopped
@@ -261,6 +257,7 @@ def _run(
     callbacks: list[Callable[..., None]],
 ) -> Any:
     spec = _with_checkpoints(spec, host)
+    _check_intensify(spec)
     check_host(
         {"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(host_options.HostOptions))
     )
