@@ -181,6 +181,41 @@ class Table:
                 indices.append(trial.suggest_int(name, 0, len(choices) - 1))
         return "".join(map(str, indices))
 
+    def distributions(self) -> dict:
+        from optuna.distributions import CategoricalDistribution, IntDistribution
+
+        return {
+            name: CategoricalDistribution(choices)
+            if name in self.categorical
+            else IntDistribution(0, len(choices) - 1)
+            for name, choices in self.space.items()
+        }
+
+    def params_of(self, key: str) -> dict:
+        """The params `suggest` gives for the table's `key` (one digit per parameter)."""
+        return {
+            name: choices[int(i)] if name in self.categorical else int(i)
+            for (name, choices), i in zip(self.space.items(), key, strict=True)
+        }
+
+    def key_of(self, params: dict) -> str:
+        return "".join(
+            str(choices.index(params[name]) if name in self.categorical else params[name])
+            for name, choices in self.space.items()
+        )
+
+    def trial(self, key: str, value: float):
+        """A finished trial of `key` with `value` (already signed to minimise)."""
+        import optuna
+
+        return optuna.trial.create_trial(
+            params=self.params_of(key), distributions=self.distributions(), value=value
+        )
+
+    def random_params(self, rng: np.random.Generator, n: int) -> list[dict]:
+        keys = list(self.rows)
+        return [self.params_of(keys[i]) for i in rng.choice(len(keys), size=n, replace=False)]
+
     def observe(self, key: str, rng: np.random.Generator, metric: str | None = None) -> float:
         values = self.rows[key][metric or self.metric]
         return float(values[rng.integers(len(values))])
@@ -215,17 +250,28 @@ def make_hpo(name: str, seed: int):
 _TABLES: dict[str, Table] = {}
 
 
-def run_hpo(sampler: str, task: str, seed: int, trials: int, in_flight: int) -> dict:
-    """One study on a table; `in_flight` trials at a time, told in the order they finish."""
+def run_hpo(
+    sampler: str, task: str, seed: int, trials: int, in_flight: int, same_start: int = 0
+) -> dict:
+    """One study on a table; `in_flight` trials at a time, told in the order they finish.
+
+    Kept with the regret of the best observed trial: the best configuration the study evaluated
+    (the limit of any recommendation), and the history, (number, key, value) per trial, from
+    which `render_hpo` scores `samplers.recommend` of the study again without running it.
+    `same_start`: the first that many configurations are drawn from the seed alone (enqueued),
+    so every sampler of one seed starts from the same ones.
+    """
     import optuna
 
     table = _TABLES.get(task) or _TABLES.setdefault(task, Table(task))
     study = optuna.create_study(sampler=make_hpo(sampler, seed))
+    for params in table.random_params(np.random.default_rng([seed, 17]), same_start):
+        study.enqueue_trial(params)
     rng = np.random.default_rng([seed, 11])
     running: list[tuple[float, int, optuna.Trial, str, float]] = []
     clock, asked = 0.0, 0
-    incumbent: tuple[float, str] | None = None
-    started = time.perf_counter()
+    history: list[tuple[int, str, float]] = []
+    cpu = time.process_time()
 
     def ask() -> None:
         nonlocal asked
@@ -240,12 +286,29 @@ def run_hpo(sampler: str, task: str, seed: int, trials: int, in_flight: int) -> 
     while running:
         clock, _, trial, key, value = heapq.heappop(running)
         study.tell(trial, value)
-        if incumbent is None or value < incumbent[0]:
-            incumbent = (value, key)
+        history.append((trial.number, key, value))
         if asked < trials:
             ask()
-    assert incumbent is not None
-    return {"regret": table.regret(incumbent[1]), "seconds": time.perf_counter() - started}
+    seconds = time.process_time() - cpu
+    observed = min(history, key=lambda h: (h[2], h[0]))[1]  # Optuna's best_trial: first of ties
+    return {
+        "regret": table.regret(observed),
+        "evaluated": min(table.regret(key) for _, key, _ in history),
+        "seconds": seconds,
+        "history": sorted(history),
+    }
+
+
+def recommended_regret(task: str, history: list) -> float:
+    """The regret of `samplers.recommend` on a study holding `history` (as run_hpo keeps it)."""
+    import optuna
+
+    from samplers import recommend
+
+    table = _TABLES.get(task) or _TABLES.setdefault(task, Table(task))
+    study = optuna.create_study()
+    study.add_trials([table.trial(key, value) for _, key, value in history])
+    return table.regret(table.key_of(recommend(study).params))
 
 
 def time_per_trial(
@@ -543,9 +606,16 @@ def _hpo_job(args: tuple) -> dict:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     torch.set_num_threads(1)  # GPSampler's torch: one core per job, as the runs are parallel
-    sampler, task, seed, trials, in_flight = args
-    result = run_hpo(sampler, task, seed, trials, in_flight)
-    return {"sampler": sampler, "task": task, "seed": seed, "in_flight": in_flight, **result}
+    sampler, task, seed, trials, in_flight, same_start = args
+    result = run_hpo(sampler, task, seed, trials, in_flight, same_start)
+    return {
+        "sampler": sampler,
+        "task": task,
+        "seed": seed,
+        "in_flight": in_flight,
+        "same_start": same_start,
+        **result,
+    }
 
 
 def _run_jobs(job, jobs: list[tuple], processes: int, out: Path, done: set) -> None:
@@ -582,30 +652,36 @@ def main_hpo(argv: list[str]) -> int:
     parser.add_argument(
         "--also", nargs="*", default=[], help="more results files (names under results/) to show"
     )
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--first-seed", type=int, default=100)
     parser.add_argument("--trials", type=int, default=100)
-    parser.add_argument("--in-flight", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--in-flight", nargs="+", type=int, default=[8])
     parser.add_argument(
-        "--slow", nargs="*", default=["gp"], help="samplers run only at 8 in flight, --slow-seeds"
+        "--same-start",
+        type=int,
+        default=0,
+        metavar="N",
+        help="every sampler of a seed starts from the same N configurations (drawn from the seed)",
     )
-    parser.add_argument("--slow-seeds", type=int, default=1)
     parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--out", default="samplers_hpo")
+    parser.add_argument("--out", default="samplers_hpo_recommend")
     parser.add_argument("--render-only", action="store_true")
     args = parser.parse_args(argv)
     tasks = args.tasks or hpo_tasks()
     seeds = range(args.first_seed, args.first_seed + args.seeds)
-    jobs = []
-    for sampler in (s for s in args.samplers if s not in KEPT):
-        slow = sampler in args.slow
-        for k in [8] if slow else args.in_flight:
-            for seed in seeds[: args.slow_seeds] if slow else seeds:
-                jobs += [(sampler, task, seed, args.trials, k) for task in tasks]
+    # Seed by seed, every sampler on every task: a run stopped early still compares them paired.
+    jobs = [
+        (sampler, task, seed, args.trials, k, args.same_start)
+        for k in args.in_flight
+        for seed in seeds
+        for sampler in args.samplers
+        if sampler not in KEPT
+        for task in tasks
+    ]
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{args.out}.jsonl"
     done = {
-        (r["sampler"], r["task"], r["seed"], args.trials, r["in_flight"])
+        (r["sampler"], r["task"], r["seed"], args.trials, r["in_flight"], r.get("same_start", 0))
         for r in _read_results(out)
     }
     if not args.render_only:
@@ -613,10 +689,57 @@ def main_hpo(argv: list[str]) -> int:
     results = _read_results(out)
     for name in args.also:
         results += _read_results(RESULTS / f"{name}.jsonl")
+    results = [r for r in results if r.get("same_start", 0) == args.same_start]
     table = render_hpo(results, tasks, args)
     print(table)
     (RESULTS / f"{args.out}.md").write_text(table)
     return 0
+
+
+# The tables where one observation's noise dwarfs the spread of the best configurations.
+LUCK_BOUND = ("hpobench/car", "hpobench/australian", "hpobench/credit_g")
+SCORES = ("observed", "recommended", "evaluated")  # best observed, recommend(study), the limit
+
+
+def _scores(results: list[dict], tasks: list[str], seeds: range, k: int) -> dict:
+    """{(sampler, task, score): {seed: regret}} of the runs at `k` in flight."""
+    out: dict[tuple[str, str, str], dict[int, float]] = {}
+    for r in results:
+        if r["in_flight"] != k or r["task"] not in tasks or r["seed"] not in seeds:
+            continue
+        per = {"observed": r["regret"], "evaluated": r.get("evaluated")}
+        if "history" in r:
+            per["recommended"] = recommended_regret(r["task"], r["history"])
+        for score, value in per.items():
+            if value is not None:
+                out.setdefault((r["sampler"], r["task"], score), {})[r["seed"]] = value
+    return out
+
+
+def _geomean_ratio(a: dict, b: dict, tasks: list[str], rng=None) -> float | None:
+    """Geometric mean over `tasks` of mean regret `a` / mean regret `b` (paired seeds; each
+    mean floored at 1e-4 so that a table solved by both counts as even). With `rng`: one
+    bootstrap draw of the seeds."""
+    logs = []
+    for task in tasks:
+        seeds = sorted(set(a.get(task, {})) & set(b.get(task, {})))
+        if not seeds:
+            return None
+        if rng is not None:
+            seeds = list(rng.choice(seeds, size=len(seeds)))
+        ma = max(statistics.fmean(a[task][s] for s in seeds), 1e-4)
+        mb = max(statistics.fmean(b[task][s] for s in seeds), 1e-4)
+        logs.append(math.log(ma / mb))
+    return math.exp(statistics.fmean(logs))
+
+
+def _ratio_cell(a: dict, b: dict, tasks: list[str]) -> str:
+    point = _geomean_ratio(a, b, tasks)
+    if point is None:
+        return ""
+    rng = np.random.default_rng(0)
+    draws = sorted(_geomean_ratio(a, b, tasks, rng) for _ in range(1000))
+    return f"{point:.2f} [{draws[25]:.2f}, {draws[974]:.2f}]"
 
 
 def render_hpo(results: list[dict], tasks: list[str], args) -> str:
@@ -624,53 +747,113 @@ def render_hpo(results: list[dict], tasks: list[str], args) -> str:
     lines = [f"Command: `{command}`", ""]
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     for k in args.in_flight:
-        mine = [
-            r for r in results if r["in_flight"] == k and r["task"] in tasks and r["seed"] in seeds
-        ]
-        samplers = [s for s in args.samplers if any(r["sampler"] == s for r in mine)]
-        if not samplers:
-            continue
-        regret: dict[tuple[str, str], list[float]] = {}
-        seconds: dict[str, list[float]] = {}
-        for r in mine:
-            regret.setdefault((r["task"], r["sampler"]), []).append(r["regret"])
-            seconds.setdefault(r["sampler"], []).append(r["seconds"])
-        means = {key: statistics.fmean(v) for key, v in regret.items()}
-        lines += [
-            f"Mean rank regret at {args.trials} trials, **{k} in flight** (the share of the "
-            "table's configurations whose true value beats the incumbent's; 0 is the best "
-            "configuration), over seeds: "
-            + ", ".join(f"{s} {len(regret.get((tasks[0], s), []))}" for s in samplers)
-            + ". **Bold**: the best of the row.",
-            "",
-            "| task | " + " | ".join(samplers) + " |",
-            "|---|" + "---:|" * len(samplers),
-        ]
-        for task in tasks:
-            row = [means.get((task, s)) for s in samplers]
-            low = min(v for v in row if v is not None)
-            cells = ["" if v is None else (f"**{v:.4f}**" if v == low else f"{v:.4f}") for v in row]
-            lines.append(f"| {task} | " + " | ".join(cells) + " |")
-        mean_cells = []
-        for s in samplers:
-            have = [means[(t, s)] for t in tasks if (t, s) in means]
-            part = "" if len(have) == len(tasks) else f" ({len(have)} tasks)"
-            mean_cells.append(f"{statistics.fmean(have):.4f}{part}")
-        lines.append("| **mean** | " + " | ".join(mean_cells) + " |")
-        if "pso" in samplers:
-            wins = []
-            for s in samplers:
-                pairs = [(means[(t, "pso")], means[(t, s)]) for t in tasks if (t, s) in means]
-                better = sum(p < o for p, o in pairs)
-                wins.append(f"{better}/{len(pairs)}" if s != "pso" else "")
-            lines.append("| PSO better on | " + " | ".join(wins) + " |")
-        lines.append(
-            "| s per run | "
-            + " | ".join(f"{statistics.fmean(seconds[s]):.1f}" for s in samplers)
-            + " |"
-        )
-        lines.append("")
+        scores = _scores(results, tasks, seeds, k)
+        samplers = [s for s in args.samplers if any(key[0] == s for key in scores)]
+        if samplers:
+            lines += _render_in_flight(scores, samplers, tasks, k, args, results)
     return "\n".join(lines)
+
+
+def _render_in_flight(scores, samplers, tasks, k, args, results) -> list[str]:
+    def means(s: str, score: str, among: list[str]) -> list[float]:
+        return [
+            statistics.fmean(scores[(s, t, score)].values())
+            for t in among
+            if (s, t, score) in scores
+        ]
+
+    counts = ", ".join(
+        f"{s} {min(len(scores.get((s, t, 'observed'), {})) for t in tasks)}" for s in samplers
+    )
+    lines = [
+        f"Mean rank regret at {args.trials} trials, **{k} in flight** (the share of the table's "
+        "configurations whose true value beats the one named; 0 is the best configuration), "
+        f"seeds per task: {counts}. Per sampler: obs., the best observed trial (Optuna's "
+        "`best_trial`); rec., `samplers.recommend(study)`; eval., the best configuration the "
+        "study evaluated (the limit of any recommendation).",
+        "",
+        "| task | " + " | ".join(f"{s} obs. | {s} rec. | {s} eval." for s in samplers) + " |",
+        "|---|" + "---:|" * (3 * len(samplers)),
+    ]
+    for task in tasks:
+        cells = []
+        for s in samplers:
+            for score in SCORES:
+                v = scores.get((s, task, score))
+                cells.append("" if not v else f"{statistics.fmean(v.values()):.4f}")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    others = [t for t in tasks if t not in LUCK_BOUND]
+    bound = [t for t in tasks if t in LUCK_BOUND]
+    for label, among in (
+        ("mean", tasks),
+        ("mean, luck-bound 3", bound),
+        ("mean, other 12", others),
+    ):
+        if not among:
+            continue
+        cells = []
+        for s in samplers:
+            for score in SCORES:
+                have = means(s, score, among)
+                cells.append(f"{statistics.fmean(have):.4f}" if len(have) == len(among) else "")
+        lines.append(f"| **{label}** | " + " | ".join(cells) + " |")
+    cpu = {
+        s: [r["seconds"] for r in results if r["sampler"] == s and r["in_flight"] == k]
+        for s in samplers
+    }
+    lines.append(
+        "| CPU s per run | "
+        + " | ".join(
+            f"{statistics.fmean(cpu[s]):.1f} | | " if cpu[s] else " | | " for s in samplers
+        )
+        + "|"
+    )
+    lines += ["", *_ratios(scores, samplers, tasks, others, bound), ""]
+    return lines
+
+
+def _per_task(scores, sampler: str, score: str, tasks: list[str]) -> dict:
+    return {t: scores[(sampler, t, score)] for t in tasks if (sampler, t, score) in scores}
+
+
+def _ratios(scores, samplers, tasks, others, bound) -> list[str]:
+    lines = [
+        "Geometric mean over tables of regret ratios (paired seeds; 95% bootstrap interval over "
+        "seeds), and on how many tables the first beats the second:",
+        "",
+        "| sampler | rec. / obs., all | other 12 | luck-bound 3 | rec. / eval., all | "
+        "rec. better than obs. on |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in samplers:
+        rec = _per_task(scores, s, "recommended", tasks)
+        obs = _per_task(scores, s, "observed", tasks)
+        ev = _per_task(scores, s, "evaluated", tasks)
+        wins = sum(
+            statistics.fmean(rec[t].values()) < statistics.fmean(obs[t].values())
+            for t in rec
+            if t in obs
+        )
+        lines.append(
+            f"| {s} | {_ratio_cell(rec, obs, tasks)} | {_ratio_cell(rec, obs, others)} | "
+            f"{_ratio_cell(rec, obs, bound)} | {_ratio_cell(rec, ev, tasks)} | {wins}/{len(rec)} |"
+        )
+    if "pso" in samplers:
+        rec = _per_task(scores, "pso", "recommended", tasks)
+        lines += [
+            "",
+            "| PSO rec. against | their obs.: geo. ratio | PSO better on |",
+            "|---|---:|---:|",
+        ]
+        for s in samplers:
+            obs = _per_task(scores, s, "observed", tasks)
+            wins = sum(
+                statistics.fmean(rec[t].values()) < statistics.fmean(obs[t].values())
+                for t in rec
+                if t in obs
+            )
+            lines.append(f"| {s} | {_ratio_cell(rec, obs, tasks)} | {wins}/{len(obs)} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,10 @@
 
 `orchestrator.optimize(objective, n_trials=...)` runs a plain objective(trial, device) through
 the VRAM-gated pools and returns the optuna.Study; `orchestrator.plan(...)` says what this host
-would run. The command line is `python -m orchestrator`.
+would run; `orchestrator.recommend(study)` names the trial whose configuration a model of all
+the trials expects best (not the luckiest draw, as `study.best_trial` is);
+`orchestrator.load_checkpoint(path)` reads the weights file `best` names. The command line is
+`python -m orchestrator`.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ with interrupts.stopped_quietly() if _COMMAND else contextlib.nullcontext():
         raise
 
 __version__ = "0.1.0"
-__all__ = ["optimize", "plan", "__version__"]
+__all__ = ["optimize", "plan", "recommend", "recommend_front", "load_checkpoint", "__version__"]
 
 
 def __getattr__(name: str) -> object:
-    """`orchestrator.optimize` and `orchestrator.plan`, loaded on first use: every command and
-    every trial process imports this package first, and most never call the Python API."""
+    """`orchestrator.optimize`, `orchestrator.plan`, `orchestrator.recommend`,
+    `orchestrator.recommend_front` and `orchestrator.load_checkpoint`, loaded on first use: every command and every trial process
+    imports this package first, and most never call the Python API."""
     if name in ("optimize", "plan"):
         from orchestrator import api
 
@@ -42,4 +46,8 @@ def __getattr__(name: str) -> object:
         from orchestrator import checkpoints
 
         return checkpoints.load_checkpoint
+    if name in ("recommend", "recommend_front"):
+        import samplers
+
+        return getattr(samplers, name)
     raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

@@ -41,6 +41,7 @@ from orchestrator.api_checks import check_arguments, check_artifacts, check_host
 from orchestrator.errors import UserError
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
 from orchestrator.imports import LazyImport
+from orchestrator.intensify import intensify_problem
 from orchestrator.planning import host_plan
 from orchestrator.record.store import optuna_objects
 from orchestrator.record.store.location import StorageLocation
@@ -54,15 +55,18 @@ from orchestrator.record.study.spec import (
     save_spec,
     set_metric_names,
 )
+from orchestrator.record.trials.best import directions_of
 
 if TYPE_CHECKING:
     import optuna
 
     import orchestrator.launch as launch
     from orchestrator.planning.planner import NodePlan
+    from orchestrator.show import recommended as show_recommended
 else:
     optuna = LazyImport("optuna")
     launch = LazyImport("orchestrator.launch")  # the pool and its processes: 40 modules
+    show_recommended = LazyImport("orchestrator.show.recommended")
 
 
 def optimize(
@@ -85,6 +89,7 @@ def optimize(
     swarm_size: int = StudySpec.swarm_size,
     epochs: int = 1,
     max_retries: int = StudySpec.max_retries,
+    intensify: int = 0,
     catch: Iterable[type[Exception]] | type[Exception] = (),
     **host: Any,
 ) -> optuna.Study:
@@ -93,14 +98,14 @@ def optimize(
     `memory_model` is (overhead MB, MB per sample): what one trial needs on a GPU at a batch
     size, which admission counts by; `batch_sizes` is the (low, high) range the objective draws
     "batch_size" from (log scale), drawn before it runs so the trial is admitted by its bytes.
-    `epochs`: the pruners' resource, when the objective reports once per epoch. `directions` (one per value the objective returns) makes a study of several
-    objectives; `objectives` names them and may add "vram_peak_mb" and "seconds", which every
-    trial measures (orchestrator.record.study.objectives). `sampler` and `pruner` are names or Optuna
-    objects; `callbacks` are called as `callback(study, frozen_trial)` here for every trial
-    that finishes. The objective's first error is raised here unless it is one of `catch`
-    (orchestrator.first_failures). `host`: `run`'s flags about this host by their Python
-    names (concurrency, timeout, log_dir, quiet: progress when stderr is a terminal, ...).
-    """
+    `epochs`: the pruners' resource, when the objective reports once per epoch. `directions`
+    (one per value the objective returns) makes a study of several objectives; `objectives`
+    names them and may add "vram_peak_mb" and "seconds", which every trial measures
+    (orchestrator.record.study.objectives). `sampler` and `pruner` are names or Optuna objects;
+    `callbacks` are called as `callback(study, frozen_trial)` here for every trial that
+    finishes; `intensify` trials re-run the recommended one (orchestrator/intensify.py). The
+    objective's first error is raised here unless it is one of `catch`. `host`: `run`'s flags
+    about this host by their Python names (concurrency, timeout, log_dir, quiet, ...)."""
 
     ref = adapter_objective.objective_ref(objective)
     caught = check_arguments(
@@ -115,7 +120,7 @@ def optimize(
         epochs=epochs, direction=all_directions[0],
         directions=all_directions if several else None, objectives=names if several else None,
         options=_options(memory_model, batch_sizes), seed=seed, swarm_size=swarm_size,
-        max_retries=max_retries, **_sampler_and_pruner(sampler, pruner),
+        max_retries=max_retries, intensify=intensify, **_sampler_and_pruner(sampler, pruner),
     )  # fmt: skip
     check_spec(spec)
     name = study_name or default_study_name(objective)
@@ -124,6 +129,15 @@ def optimize(
         return _run(spec, name, storage, gpus, host, [first, *callbacks])
     except ObjectiveRaised as raised:
         raise raised.error from None
+
+
+def _check_intensify(spec: StudySpec) -> None:
+    value = spec.intensify
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"intensify={value!r}: give a whole number, e.g. intensify=4")
+    problem = intensify_problem(value, spec)
+    if problem:
+        raise ValueError(f"intensify={value} {problem}")
 
 
 def _options(memory_model: tuple[float, float], batch_sizes: tuple[int, int] | None) -> dict:
@@ -239,6 +253,7 @@ def _run(
     callbacks: list[Callable[..., None]],
 ) -> Any:
     spec = _with_checkpoints(spec, host)
+    _check_intensify(spec)
     check_host(
         {"gpus": gpus, **host}, lambda: sorted(f.name for f in fields(host_options.HostOptions))
     )
@@ -264,7 +279,22 @@ def _run(
         spare=spare,
         callbacks=callbacks,
     )
-    return optuna.load_study(study_name=name, storage=opened)
+    study = optuna.load_study(study_name=name, storage=opened)
+    if not settings.quiet:
+        say_recommended(study)
+    return study
+
+
+def say_recommended(study: optuna.Study, stream: Any = None) -> None:
+    """The last lines on stderr: the recommended trial beside the best observed one
+    (orchestrator/show/recommended.py), as `run` ends."""
+    trials = study.get_trials(deepcopy=False)
+    rec = show_recommended.recommended_of(trials, directions_of(study))
+    if rec is None:
+        return
+    metric = study.metric_names[0] if study.metric_names else "value"
+    for line in show_recommended.lines(rec, metric):
+        print(f"[{study.study_name}] {line}", file=stream or sys.stderr)
 
 
 def quiet_by_default(quiet: bool | None, stream: Any = None) -> bool:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import optuna
     import sqlalchemy
 
+    from orchestrator import intensify
     from orchestrator.host_options import HostOptions
     from orchestrator.planning.host_plan import HostPlan
     from orchestrator.record.store import migrate
@@ -46,6 +47,7 @@ else:
     sqlalchemy = LazyImport("sqlalchemy")
     # Ours, loading SQLAlchemy and Optuna as they load: a command checks its input first.
     migrate = LazyImport("orchestrator.record.store.migrate")
+    intensify = LazyImport("orchestrator.intensify")
     pool_loop = LazyImport("orchestrator.run.pool.loop")
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ def run_pool(
 
     adapter = resolve_adapter(spec)
     metric = metric_name(adapter, spec.options)
+    callbacks = [*callbacks, *intensify.callbacks_for(location, spec)]  # re-runs, on any host
     for gpu in host.plan.gpus:
         log_plan(gpu)
     _prepare_tracking(spec, study.study_name, metric)

@@ -11,17 +11,24 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.imports import LazyImport
 from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.best import best_of_study, directions_of, pareto_front
 from orchestrator.record.trials.logs import reserve_stdout
 from orchestrator.show.final_scores_text import side_by_side
+from orchestrator.show.recommended import lines as recommended_lines
+from orchestrator.show.recommended import markdown, recommended_of
 
 if TYPE_CHECKING:
     import optuna
 
+    from orchestrator.record.study import note
     from orchestrator.record.study.final_scores import FinalScores
     from orchestrator.record.study.spec import StudySpec
+    from orchestrator.show.recommended import Recommended
+else:
+    note = LazyImport("orchestrator.record.study.note")  # optuna-dashboard's, at the end only
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,9 @@ class Outcome:
     failed: int = 0
     pareto_front: int = 0  # trials on the Pareto front of a study of several objectives
     final: FinalScores | None = None  # the selection scored at the study's end (selection.py)
+    # The trial to deploy: the configuration the model expects best (show/recommended.py);
+    # best_* above is the best observed value, the luckiest run.
+    recommended: Recommended | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +65,7 @@ class Outcome:
             "interrupted": self.interrupted,
             "pareto_front": self.pareto_front,
             "final_scores": None if self.final is None else self.final.as_dict(),
+            "recommended": None if self.recommended is None else self.recommended.as_dict(),
         }
 
 
@@ -65,6 +76,10 @@ def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Ou
     count = count_trials(trials)
     directions = directions_of(study)
     front = pareto_front(trials, directions) if len(directions) > 1 else []
+    recommended = recommended_of(trials, directions) if best else None
+    if recommended is not None:
+        metric = study.metric_names[0] if study.metric_names else "value"
+        note.write_study_note(study, markdown(recommended, metric))  # the dashboard's study page
     return Outcome(
         study_name=study.study_name,
         budget=spec.trials,
@@ -78,6 +93,7 @@ def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Ou
         pruned=count.pruned,
         failed=count.failed,
         pareto_front=len(front),
+        recommended=recommended,
     )
 
 
@@ -100,10 +116,17 @@ def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:
         ]
     if outcome.best_trial is None:
         return [*lines, "no trial has completed yet"]
-    lines.append(f"best trial #{outcome.best_trial}: {metric} = {outcome.best_value:.6g}")
-    for name, value in outcome.best_params.items():
+    rec = outcome.recommended
+    if rec is None or rec.same:
+        lines.append(f"best trial #{outcome.best_trial}: {metric} = {outcome.best_value:.6g}")
+        said = [] if rec is None else [f"recommended: the same trial ({rec.reason})"]
+    else:  # the trial to deploy, its parameters, then the best observed one and why they differ
+        first, *said = recommended_lines(rec, metric)
+        lines.append(first)
+    for name, value in (outcome.best_params if rec is None else rec.params).items():
         shown = f"{value:.6g}" if isinstance(value, float) else value
         lines.append(f"  {name} = {shown}")
+    lines += said
     if outcome.final is not None:
         lines.append(side_by_side(outcome.final))
     return lines

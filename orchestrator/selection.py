@@ -3,14 +3,16 @@
 A study's best value is the best of many noisy runs, picked on the part of the data it is then
 quoted on. At the end of a study (`run --confirm K`, and `best --confirm K` any time after):
 
-1. the top K completed trials are trained again with `seeds` seeds each (the adapter's `seed`
-   option, seed .. seed + seeds - 1, as `--repeats` does) and ranked again on the mean: the
-   re-run that decides is the intensification step of SMAC and similar tuners;
+1. the K best configurations by the study's model (`samplers/_model/recommend.ranked`, not the
+   K luckiest runs) are trained again with `seeds` seeds each (the adapter's `seed` option,
+   seed .. seed + seeds - 1, as `--repeats` does; seeds a configuration already ran on in the
+   study are not trained again) and ranked again on the mean: the re-run that decides is the
+   intensification step of SMAC and similar tuners;
 2. the trial ranked first is trained again with each seed on everything before the test part and
    scored once on the test part, which no trial has seen (`adapter.final_scores`);
 3. the adapter's baselines are scored on the same validation and test parts.
 
-With K = 0 only steps 2 and 3 run, with the study's own seed. An adapter without a test part or
+With K = 0 only steps 2 and 3 run, with the study's own seed, for the recommended trial. An adapter without a test part or
 baselines gives what it has. The result is stored with the study (`record/study/final_scores`).
 """
 
@@ -28,15 +30,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters import metric_name
-from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR, seeded
+from adapters.repeats import REPEAT_VALUES_ATTR, seeded
 from orchestrator.imports import LazyImport
 from orchestrator.planning.workloads import workload_class
+from orchestrator.record.checkpoints.lineage import is_segment
 from orchestrator.record.study.final_scores import (
     Confirmed,
     FinalScores,
     final_scores_of,
     save_final_scores,
 )
+from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
     import optuna
@@ -46,12 +50,16 @@ if TYPE_CHECKING:
     from orchestrator.record.study import note
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.show import final_scores_text
+    from orchestrator.show import recommended as show_recommended
+    from samplers._model import recommend
 else:
     optuna = LazyImport("optuna")
     torch = LazyImport("torch")
     # Used when scores are stored; `--help` loads this module (the flags name a Selection).
     note = LazyImport("orchestrator.record.study.note")
     final_scores_text = LazyImport("orchestrator.show.final_scores_text")
+    show_recommended = LazyImport("orchestrator.show.recommended")
+    recommend = LazyImport("samplers._model.recommend")
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +126,10 @@ def finish_study(
     )
     if scores is not None:
         save_final_scores(study, scores)
-        note.write_study_note(study, final_scores_text.final_scores_markdown(scores))
+        trials = study.get_trials(deepcopy=False)
+        rec = show_recommended.recommended_of(trials, spec.all_directions)
+        head = "" if rec is None else show_recommended.markdown(rec, scores.metric) + "\n"
+        note.write_study_note(study, head + final_scores_text.final_scores_markdown(scores))
     return scores
 
 
@@ -160,19 +171,36 @@ def _completed(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 
 
 def top_trials(trials: list[FrozenTrial], direction: str, count: int) -> list[FrozenTrial]:
-    """The `count` best completed trials with a finite value, best first."""
+    """The `count` best configurations by the study's model, best first, each as the trial the
+    model names for it (samplers/_model/recommend.ranked): not the luckiest runs. By observed
+    value where the model has no view (population-based training's segments)."""
     done = _completed(trials)
+    if done and not any(is_segment(t) for t in done):
+        try:
+            ranked = recommend.ranked(done, [direction])
+        except (ValueError, ArithmeticError) as error:
+            logger.warning("ranking by observed values: the model could not be fitted (%s)", error)
+            ranked = []
+        if ranked:
+            return [trial for trial, _ in ranked[: max(count, 1)]]
     sign = -1.0 if direction == "maximize" else 1.0
     return sorted(done, key=lambda t: (sign * float(t.value), t.number))[: max(count, 1)]
 
 
-def _runs_of(trial: FrozenTrial) -> list[float]:
-    """What the trial scored on seeds seed, seed + 1, ... in the study (one value without
-    --repeats: the study's own seed's)."""
-    stored = trial.user_attrs.get(REPEAT_VALUES_ATTR)
-    if isinstance(stored, list) and stored:
-        return [float(v) for v in stored]
-    return [float(trial.value)]
+def runs_by_seed(trial: FrozenTrial, trials: list[FrozenTrial]) -> dict[int, float]:
+    """What the trial's configuration scored in the study, by seed offset: its own runs (seed,
+    seed + 1, ... with --repeats) and those of every completed trial with the same parameters,
+    `--intensify`'s re-runs among them, each on the seeds its `seed_offset` says."""
+    runs: dict[int, float] = {}
+    for other in sorted(_completed(trials), key=lambda t: t.number):
+        if other.number != trial.number and other.params != trial.params:
+            continue
+        stored = other.user_attrs.get(REPEAT_VALUES_ATTR)
+        values = stored if isinstance(stored, list) and stored else [other.value]
+        first = int(other.user_attrs.get(names.SEED_OFFSET, 0) or 0)
+        for i, value in enumerate(values):
+            runs.setdefault(first + i, float(value))
+    return runs
 
 
 def confirm(
@@ -184,27 +212,26 @@ def confirm(
     top: int,
     seeds: int,
 ) -> list[Confirmed]:
-    """The `top` trials re-run with `seeds` seeds each, ranked again on their mean. The seeds a
-    trial already ran on in the study (its own, and its --repeats) are not trained again: their
-    scores are taken as stored."""
+    """The `top` configurations by the model re-run with `seeds` seeds each, ranked again on
+    their mean. The seeds a configuration already ran on in the study (its own, its --repeats,
+    its --intensify re-runs) are not trained again: their scores are taken as stored."""
     confirmed = []
     metric = str(metric_name(adapter, spec.options))
     for trial in top_trials(trials, spec.direction, top):
-        values = _runs_of(trial)[:seeds]
-        for offset in range(len(values), seeds):
+        runs = runs_by_seed(trial, trials)
+        for offset in (o for o in range(seeds) if o not in runs):
             what = f"confirming trial #{trial.number}, seed {offset + 1}/{seeds}"
             with _no_trial_log():
-                values.append(
-                    float(
-                        adapter.train(
-                            trial.params,
-                            epochs=spec.epochs,
-                            device=device,
-                            options=seeded(spec.options, offset),
-                            report=progress(what, spec.epochs, metric),
-                        )
+                runs[offset] = float(
+                    adapter.train(
+                        trial.params,
+                        epochs=spec.epochs,
+                        device=device,
+                        options=seeded(spec.options, offset),
+                        report=progress(what, spec.epochs, metric),
                     )
                 )
+        values = [runs[offset] for offset in range(seeds)]
         mean, std = _spread(values)
         confirmed.append(Confirmed(trial.number, float(trial.value), values, mean, std))
         logger.info("trial #%d confirmed on %d seeds: %.4g +- %.3g", trial.number, seeds, mean, std)
@@ -280,11 +307,14 @@ def score_selection(
     test, test_std = _spread(test_values) if test_values else (None, None)
     metric = metric_name(adapter, spec.options)
 
+    # Its validation: every run of its configuration in the study (--repeats, --intensify).
+    seen = list(runs_by_seed(selected, trials).values())
+    several = len(seen) > 1
     return FinalScores(
         selected_trial=selected.number,
-        validation=float(selected.value),
-        validation_values=[float(v) for v in selected.user_attrs.get(REPEAT_VALUES_ATTR, [])],
-        validation_std=selected.user_attrs.get(REPEAT_STD_ATTR),
+        validation=statistics.fmean(seen) if several else float(selected.value),
+        validation_values=seen if several else [],
+        validation_std=statistics.pstdev(seen) if several else None,
         metric=str(metric),
         seeds=runs,
         test=test,

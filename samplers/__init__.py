@@ -2,6 +2,7 @@
 through the storage, and Optuna's own.
 
     from samplers import PBTSampler, PSOSampler, SAMPLER_NAMES, bounded, make_sampler, sampler_kind
+    from samplers import recommend  # a study's best configuration by a model of its trials
 
 Names are imported on first use, so importing this package does not import Optuna.
 """
@@ -26,6 +27,12 @@ _WHERE = {
     "SamplerKind": "samplers._factory",
     "sampler_kind": "samplers._factory",  # a sampler's declaration: its rules, read by name
     "latin_hypercube": "samplers._lhs",
+    # What a study recommends: its best configuration by a model, not its luckiest draw.
+    "recommend": "samplers._model.recommend",
+    "recommend_front": "samplers._model.recommend",
+    "recommendation": "samplers._model.recommend",
+    "ranked": "samplers._model.recommend",
+    "Recommendation": "samplers._model.recommend",
 }
 
 __all__ = sorted(_WHERE)

@@ -40,7 +40,8 @@ def test_report_writes_a_page_and_pngs(storage_url, tmp_path, capsys):
     text = assert_offline_page(out / "index.html")
     for words in (
         "Study demo",
-        f"Best trial #{built['best']}: loss ",
+        "Recommended trial #",  # the configuration the model expects best (show/recommended.py)
+        f"trial #{built['best']}, the best observed too: loss ",  # noiseless: the same trial
         "Optimisation history",
         "Slice",
         "Contour",

@@ -44,6 +44,14 @@ def test_the_likelihood_gradient_is_the_derivative_of_the_likelihood() -> None:
         (_loss(raw + e, sq, y)[0] - _loss(raw - e, sq, y)[0]) / (2 * h) for e in np.eye(6) * h
     ]
     np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-5)
+    # Points that pool several observations carry less noise: the gradient follows.
+    shares = 1.0 / rng.integers(1, 5, 25)
+    _, grad = _loss(raw, sq, y, shares)
+    numeric = [
+        (_loss(raw + e, sq, y, shares)[0] - _loss(raw - e, sq, y, shares)[0]) / (2 * h)
+        for e in np.eye(6) * h
+    ]
+    np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-5)
 
 
 def _noisy_bowl(n: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,16 @@
-"""`best`: the best trial's parameters, ready for a training run (YAML), with the scores to
-trust beside its value (JSON and text: validation, test, baselines, the spread over seeds); for
-a study of several objectives, its Pareto front (each trial's values and parameters).
+"""`best`: the recommended trial's parameters, ready for a training run (YAML), with the scores
+to trust beside its value (JSON and text: the best observed trial beside it and why they differ,
+validation, test, baselines, the spread over seeds); for a study of several objectives, its
+Pareto front (each trial's values and parameters, and whether it is on the front of the model's
+expected values).
 
-`best --confirm K` scores the selection now, as `run --confirm K` does at a study's end, and
-stores it with the study (orchestrator/selection.py)."""
+The recommended trial is the configuration the study's model expects best
+(orchestrator/show/recommended.py); the best observed value is the luckiest of many noisy runs.
+
+`best --confirm K` re-runs the K best configurations by the model on more seeds, tests the first,
+as `run --confirm K` does at a study's end, and stores it with the study
+(orchestrator/selection.py).
+"""
 
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ if TYPE_CHECKING:
     from orchestrator.record.trials import best as best_trials
     from orchestrator.show import final_scores_text, queries, views
     from orchestrator.show import front as show_front
+    from orchestrator.show import recommended as show_recommended
     from orchestrator.show import text as show_text
 else:
     optuna = LazyImport("optuna")
@@ -44,6 +52,7 @@ else:
     best_trials = LazyImport("orchestrator.record.trials.best")
     final_scores_text = LazyImport("orchestrator.show.final_scores_text")
     show_front = LazyImport("orchestrator.show.front")
+    show_recommended = LazyImport("orchestrator.show.recommended")
     queries = LazyImport("orchestrator.show.queries")
     show_text = LazyImport("orchestrator.show.text")
     views = LazyImport("orchestrator.show.views")
@@ -53,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = command_parser(
         subparsers,
         "best",
-        help="write the best trial's parameters (several objectives: the Pareto front)",
+        help="write the recommended trial's parameters, beside the best observed one "
+        "(several objectives: the Pareto front)",
         example="python -m orchestrator best --study dqn --format yaml --out dqn-best.yaml",
     )
     parser.add_argument(
@@ -67,8 +77,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--format",
         choices=("json", "yaml", "text"),
         default="json",
-        help="json (default): the best trial, its parameters and its scores to trust; yaml: the "
-        "parameters alone, for a training run; text: both, for a person",
+        help="json (default): the recommended trial, its parameters, the best observed trial "
+        "and the scores to trust; yaml: the recommended parameters alone, for a training run; "
+        "text: both, for a person",
     )
     parser.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
     add_confirm_arguments(parser, at_the_end=False)
@@ -104,13 +115,17 @@ def best_command(args: argparse.Namespace) -> int:
     scores = _confirmed(storage, name, args) if args.confirm is not None else None
     if scores is None:
         scores = _stored_scores(storage, name)
-    best, about = _chosen(storage, name, detail.best, scores)
+    best, about = _chosen(storage, name, detail, scores)
     params = best.params
     weights = _weights(storage, name, best)
     if weights is not None:
         about += f"; its final weights: {weights}"
+    rec = detail.recommended
     if args.format == "text":
         text = "".join(f"{key}: {value}\n" for key, value in params.items())
+        text += "".join(
+            f"{line}\n" for line in (show_recommended.lines(rec, "value") if rec else [])
+        )
         text += "".join(
             f"{line}\n" for line in (final_scores_text.final_score_lines(scores) if scores else [])
         )
@@ -118,17 +133,31 @@ def best_command(args: argparse.Namespace) -> int:
     elif args.format == "yaml":
         text = format_params(params, args.format)
     else:
-        record = {
-            "trial": best.number,
-            "value": best.value,
-            "params": params,
-            "final_scores": None if scores is None else scores.as_dict(),
-            "weights": weights,
-        }
-        if detail.lineage is not None and best.number == detail.best.number:
-            record["lineage"] = detail.lineage  # population-based training: params over epochs
-        text = json.dumps(record, indent=2) + "\n"
+        text = json.dumps(_record(detail, best, scores, weights), indent=2) + "\n"
     return _write(args, text, about)
+
+
+def _record(detail: Any, best: Any, scores: Any, weights: str | None) -> dict[str, Any]:
+    """`best`'s JSON: the trial to deploy at the top (`trial`, `value`, `params`: the
+    recommended one, or the one a confirmation ranked first), the model's view of it under
+    `recommended`, and the trial with the best observed value under `best_observed`."""
+    observed = detail.best
+    record = {
+        "trial": best.number,
+        "value": best.value,
+        "params": best.params,
+        "recommended": None if detail.recommended is None else detail.recommended.as_dict(),
+        "best_observed": {
+            "trial": observed.number,
+            "value": observed.value,
+            "params": observed.params,
+        },
+        "final_scores": None if scores is None else scores.as_dict(),
+        "weights": weights,
+    }
+    if detail.lineage is not None and best.number == observed.number:
+        record["lineage"] = detail.lineage  # population-based training: params over epochs
+    return record
 
 
 def _lineage_lines(lineage: dict[str, Any] | None, number: int) -> list[str]:
@@ -145,26 +174,35 @@ def _lineage_lines(lineage: dict[str, Any] | None, number: int) -> list[str]:
     ]
 
 
-def _chosen(storage: Any, name: str, best: Any, scores: Any) -> tuple[Any, str]:
-    """The trial to hand out, and the line that says which: the study's best, unless a
-    confirmation on more seeds ranked another first (its mean is the better-founded figure)."""
-    about = f"best of {name!r}: trial #{best.number}, value {best.value:.6g}"
-    if scores is None or not scores.confirmed or scores.selected_trial == best.number:
-        return best, about
+def _chosen(storage: Any, name: str, detail: Any, scores: Any) -> tuple[Any, str]:
+    """The trial to hand out, and the line that says which: the recommended trial (the
+    configuration the study's model expects best; the best observed one where there is no
+    model's view), unless a confirmation on more seeds ranked another first (its mean is the
+    better-founded figure)."""
+    best, rec = detail.best, detail.recommended
+    if rec is not None:
+        chosen = best if rec.same else _trial(storage, name, rec.trial)
+        about = show_recommended.about(rec, name)
+    else:
+        chosen, about = best, f"best of {name!r}: trial #{best.number}, value {best.value:.6g}"
+    if scores is None or not scores.confirmed or scores.selected_trial == chosen.number:
+        return chosen, about
+    first = scores.confirmed[0]
+    trial = _trial(storage, name, scores.selected_trial)
+    return trial, (
+        f"selected in {name!r}: trial #{trial.number}, ranked first on {len(first.values)} seeds "
+        f"(mean {first.mean:.6g}); {about}"
+    )
+
+
+def _trial(storage: Any, name: str, number: int) -> Any:
+    """Trial `number` of the study, as the views hold a best trial."""
     study = optuna.load_study(study_name=name, storage=storage)
     trial = storage_of(study).get_trial(
-        storage_of(study).get_trial_id_from_study_id_trial_number(
-            study_id_of(study), scores.selected_trial
-        )
+        storage_of(study).get_trial_id_from_study_id_trial_number(study_id_of(study), number)
     )
-    first = scores.confirmed[0]
-    chosen = views.BestTrial(
+    return views.BestTrial(
         trial.number, float(trial.value), dict(trial.params), dict(trial.user_attrs)
-    )
-    return chosen, (
-        f"selected in {name!r}: trial #{trial.number}, ranked first on {len(first.values)} seeds "
-        f"(mean {first.mean:.6g}); the study's best value was trial #{best.number}'s "
-        f"{best.value:.6g}"
     )
 
 
@@ -220,9 +258,20 @@ def _front(storage: Any, name: str, fmt: str) -> tuple[str, str]:
         )
     goals = ", ".join(f"{n} ({d[:3]})" for n, d in zip(names, directions, strict=True))
     about = f"Pareto front of {name!r}: {len(front)} trial(s), {goals}"
+    # The front of what the model expects of each configuration: the luck of one run set apart.
+    expected = show_recommended.front_of(study)
     if fmt == "text":
-        return show_front.front_table(front, names), about
-    rows = [{"trial": t.number, "values": t.values, "params": t.params} for t in front]
+        said = ", ".join(f"#{n}" for n in expected) or "none (the model could not say)"
+        return show_front.front_table(front, names) + f"front of expected values: {said}\n", about
+    rows = [
+        {
+            "trial": t.number,
+            "values": t.values,
+            "params": t.params,
+            "expected_front": t.number in expected,
+        }
+        for t in front
+    ]
     return format_params(show_text.to_jsonable(rows), fmt), about
 
 

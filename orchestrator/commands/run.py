@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     import optuna
     from optuna.storages import BaseStorage
 
-    from orchestrator import enqueue, launch
+    from orchestrator import enqueue, intensify, launch
     from orchestrator.commands import population
     from orchestrator.enqueue import Queued
     from orchestrator.record.study import drift, settings_attrs
@@ -66,6 +66,7 @@ else:
     # Ours, loaded when the command runs: cli.py imports this module for every `--help`.
     population = LazyImport("orchestrator.commands.population")
     enqueue = LazyImport("orchestrator.enqueue")
+    intensify = LazyImport("orchestrator.intensify")
     launch = LazyImport("orchestrator.launch")
     drift = LazyImport("orchestrator.record.study.drift")
     settings_attrs = LazyImport("orchestrator.record.study.settings_attrs")
@@ -120,6 +121,13 @@ def _add_study_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_repeats_argument(parser)
     add_confirm_arguments(parser, at_the_end=True)
+    parser.add_argument(
+        "--intensify",
+        type=whole_number("--intensify", low=0, example=4),
+        metavar="N",
+        help="spend N of the budget's trials re-running the recommended trial (its parameters, "
+        "the next seeds), spread over the second half (default 0; docs/see-a-study.md)",
+    )
     parser.add_argument(
         "--data",
         metavar="CSV",
@@ -207,6 +215,7 @@ def run_command(args: argparse.Namespace) -> int:
     existing, spec = _resolve_spec(storage, args, adapter, options, location.describe())
     spec = spec.updated(mlflow_uri=mlflow_uri, **checkpoint_settings(args))
     check_spec(spec)
+    intensify.check_intensify(spec)
     queue = _fitting_queue(queue, existing, spec)
     return launch.plan_and_run(
         location=location,
@@ -278,6 +287,7 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         pruner=args.pruner or sampler_kind(args.sampler).default_pruner,  # the sampler's own
         max_retries=args.max_retries,
         repeats=args.repeats,
+        intensify=args.intensify,
     )
 
 
@@ -324,6 +334,7 @@ def _resumed_spec(
         pruner=args.pruner,
         max_retries=args.max_retries,
         repeats=args.repeats,
+        intensify=args.intensify,
         options={**spec.options, **typed_now},
     )
     check_swarm(wanted)  # a value no study takes is said as such, not as a drift

@@ -22,6 +22,7 @@ from orchestrator.record.study.spec import (
 )
 from orchestrator.record.trials.best import best_lineage, directions_of, pick_best
 from orchestrator.record.trials.reader import read_trials
+from orchestrator.show.recommended import recommended_of
 from orchestrator.show.views import (
     MULTI_OBJECTIVE,
     BestTrial,
@@ -236,6 +237,7 @@ def study_detail(
         memory_lines=lines,
         directions=directions,
         lineage=best_lineage(trials, best.number if best else None),
+        recommended=recommended_of(trials, directions) if best is not None else None,
     )
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR
 from orchestrator.imports import LazyImport
 from orchestrator.show.final_scores_text import final_score_lines
+from orchestrator.show.recommended import lines as recommended_lines
 from orchestrator.show.text import mb_text, plural
 from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction
 
@@ -120,10 +121,24 @@ def best_section(detail: StudyDetail) -> list[RenderableType]:
     if detail.best is None:
         return ["Best: no completed trial yet"]
     best = detail.best
-    params = _table("", "parameter", "value")
-    for key, value in best.params.items():
-        params.add_row(key, _value(value) if isinstance(value, float) else str(value))
-    return [f"Best: trial #{best.number}, value {_value(best.value)}{_spread(best)}", params]
+    rec = detail.recommended
+    observed = f"trial #{best.number}, value {_value(best.value)}{_spread(best)}"
+    if rec is None:
+        return [f"Best: {observed}", _params_table(best.params)]
+    said = recommended_lines(rec, "value", with_best_observed=False)
+    heading = "Best" if rec.same else "Best observed"
+    return [
+        f"{heading}: {observed}",
+        *(rich_markup.escape(line[0].upper() + line[1:]) for line in said),
+        _params_table(rec.params),
+    ]
+
+
+def _params_table(params: Mapping[str, Any]) -> Table:
+    table = _table("", "parameter", "value")
+    for key, value in params.items():
+        table.add_row(key, _value(value) if isinstance(value, float) else str(value))
+    return table
 
 
 def _spread(best: Any) -> str:

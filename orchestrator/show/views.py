@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from orchestrator.record.store.records import ConcurrencyEvent
     from orchestrator.record.study.spec import BudgetCount
+    from orchestrator.show.recommended import Recommended
 
 STATES = ("COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING")
 # A study with more than one objective has no single best trial; its `direction` reads this.
@@ -151,6 +152,8 @@ class StudyDetail:
     directions: list[str] = field(default_factory=list)  # one per objective
     # Population-based training: the best trial's lineage (record/trials/best.best_lineage).
     lineage: dict[str, Any] | None = None
+    # The trial to deploy: the configuration the model expects best (show/recommended.py).
+    recommended: Recommended | None = None
 
 
 # --- pure shaping ------------------------------------------------------------------------------

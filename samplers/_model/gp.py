@@ -39,6 +39,8 @@ else:
 # GP costs n^3, and past a few hundred points more of them no longer changes where to go next.
 MAX_POINTS = 200
 MIN_NOISE = 1e-6
+# Where a fit starts its noise variance (of standardised values).
+NOISE_START = 0.01
 _JITTER = 1e-8
 
 
@@ -74,13 +76,17 @@ def _unpack(raw: np.ndarray) -> Kernel:
     return Kernel(np.exp(raw[:-2]), float(np.exp(raw[-2])), float(np.exp(raw[-1])) + MIN_NOISE)
 
 
-def _loss(raw: np.ndarray, sq: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
-    """Minus (log marginal likelihood + log prior), and its gradient in the raw (log) values."""
+def _loss(
+    raw: np.ndarray, sq: np.ndarray, y: np.ndarray, shares: np.ndarray | None = None
+) -> tuple[float, np.ndarray]:
+    """Minus (log marginal likelihood + log prior), and its gradient in the raw (log) values.
+    `shares`: each point's share of the noise (1 / its observations; 1 each when None)."""
+    shares = np.ones(len(y)) if shares is None else shares
     k = _unpack(raw)
     theta = k.inverse_sq_lengths
     m, dm = _matern(sq @ theta)
     gram = k.scale * m
-    cov = gram + (k.noise + _JITTER) * np.eye(len(y))
+    cov = gram + np.diag(k.noise * shares + _JITTER)
     try:
         chol = linalg.cho_factor(cov, lower=True, check_finite=False)
     except linalg.LinAlgError:
@@ -102,7 +108,7 @@ def _loss(raw: np.ndarray, sq: np.ndarray, y: np.ndarray) -> tuple[float, np.nda
     grad[:-2] = 0.5 * theta * flat + (0.1 / theta - 0.1 * theta)
     grad[-2] = 0.5 * float(np.sum(w * gram)) + (1.0 - k.scale)
     raw_noise = math.exp(raw[-1])
-    grad[-1] = raw_noise * (0.5 * float(np.trace(w)) + 0.1 / k.noise - 30.0)
+    grad[-1] = raw_noise * (0.5 * float(np.diag(w) @ shares) + 0.1 / k.noise - 30.0)
     return -(mll + prior), -grad
 
 
@@ -126,22 +132,34 @@ def _average_ranks(y: np.ndarray) -> np.ndarray:
     return sums[inverse] / counts[inverse]
 
 
-def fit_kernel(x: np.ndarray, y: np.ndarray, categorical: np.ndarray) -> Kernel:
+def fit_kernel(
+    x: np.ndarray,
+    y: np.ndarray,
+    categorical: np.ndarray,
+    counts: np.ndarray | None = None,
+    noise_start: float = NOISE_START,
+) -> Kernel:
     """The kernel of most posterior probability for standardised values `y` at `x`, from
-    fixed starting values (never an earlier fit, so that every process finds the same)."""
+    fixed starting values (never an earlier fit, so that every process finds the same).
+    `counts`: how many observations each value is the mean of (its noise is the kernel's
+    noise over that count); one each when None."""
     sq = squared_differences(x, x, categorical)
     d = x.shape[1]
-    start = np.concatenate([np.zeros(d), [0.0, math.log(0.01)]])
+    start = np.concatenate([np.zeros(d), [0.0, math.log(noise_start)]])
     result = optimize.minimize(
         _loss,
         start,
-        args=(sq, y),
+        args=(sq, y, _shares(counts, len(y))),
         jac=True,
         method="L-BFGS-B",
         bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
         options={"gtol": 1e-2, "maxiter": 60},
     )
     return _unpack(result.x)
+
+
+def _shares(counts: np.ndarray | None, n: int) -> np.ndarray:
+    return np.ones(n) if counts is None else 1.0 / np.maximum(np.asarray(counts, float), 1.0)
 
 
 _KERNELS: OrderedDict[Any, Kernel] = OrderedDict()
@@ -165,7 +183,7 @@ def cached_kernel(key: Any, fit: Callable[[], Kernel]) -> Kernel:
 
 class GaussianProcess:
     """The posterior of a GP over (n, d) inputs `x` with values `y` (to minimise), with a
-    given kernel or one fitted to them."""
+    given kernel or one fitted to them; `counts`: the observations each value is the mean of."""
 
     def __init__(
         self,
@@ -173,12 +191,14 @@ class GaussianProcess:
         y: np.ndarray,
         categorical: np.ndarray,
         kernel: Kernel | None = None,
+        counts: np.ndarray | None = None,
     ) -> None:
         self.x = np.asarray(x, dtype=float)
         self.categorical = np.asarray(categorical, dtype=bool)
         self.y = standardise(y)
-        self.kernel = kernel or fit_kernel(self.x, self.y, self.categorical)
-        cov = self._cross(self.x, self.x) + (self.kernel.noise + _JITTER) * np.eye(len(self.y))
+        self.kernel = kernel or fit_kernel(self.x, self.y, self.categorical, counts)
+        shares = _shares(counts, len(self.y))
+        cov = self._cross(self.x, self.x) + np.diag(self.kernel.noise * shares + _JITTER)
         self._chol = linalg.cholesky(cov, lower=True, check_finite=False)
         self._alpha = linalg.cho_solve((self._chol, True), self.y, check_finite=False)
 

@@ -8,10 +8,11 @@ of two; so it is refused with one line naming what differs, unless the user asks
 `--update-settings`, which is recorded with the time and the host (and `status` shows it).
 
 What may change on any resume, because it says how much is run and how, not what a trial means:
-the budget (`--trials`), how often a lost or OOM'd trial is re-run (`--max-retries`), where
-trials are tracked (`--mlflow-uri`), how often and where trials are checkpointed
-(`--checkpoint-every`, `--artifacts`), and the memory model an adapter's options declare (it tells
-admission how many trials fit at once, never what a trial computes).
+the budget (`--trials`) and how much of it re-runs the recommended trial (`--intensify`), how
+often a lost or OOM'd trial is re-run (`--max-retries`), where trials are tracked
+(`--mlflow-uri`), how often and where trials are checkpointed (`--checkpoint-every`,
+`--artifacts`), and the memory model an adapter's options declare (it tells admission how many
+trials fit at once, never what a trial computes).
 
 `differences` is pure; `check_stored` and `record_update` read and write the study's attributes.
 """
@@ -32,7 +33,9 @@ if TYPE_CHECKING:
 
 # Every setting of StudySpec is part of what a trial means unless it is named here: a setting
 # added later is guarded from the start.
-CHANGEABLE = frozenset({"trials", "max_retries", "mlflow_uri", "checkpoint_every", "artifacts"})
+CHANGEABLE = frozenset(
+    {"trials", "max_retries", "mlflow_uri", "checkpoint_every", "artifacts", "intensify"}
+)
 # A sampler or pruner object given to `optimize` is stored pickled, and its pickle holds its
 # random state: two equal samplers pickle differently, so the pickles are not compared.
 NOT_COMPARED = frozenset({"sampler_pickle", "pruner_pickle"})

@@ -78,6 +78,8 @@ class StudySpec:
     # SQLite file (orchestrator/record/checkpoints/files.py). Neither changes what a trial means.
     checkpoint_every: int = 1
     artifacts: str | None = None
+    # Trials of the budget that re-run the recommended configuration (orchestrator/intensify.py).
+    intensify: int = 0
 
     @property
     def all_directions(self) -> list[str]:

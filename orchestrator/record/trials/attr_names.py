@@ -36,3 +36,7 @@ CHECKPOINT_FROM = "checkpoint_from"  # a trial number: training starts from its 
 TRAIN_UNTIL_EPOCH = "train_until_epoch"  # train up to this epoch (inclusive), then end COMPLETE
 CHECKPOINT_UNSAVED = "checkpoint_unsaved"  # {"epoch": int, "error": str}: its last failed save
 RESUMED_FROM_EPOCH = "resumed_from_epoch"  # the epoch of the checkpoint training went on from
+# `--intensify N`: a re-run of the study's recommended trial (its number), the Nth of them, and
+# the seeds it trains with: the adapter's seed option plus this offset (orchestrator/intensify.py).
+INTENSIFY_OF = "intensify_of"
+SEED_OFFSET = "seed_offset"

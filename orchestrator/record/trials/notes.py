@@ -57,6 +57,13 @@ def trial_note(trial: FrozenTrial, *, metric: str = "value") -> str:
         lines.append(f"- **error**: {_short(attrs['error'])}")
     if attrs.get("enqueued_from"):
         lines.append(f"- **parameters from**: {attrs['enqueued_from']}")
+    if attrs.get(names.INTENSIFY_OF) is not None:  # orchestrator/intensify.py
+        seeds = attrs.get(names.SEED_OFFSET)
+        again = "" if seeds is None else f", seeds from the study's seed + {seeds}"
+        lines.append(
+            f"- **re-run of**: the recommended trial {attrs[names.INTENSIFY_OF]} "
+            f"(`--intensify`): the same parameters{again}"
+        )
     if attrs.get(LOG_FILE_ATTR):
         # Absolute: the dashboard may run from another directory than the trials did.
         lines.append(f"- **log**: `{Path(attrs[LOG_FILE_ATTR]).resolve()}`")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR, train_repeated
+from adapters.repeats import REPEAT_STD_ATTR, REPEAT_VALUES_ATTR, seeded, train_repeated
 from orchestrator.record.checkpoints.handle import TrainedUntil
+from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.attrs import set_user_attrs
 from orchestrator.run.trial.checkpoints import reporting_to, takes_checkpoint
 
@@ -37,6 +38,7 @@ def train(
     A single run gets the trial's checkpoint handle when its `train` takes `checkpoint=`; a run
     stopped at `train_until_epoch` returns the value reported there. Repeated runs train from
     scratch: N seeds are N states, and a trial's checkpoint is one."""
+    options = _seeded_options(spec, trial)
     if spec.repeats <= 1:
         extra: dict[str, Any] = {}
         saves = checkpoint is not None and takes_checkpoint(ctx.adapter.train)
@@ -49,7 +51,7 @@ def train(
                 params,
                 epochs=spec.epochs,
                 device=ctx.training_device(),
-                options=spec.options,
+                options=options,
                 report=report,
                 **extra,
             )
@@ -62,11 +64,20 @@ def train(
         repeats=spec.repeats,
         epochs=spec.epochs,
         device=ctx.training_device(),
-        options=spec.options,
+        options=options,
         report=report,
     )
     set_user_attrs(trial, repeat_attrs(runs.values))
     return runs.mean
+
+
+def _seeded_options(spec: StudySpec, trial: optuna.Trial) -> dict[str, Any]:
+    """The adapter's options; for a re-run of `--intensify` (orchestrator/intensify.py), with
+    the seeds its `seed_offset` says, so that it is a new draw of its configuration."""
+    offset = trial.user_attrs.get(names.SEED_OFFSET)
+    if not offset or "seed" not in spec.options:
+        return spec.options
+    return seeded(spec.options, int(offset))
 
 
 def repeat_attrs(values: list[float]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The top of the report page: what ran (adapter, sampler, pruner, seed, start, end and wall time),
-the best trial named by its metric with its parameters as ready-to-copy YAML, or, with several
-objectives, the Pareto front; then VRAM by GPU, or why a CPU-only study has none."""
+the recommended trial, beside the best observed one, named by its metric with its parameters as
+ready-to-copy YAML, or, with several objectives, the Pareto front; then VRAM by GPU, or why a
+CPU-only study has none."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import html
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.show.recommended import lines as recommended_lines
 from orchestrator.show.run_facts import RunFacts, params_yaml, wall_text
 from orchestrator.show.text import mb_text
 
@@ -65,15 +67,29 @@ def what_ran_html(facts: RunFacts) -> str:
 
 
 def best_html(detail: StudyDetail, metric: str) -> list[str]:
+    """The trial to deploy, the recommended one, with its parameters; the best observed one
+    beside it, and why they differ (show/recommended.py)."""
     best = detail.best
     assert best is not None
+    rec = detail.recommended
+    if rec is None:
+        heading = f"<h2>Best trial #{best.number}: {esc(metric)} {best.value:.6g}</h2>"
+        said: list[str] = []
+        params = best.params
+    else:
+        heading = (
+            f"<h2>Recommended trial #{rec.trial}: {esc(metric)} expected {rec.expected:.6g}</h2>"
+        )
+        said = [f"<p class='note'>{esc(line)}</p>" for line in recommended_lines(rec, metric)]
+        params = rec.params
     rows = "".join(
-        f"<tr><td>{esc(str(k))}</td><td>{esc(_show(v))}</td></tr>" for k, v in best.params.items()
+        f"<tr><td>{esc(str(k))}</td><td>{esc(_show(v))}</td></tr>" for k, v in params.items()
     )
     return [
-        f"<h2>Best trial #{best.number}: {esc(metric)} {best.value:.6g}</h2>",
+        heading,
+        *said,
         f"<table><tr><th>parameter</th><th>value</th></tr>{rows}</table>",
-        *yaml_block(best.params, "best-params"),
+        *yaml_block(params, "best-params"),
     ]
 
 
