@@ -135,7 +135,18 @@ def typed_settings(args: argparse.Namespace, location: StorageLocation) -> Typed
     queue = enqueue.planned_queue(
         adapter, options, defaults=args.enqueue_defaults, path=args.enqueue
     )
+    workload_class(adapter.workload_class)  # $ORCHESTRATOR_WORKLOADS read before any file is made
+    path = location.sqlite_path
+    if path is not None and not path.exists():
+        # No file yet, so no study: what it would be created with is checked before the file is.
+        _check_new_spec(_new_spec(args, adapter, options), adapter)
     return TypedSettings(adapter, options, queue, tracking.tracking_uri_to_store(args.mlflow_uri))
+
+
+def _check_new_spec(spec: StudySpec, adapter: Any) -> None:
+    check_swarm(spec)
+    population.check_population(spec, adapter)
+    check_spec(spec)
 
 
 def study_settings(
