@@ -169,6 +169,14 @@ def test_a_job_that_cannot_be_submitted_is_refused_saying_what_to_give(values, s
             "--artifacts is a study setting: give the ADAPTER too",
         ),
         (
+            ["--study", "syn", "--nodes", "1", "--gpus-per-node", "1", "--seed", "0"],
+            "--seed is a study setting: give the ADAPTER too",
+        ),
+        (
+            ["--study", "syn", "--nodes", "1", "--gpus-per-node", "1", "--checkpoint-every", "0"],
+            "--checkpoint-every is a study setting: give the ADAPTER too",
+        ),
+        (
             ["synthetic", "--nodes", "1", "--gpus-per-node", "1", "--epochs", "0"],
             "--epochs 0 must be at least 1",
         ),

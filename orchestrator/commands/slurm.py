@@ -55,9 +55,6 @@ else:
     migrate = LazyImport("orchestrator.record.store.migrate")
     queries = LazyImport("orchestrator.show.queries")
 
-# What no study setting was typed looks like: argparse's default of each (run's flags).
-_UNTYPED: tuple[Any, ...] = (None, False, [])
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = command_parser(
@@ -131,7 +128,7 @@ def slurm_command(args: argparse.Namespace) -> int:
     if args.adapter is None and args.adapter_path is None and args.study is None:
         raise UserError("name what to run: slurm ADAPTER, or slurm --study NAME to join a study")
     joining = args.adapter is None and args.adapter_path is None
-    given = [name for name in _SETTINGS if getattr(args, name, None) not in _UNTYPED]
+    given = [name for name in _SETTINGS if _typed(getattr(args, name, None))]
     if joining and given:
         flag = "--" + given[0].replace("_", "-")
         raise UserError(
@@ -173,6 +170,12 @@ def slurm_command(args: argparse.Namespace) -> int:
     print(f"  squeue -j {job_id}")
     print(f"  python -m orchestrator status --study {job.study}")
     return 0
+
+
+def _typed(value: Any) -> bool:
+    """Whether a setting was typed: argparse leaves None, False or [] otherwise (a typed 0, as
+    in --seed 0 or --checkpoint-every 0, is typed: compared by identity, 0 would equal False)."""
+    return not (value is None or value is False or value == [])
 
 
 def _engine(args: argparse.Namespace) -> SlurmEngine:
