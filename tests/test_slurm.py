@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -277,11 +278,19 @@ def test_a_task_stopped_by_sigterm_ends_0_once_its_worker_has_left(tmp_path) -> 
     assert "the task ends with status 0" in out
 
 
-def fake_sbatch(tmp_path) -> dict[str, str]:
-    """An sbatch that keeps the script and the storage it was given, and prints job id 77."""
+def fake_sbatch(tmp_path, study: str = "") -> dict[str, str]:
+    """An sbatch that keeps the script and the storage it was given, and prints job id 77; with a
+    study, also the epochs stored with it at that moment (read by plain Optuna)."""
+    read = (
+        f'{sys.executable} -c "import optuna, os, json; s = optuna.load_study(study_name='
+        f"'{study}', storage=os.environ['{STORAGE_ENV}']); print(s.user_attrs)\" "
+        f'> "{tmp_path}/stored" 2>&1\n'
+        if study
+        else ""
+    )
     sbatch = tmp_path / "sbatch"
     sbatch.write_text(
-        f'#!/bin/bash\ncat > "{tmp_path}/script"\n'
+        f'#!/bin/bash\ncat > "{tmp_path}/script"\n{read}'
         f'echo "${{{STORAGE_ENV}}}" > "{tmp_path}/storage"\necho 77\n'
     )
     sbatch.chmod(0o755)
@@ -328,10 +337,11 @@ def test_the_study_is_stored_with_every_setting_before_sbatch_and_the_tasks_join
     done = run_cli(
         "slurm", "synthetic", "--study", "syn-all", "--nodes", "2", "--gpus-per-node", "1",
         *SETTINGS, "--artifacts", str(artifacts), "--storage", url,
-        cwd=tmp_path, env=fake_sbatch(tmp_path),
+        cwd=tmp_path, env=fake_sbatch(tmp_path, study="syn-all"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "submitted Slurm job 77" in done.stdout
+    assert "'epochs': 3" in (tmp_path / "stored").read_text()  # stored before sbatch ran
     assert "study 'syn-all' created" in done.stdout
     assert (tmp_path / "storage").read_text().strip() == url
     script = (tmp_path / "script").read_text()
