@@ -37,7 +37,13 @@ from adapters import base as adapter_base
 from adapters import objective as adapter_objective
 from adapters import study_adapter
 from orchestrator import host_options
-from orchestrator.api_checks import check_arguments, check_artifacts, check_host, said_as_api
+from orchestrator.api_checks import (
+    check_arguments,
+    check_artifacts,
+    check_host,
+    check_population,
+    said_as_api,
+)
 from orchestrator.errors import UserError
 from orchestrator.first_failures import ObjectiveRaised, RaiseAtFirstFailure
 from orchestrator.imports import LazyImport
@@ -111,8 +117,9 @@ def optimize(
     caught = check_arguments(
         n_trials=n_trials, epochs=epochs, max_retries=max_retries, swarm_size=swarm_size,
         seed=seed, study_name=study_name, memory_model=memory_model, batch_sizes=batch_sizes,
-        catch=catch,
+        catch=catch, callbacks=callbacks,
     )  # fmt: skip
+    check_population(objective, sampler)
     names, all_directions = _objectives(objectives, directions, metric=metric, direction=direction)
     several = len(all_directions) > 1
     spec = StudySpec(

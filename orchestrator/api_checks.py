@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from adapters.objective import takes_handle
 from orchestrator.errors import UserError
 from orchestrator.record.checkpoints.place import WHAT, checked_location
 from orchestrator.record.study.names import name_problem
+from samplers import sampler_kind
 
 DB_INT_MAX = 2**31 - 1  # trial numbers and report steps are 32-bit integers in the database
 SEED_MAX = 2**32 - 1  # numpy's and torch's seeds (adapters.base.SEED_MAX)
@@ -65,8 +67,10 @@ def check_arguments(
     memory_model: Any,
     batch_sizes: Any,
     catch: Any,
+    callbacks: Any = (),
 ) -> tuple[type[BaseException], ...]:
     """Every argument of `optimize` that can be wrong on its own; the `catch` classes as a tuple."""
+    _check_callbacks(callbacks)
     whole("n_trials", n_trials, low=1)
     whole("epochs", epochs, low=1)
     whole("max_retries", max_retries, low=0, high=1000)
@@ -105,6 +109,36 @@ def check_artifacts(artifacts: Any) -> str | None:
         raise ValueError(f"artifacts={artifacts!r} is empty: {WHAT}")
     with said_as_api():
         return checked_location(artifacts)
+
+
+def _check_callbacks(callbacks: Any) -> None:
+    """Functions, each called as callback(study, frozen_trial): refused before a trial runs, not
+    when the first one ends."""
+    try:
+        items = None if callable(callbacks) else list(callbacks or ())
+    except TypeError:
+        items = None
+    if items is None or not all(callable(item) for item in items):
+        raise TypeError(
+            f"callbacks={_short(callbacks)}: give a list of functions, each called as "
+            "callback(study, frozen_trial) when a trial ends"
+        )
+
+
+def check_population(objective: Any, sampler: Any) -> None:
+    """`sampler="pbt"` continues members from their checkpoints: the objective must take the
+    checkpoint handle, its third argument (as `run --sampler pbt` asks of an adapter's train)."""
+    if (
+        isinstance(sampler, str)
+        and sampler_kind(sampler).needs_checkpoints
+        and not takes_handle(objective)
+    ):
+        name = getattr(objective, "__qualname__", repr(objective))
+        raise ValueError(
+            f"sampler={sampler!r} continues trials from checkpoints, and {name} takes none: write it "
+            "as objective(trial, device, checkpoint) and save with checkpoint.save(epoch, state) "
+            "(docs/checkpoints.md), or choose another sampler"
+        )
 
 
 def _short(value: Any) -> str:

@@ -26,6 +26,8 @@ class Case:
     argv: tuple[str, ...]
     expect: str  # a part of the one line
     env: dict[str, str] = field(default_factory=dict)
+    # Also tried in an empty folder, where it must make no file: no database, no lock beside one.
+    fresh: bool = False
 
     @property
     def command(self) -> str:
@@ -36,8 +38,8 @@ class Case:
         return f"{prefix}python -m orchestrator {shlex.join(shown)}"
 
 
-def case(kind: str, *argv: str, expect: str, **env: str) -> Case:
-    return Case(kind, argv, expect, env)
+def case(kind: str, *argv: str, expect: str, fresh: bool = False, **env: str) -> Case:
+    return Case(kind, argv, expect, env, fresh)
 
 
 PG = "postgresql://alice:s3cret@"  # a password that must never be printed
@@ -145,6 +147,17 @@ CASES: tuple[Case, ...] = (
     case("a mistyped flag", "run", "synthetic", "--trails", "3", expect="did you mean --trials?"),
     case("a Slurm dry run on an SQLite file", "slurm", "synthetic", "--nodes", "1", "--gpus-per-node", "1", "--dry-run", "--storage", "sqlite:///study.db", expect="--storage is an SQLite file: workers on several nodes need a database server"),
     case("a price file name with a newline", "run", "dqn", "--data", "a\nb", expect="--data 'a\\nb' does not exist"),
+    # --- read before any file is made: the environment, the workloads table, a population ---
+    case("a binary workloads file in the environment", "run", "synthetic", expect="workloads file 'garbage.toml' is not a text file", fresh=True, ORCHESTRATOR_WORKLOADS="garbage.toml"),
+    case("a folder as the workloads file in the environment", "run", "synthetic", expect="workloads file 'prices' is a folder", fresh=True, ORCHESTRATOR_WORKLOADS="prices"),
+    case("a workloads file in the environment that is not there", "run", "synthetic", expect="workloads file 'missing.toml' does not exist", fresh=True, ORCHESTRATOR_WORKLOADS="missing.toml"),
+    case("a workloads file in the environment that is not TOML", "run", "synthetic", expect="workloads file 'notadb.db' is not valid TOML", fresh=True, ORCHESTRATOR_WORKLOADS="notadb.db"),
+    case("a binary --workloads file", "plan", "synthetic", "--workloads", "garbage.toml", expect="workloads file 'garbage.toml' is not a text file", fresh=True),
+    case("a folder as --workloads", "run", "synthetic", "--workloads", "prices", expect="workloads file 'prices' is a folder", fresh=True),
+    case("a population of one", "run", "synthetic", "--study", "new", "--sampler", "pbt", "--swarm-size", "1", expect="--swarm-size 1: a population needs at least 2 members", fresh=True),
+    case("population-based training of two objectives", "run", "synthetic", "--study", "new", "--sampler", "pbt", "--objectives", "loss,seconds", expect="The sampler 'pbt' optimises one objective only", fresh=True),
+    case("an SQLite wait that is not a number", "run", "synthetic", expect="ORCHESTRATOR_SQLITE_BUSY_TIMEOUT='soon' must be a number of seconds", fresh=True, ORCHESTRATOR_SQLITE_BUSY_TIMEOUT="soon"),
+    case("a study setting for Slurm without the adapter", "slurm", "--study", "synthetic", "--nodes", "1", "--gpus-per-node", "1", "--epochs", "2", expect="--epochs is a study setting: give the ADAPTER too", fresh=True),
     # --- Kubernetes manifests ---------------------------------------------------------------
     case("image name that Docker would refuse", "manifests", "dqn", "--study", "s", "--workers", "1", "--image", "UPPER CASE:!!", expect="is not a container image reference"),
     case("zero workers", "manifests", "dqn", "--study", "s", "--workers", "0", expect="--workers 0 must be at least 1"),

@@ -35,6 +35,12 @@ def make_study_folder(folder: str | os.PathLike[str]) -> None:
         capture_output=True, text=True, cwd=folder, env=cli_env(), timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    make_study_folder_files(folder)
+
+
+def make_study_folder_files(folder: str | os.PathLike[str]) -> None:
+    """The study folder's files other than its database: prices, and what users mistype."""
+    folder = Path(folder)
     (folder / "prices").mkdir()
     (folder / "prices" / "close.csv").write_text("close\n" + "\n".join(["1.0"] * 300) + "\n")
     # Dated prices a user exported by hand: one date twice, and one European date among ISO ones.
@@ -125,8 +131,11 @@ def test_there_are_at_least_forty_kinds():
 REFUSED_BEFORE_ANY_DATABASE = [
     case
     for case in CASES
-    if ("--gpus" in case.argv or "--option" in case.argv or case.argv[:1] == ("manifests",))
-    and "sim:100" not in case.argv
+    if case.fresh
+    or (
+        ("--gpus" in case.argv or "--option" in case.argv or case.argv[:1] == ("manifests",))
+        and "sim:100" not in case.argv
+    )
 ]
 
 
@@ -136,8 +145,13 @@ REFUSED_BEFORE_ANY_DATABASE = [
 def test_refused_before_a_database_is_created(
     case, tmp_path, monkeypatch, capsys, isolated_environment
 ):
-    """In an empty folder, nothing is created: no database, no lock file (the README's promise)."""
+    """In an empty folder, nothing is created: no database, no lock file (the README's promise).
+    What a case names (a file in the environment) is put there first, as in the study's folder."""
+    make_study_folder_files(tmp_path)
+    files = sorted(tmp_path.rglob("*"))
     monkeypatch.chdir(tmp_path)
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, value)
     assert main(list(case.argv)) == 2
-    capsys.readouterr()
-    assert list(tmp_path.iterdir()) == []
+    assert case.expect in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == files

@@ -155,7 +155,15 @@ HANDLER_CASES: list[tuple[str, ...]] = [
             ("--sampler", "cmaes", "--objectives", "loss,seconds"),
             ("--sampler", "qmc", "--objectives", "loss,seconds"),
             ("--sampler", "pso", "--swarm-size", "1"),
+            ("--sampler", "pbt", "--swarm-size", "1"),
+            ("--sampler", "pbt", "--objectives", "loss,seconds"),
+            ("--sampler", "pbt", "--directions", "maximize,minimize"),
         )
+    ],
+    *[
+        (*command, "--workloads", name)
+        for command in (RUN, ("plan", "synthetic"), ("manifests", "dqn", "--study", "s"))
+        for name in ("binary.toml", "prices", "bad.toml", "unknown.toml", "missing.toml")
     ],
     (*RUN, "--env", "CartPole-v1"),
     (*RUN, "--data", "prices/close.csv"),
@@ -186,6 +194,35 @@ HANDLER_CASES: list[tuple[str, ...]] = [
     ("slurm", "--nodes", "1", "--gpus-per-node", "1"),
     ("slurm", "nosuch", "--nodes", "1", "--gpus-per-node", "1", "--dry-run"),
     ("slurm", "synthetic", "--nodes", "1", "--gpus-per-node", "1", "--time", "1h"),
+    *[
+        ("slurm", "--study", "synthetic", "--nodes", "1", "--gpus-per-node", "1", *setting)
+        for setting in (
+            ("--trials", "3"),
+            ("--epochs", "2"),
+            ("--option", "trial_seconds=1"),
+            ("--sampler", "random"),
+            ("--seed", "3"),
+            ("--artifacts", "ckpt"),
+            ("--checkpoint-every", "2"),
+            ("--enqueue-defaults",),
+            ("--update-settings",),
+            ("--pruner", "none"),
+            ("--max-retries", "2"),
+            ("--repeats", "2"),
+        )
+    ],  # fmt: skip
+    *[
+        ("slurm", "synthetic", "--nodes", "1", "--gpus-per-node", "1", "--dry-run", *setting)
+        for setting in (
+            ("--option", "bogus=1"),
+            ("--option", "trial_seconds=-1"),
+            ("--env", "CartPole-v1"),
+            ("--data", "prices/close.csv"),
+            ("--sampler", "grid", "--grid", "x=abc"),
+            ("--objectives", "loss,bogus"),
+            ("--study", "fresh", "--enqueue", "params-bad.yaml"),
+        )
+    ],  # fmt: skip
     ("db",),
 ]
 
@@ -227,9 +264,10 @@ def _fuzz(cases, folder: Path, monkeypatch, capsys) -> None:
     assert not wrong, f"{len(wrong)} of {len(cases)}:\n" + "\n".join(wrong)
 
 
-def test_there_are_at_least_300_malformed_inputs_and_every_command_gets_some():
+def test_there_are_at_least_700_malformed_inputs_and_every_command_gets_some():
     cases = flag_cases() + HANDLER_CASES
     assert len(cases) >= 300
+    assert len(cases) + len(API_CASES) >= 700
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert {case[0] for case in cases} == set(commands)
 
@@ -286,6 +324,8 @@ API_CASES: list[dict] = [
     *[{"gpus": v} for v in ("sim:abc", 5, "7", "sim:-1", "all", "")],
     *[{"log_dir": v} for v in (5, "prices/close.csv")],
     *[{"storage": v} for v in ("nonsense", "sqlite://", "mysql://u@h/db", "sqlite://x.db")],
+    *[{"callbacks": v} for v in ([1], 1, "abc", [print, None], print)],
+    {"sampler": "pbt"},  # the objective takes no checkpoint handle: PBT would restart members
     {"bogus": 1},
     {"quiet": "yes"},
 ]

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -50,11 +51,14 @@ def test_the_array_asks_each_node_for_its_gpus_and_the_class_cpu_and_memory(clas
     assert lines["array"] == "0-2"  # one task per node
     assert lines["nodes"] == "1"
     assert lines["gres"] == "gpu:4"
+    assert "exclusive" in lines  # never two tasks on one node, whatever its GPU count
     assert "requeue" in lines
-    # The same table as the Kubernetes manifests: CPU request rounded up, memory limit.
+    # The same table as the Kubernetes manifests: CPU request rounded up, memory request (the
+    # limit, 40 GiB a GPU for supervised, is more than a node of 8 GPUs often has).
     assert int(lines["cpus-per-gpu"]) >= parse_quantity(wc.cpu_request)
     assert int(lines["cpus-per-gpu"]) - 1 < parse_quantity(wc.cpu_request)
-    assert int(lines["mem-per-gpu"].removesuffix("M")) * 2**20 >= parse_quantity(wc.memory_limit)
+    assert int(lines["mem-per-gpu"].removesuffix("M")) * 2**20 == parse_quantity(wc.memory_request)
+    assert int(lines["mem-per-gpu"].removesuffix("M")) < 40960
     assert "partition" not in lines and "time" not in lines and "account" not in lines
 
 
@@ -84,7 +88,8 @@ def fake_python(tmp_path, status: int = 0):
     """An interpreter stand-in that prints the arguments and environment the task gives it."""
     stub = tmp_path / "python"
     stub.write_text(
-        f'#!/bin/bash\necho "ARGS $*"\necho "STORAGE ${{{STORAGE_ENV}:-}}"\nexit {status}\n'
+        f'#!/bin/bash\necho "ARGS $*"\necho "STORAGE ${{{STORAGE_ENV}:-}}"\n'
+        f'echo "CVD ${{CUDA_VISIBLE_DEVICES:-}}"\nexit {status}\n'
     )
     stub.chmod(0o755)
     return str(stub)
@@ -103,6 +108,10 @@ def test_the_task_takes_slurms_gpus_and_the_storage_from_the_environment(tmp_pat
     real = run_script(tmp_path, script, CUDA_VISIBLE_DEVICES="2,3", **{STORAGE_ENV: SECRET})
     assert real.returncode == 0, real.stderr
     assert "ARGS -m orchestrator worker --study syn --gpus auto" in real.stdout
+    # An exclusive task is allotted every GPU of its node: the worker keeps the G it asked for.
+    two = sbatch_script(job(python=fake_python(tmp_path), gpus_per_node=2))
+    whole_node = run_script(tmp_path, two, CUDA_VISIBLE_DEVICES="0,1,2,3", **{STORAGE_ENV: SECRET})
+    assert "CVD 0,1\n" in whole_node.stdout, whole_node.stdout
     assert f"STORAGE {SECRET}" in real.stdout  # from the environment, never the script
     assert "worker exited with status 0" in real.stdout
     # Simulated devices stand in for the allotted GPUs: one per index Slurm gave.
@@ -154,7 +163,27 @@ def test_a_job_that_cannot_be_submitted_is_refused_saying_what_to_give(values, s
         (["nosuch", "--nodes", "2", "--gpus-per-node", "2", "--dry-run"], "unknown adapter"),
         (
             ["--study", "syn", "--nodes", "1", "--gpus-per-node", "1", "--trials", "3"],
-            "give the ADAPTER too",
+            "--trials is a study setting: give the ADAPTER too",
+        ),
+        (
+            ["--study", "syn", "--nodes", "1", "--gpus-per-node", "1", "--artifacts", "/x"],
+            "--artifacts is a study setting: give the ADAPTER too",
+        ),
+        (
+            ["--study", "syn", "--nodes", "1", "--gpus-per-node", "1", "--seed", "0"],
+            "--seed is a study setting: give the ADAPTER too",
+        ),
+        (
+            ["--study", "syn", "--nodes", "1", "--gpus-per-node", "1", "--checkpoint-every", "0"],
+            "--checkpoint-every is a study setting: give the ADAPTER too",
+        ),
+        (
+            ["synthetic", "--nodes", "1", "--gpus-per-node", "1", "--epochs", "0"],
+            "--epochs 0 must be at least 1",
+        ),
+        (
+            ["synthetic", "--nodes", "1", "--gpus-per-node", "1", "--option", "nosuch=1"],
+            "nosuch",
         ),
         (
             ["--study", "nosuch", "--nodes", "1", "--gpus-per-node", "1", "--dry-run"],
@@ -202,13 +231,16 @@ def test_submitting_needs_a_database_server_in_the_environment(tmp_path) -> None
     assert "Traceback" not in no_sbatch.stderr
 
 
-def test_dry_run_prints_a_script_bash_accepts(tmp_path) -> None:
+@pytest.mark.postgres
+def test_dry_run_prints_a_script_bash_accepts(tmp_path, postgres_url) -> None:
+    url = with_password(postgres_url)
     done = run_cli(
         "slurm", "synthetic", "--nodes", "2", "--gpus-per-node", "2", "--dry-run",
-        "--storage", SECRET,
+        "--storage", url,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "s3cr3t" not in done.stdout and "db.example" not in done.stdout  # never in the script
+    assert "s3cr3t" not in done.stdout + done.stderr
+    assert postgres_url.rpartition("/")[2] not in done.stdout  # the URL is never in the script
     assert done.stdout.startswith("#!/bin/bash\n")
     assert sbatch_lines(done.stdout)["gres"] == "gpu:2"
     assert subprocess.run(["bash", "-n"], input=done.stdout, text=True).returncode == 0
@@ -246,25 +278,108 @@ def test_a_task_stopped_by_sigterm_ends_0_once_its_worker_has_left(tmp_path) -> 
     assert "the task ends with status 0" in out
 
 
-def test_storage_given_as_a_flag_reaches_sbatch_in_its_environment_only(tmp_path) -> None:
-    """`slurm --storage URL` as every command takes it: sbatch gets it in ORCHESTRATOR_STORAGE
-    (which it exports to the tasks), and neither the script nor the output holds it."""
+def fake_sbatch(tmp_path, study: str = "") -> dict[str, str]:
+    """An sbatch that keeps the script and the storage it was given, and prints job id 77; with a
+    study, also the epochs stored with it at that moment (read by plain Optuna)."""
+    read = (
+        f'{sys.executable} -c "import optuna, os, json; s = optuna.load_study(study_name='
+        f"'{study}', storage=os.environ['{STORAGE_ENV}']); print(s.user_attrs)\" "
+        f'> "{tmp_path}/stored" 2>&1\n'
+        if study
+        else ""
+    )
     sbatch = tmp_path / "sbatch"
     sbatch.write_text(
-        f'#!/bin/bash\ncat > "{tmp_path}/script"\n'
+        f'#!/bin/bash\ncat > "{tmp_path}/script"\n{read}'
         f'echo "${{{STORAGE_ENV}}}" > "{tmp_path}/storage"\necho 77\n'
     )
     sbatch.chmod(0o755)
-    env = cli_env(PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    return cli_env(PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def with_password(url: str) -> str:
+    """The test server's URL with a password in it (trust auth ignores it): never to be printed."""
+    import sqlalchemy as sa
+
+    return sa.engine.make_url(url).set(password="s3cr3t-pw").render_as_string(hide_password=False)
+
+
+def stored_spec(url: str, name: str):
+    from orchestrator.record.store.location import StorageLocation
+    from orchestrator.record.store.storage import create_storage
+    from orchestrator.record.study.spec import load_spec
+
+    storage = create_storage(StorageLocation.parse(url))
+    try:
+        import optuna
+
+        return load_spec(optuna.load_study(study_name=name, storage=storage))
+    except KeyError:
+        return None
+    finally:
+        storage.engine.dispose()
+
+
+SETTINGS = (
+    "--trials", "7", "--epochs", "3", "--option", "trial_seconds=0.25", "--sampler", "random",
+    "--seed", "11", "--pruner", "none", "--max-retries", "4", "--checkpoint-every", "2",
+)  # fmt: skip
+
+
+@pytest.mark.postgres
+def test_the_study_is_stored_with_every_setting_before_sbatch_and_the_tasks_join_it(
+    tmp_path, postgres_url
+) -> None:
+    """`slurm ADAPTER` takes run's study settings and stores them before it submits; the
+    storage reaches sbatch in ORCHESTRATOR_STORAGE only, never the script or the output."""
+    url = with_password(postgres_url)
+    artifacts = tmp_path / "shared-ckpt"
     done = run_cli(
-        "slurm", "synthetic", "--nodes", "1", "--gpus-per-node", "1", "--storage", SECRET,
-        cwd=tmp_path, env=env,
+        "slurm", "synthetic", "--study", "syn-all", "--nodes", "2", "--gpus-per-node", "1",
+        *SETTINGS, "--artifacts", str(artifacts), "--storage", url,
+        cwd=tmp_path, env=fake_sbatch(tmp_path, study="syn-all"),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "submitted Slurm job 77" in done.stdout
-    assert (tmp_path / "storage").read_text().strip() == SECRET
-    assert "s3cr3t" not in (tmp_path / "script").read_text()
-    assert "s3cr3t" not in done.stdout + done.stderr
+    assert "'epochs': 3" in (tmp_path / "stored").read_text()  # stored before sbatch ran
+    assert "study 'syn-all' created" in done.stdout
+    assert (tmp_path / "storage").read_text().strip() == url
+    script = (tmp_path / "script").read_text()
+    assert "s3cr3t" not in script and "s3cr3t" not in done.stdout + done.stderr
+    assert 'worker --study syn-all --gpus "$gpus"' in script  # the settings come from the study
+    spec = stored_spec(postgres_url, "syn-all")
+    assert spec is not None
+    assert (spec.adapter, spec.trials, spec.epochs, spec.sampler, spec.seed) == (
+        "synthetic", 7, 3, "random", 11,
+    )  # fmt: skip
+    assert (spec.pruner, spec.max_retries, spec.checkpoint_every) == ("none", 4, 2)
+    assert spec.options["trial_seconds"] == 0.25
+    assert spec.artifacts == str(artifacts)
+
+
+@pytest.mark.postgres
+def test_a_dry_run_stores_nothing_and_a_changed_setting_is_refused_as_run_refuses_it(
+    tmp_path, postgres_url
+) -> None:
+    args = ("slurm", "synthetic", "--study", "syn-d", "--nodes", "1", "--gpus-per-node", "1")
+    dry = run_cli(*args, *SETTINGS, "--dry-run", "--storage", postgres_url, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "--dry-run stored nothing" in dry.stderr
+    assert stored_spec(postgres_url, "syn-d") is None
+    env = fake_sbatch(tmp_path)
+    assert (
+        run_cli(*args, *SETTINGS, "--storage", postgres_url, cwd=tmp_path, env=env).returncode == 0
+    )
+    (tmp_path / "script").unlink()
+    changed = run_cli(*args, "--epochs", "5", "--storage", postgres_url, cwd=tmp_path, env=env)
+    assert changed.returncode == 2
+    assert "--update-settings" in changed.stderr and "Traceback" not in changed.stderr
+    assert not (tmp_path / "script").exists()  # nothing submitted
+    assert stored_spec(postgres_url, "syn-d").epochs == 3
+    # What it was stored with, typed again, is no change: the study is resumed and submitted.
+    again = run_cli(*args, "--epochs", "3", "--storage", postgres_url, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "study 'syn-d' resumed" in again.stdout
 
 
 def test_the_slurm_engine_renders_the_batch_script_of_its_job() -> None:

@@ -276,3 +276,46 @@ def test_a_node_that_goes_down_comes_back_and_the_budget_stays_exact(
     rows = worker_rows(postgres_url, "down")
     assert any(r.slurm_job == task and r.slurm_restarts == 1 for r in rows), rows
     assert assert_reruns_resumed(postgres_url, "down", 4) >= 1
+
+
+def test_slurm_creates_the_study_with_its_settings_and_puts_one_task_on_each_node(
+    cluster, postgres_url, tmp_path
+) -> None:
+    """No study made beforehand: `slurm ADAPTER` stores run's settings (--artifacts among them,
+    so a PostgreSQL study keeps checkpoints) and submits. One GPU asked of nodes of two: without
+    --exclusive both tasks landed on one node; each now has a node, and uses the one GPU asked."""
+    artifacts = tmp_path / "ckpt"
+    env = cli_env(
+        **{STORAGE_ENV: postgres_url, SIM_GPU_ENV: GPU_MB, "SLURM_CONF": str(cluster.conf)}
+    )
+    done = run_cli(
+        "slurm", "synthetic", "--study", "settled", "--nodes", "2", "--gpus-per-node", "1",
+        "--trials", "4", "--epochs", "3", "--sampler", "random", "--pruner", "none",
+        "--option", "trial_seconds=1.5", "--checkpoint-every", "1", "--artifacts", str(artifacts),
+        cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "study 'settled' created" in done.stdout
+    job = re.search(r"submitted Slurm job (\d+)", done.stdout)[1]
+    finish(cluster, job, tmp_path, "settled")
+    logs = [task_log(tmp_path, "settled", job, task) for task in range(2)]
+    assert_budget_exact(postgres_url, "settled", 4, logs)
+    nodes = [re.search(r" on (\w+): GPUs (\d+(?:,\d+)*)", log) for log in logs]
+    assert all(nodes), logs
+    assert {found[1] for found in nodes} == set(NODES), logs  # one task on each node
+    assert all(found[2] in ("0", "1") for found in nodes), logs  # one GPU each, as asked
+    import optuna
+
+    from orchestrator.record.store.storage import create_storage
+    from orchestrator.record.study.spec import load_spec
+
+    storage = create_storage(StorageLocation.parse(postgres_url))
+    try:
+        study = optuna.load_study(study_name="settled", storage=storage)
+        spec, trials = load_spec(study), study.get_trials()
+    finally:
+        storage.engine.dispose()
+    assert (spec.trials, spec.epochs, spec.checkpoint_every) == (4, 3, 1)
+    assert spec.artifacts == str(artifacts)
+    assert all("checkpoint" in t.user_attrs for t in trials), [t.user_attrs for t in trials]
+    assert all(sorted(t.intermediate_values) == [0, 1, 2] for t in trials)

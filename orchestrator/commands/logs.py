@@ -28,9 +28,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         subparsers,
         "logs",
         help="print a trial's own output (its stdout and stderr)",
-        example="python -m orchestrator logs --study dqn --trial 3",
+        example="python -m orchestrator logs --trial 3 --study dqn",
     )
-    parser.add_argument("--study", metavar="NAME", type=study_name, required=True, help="the study")
+    parser.add_argument(
+        "--study",
+        metavar="NAME",
+        type=study_name,
+        help="the study (default: the storage's only study)",
+    )
     parser.add_argument(
         "--trial",
         metavar="N",
@@ -45,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def logs_command(args: argparse.Namespace) -> int:
     location = StorageLocation.resolve(args.storage)
     storage = queries.open_for_reading(location)
-    path = queries.trial_log_file(storage, args.study, args.trial, location.describe())
+    name = queries.the_study(storage, args.study, location.describe(), "logs")
+    path = queries.trial_log_file(storage, name, args.trial, location.describe())
     try:
         with open(path, "rb") as log:
             text = log.read()

@@ -16,23 +16,16 @@ from orchestrator.errors import UserError
 from orchestrator.first_failures import watch_first_trials
 from orchestrator.flags.checkpoints import add_checkpoint_arguments, checkpoint_settings
 from orchestrator.flags.common import (
-    SEED_MAX,
     add_adapter_arguments,
     add_output_arguments,
     add_storage_argument,
-    add_swarm_size_argument,
     command_parser,
-    input_file,
     study_name,
-    whole_number,
 )
 from orchestrator.flags.config_file import add_config_argument
-from orchestrator.flags.objectives import add_objective_arguments, grid_of, objectives_of
-from orchestrator.flags.trust import (
-    add_confirm_arguments,
-    add_repeats_argument,
-    selection_of,
-)
+from orchestrator.flags.objectives import grid_of, objectives_of
+from orchestrator.flags.study import add_search_arguments, add_size_arguments
+from orchestrator.flags.trust import selection_of
 from orchestrator.host_options import (
     HostOptions,
     add_host_arguments,
@@ -42,15 +35,8 @@ from orchestrator.host_options import (
 from orchestrator.imports import LazyImport
 from orchestrator.planning.workloads import workload_class
 from orchestrator.record.store.location import StorageLocation
-from orchestrator.record.study.spec import (
-    PRUNERS,
-    StudySpec,
-    count_trials,
-    draw_seed,
-    load_spec,
-    save_spec,
-)
-from samplers import SAMPLER_NAMES, sampler_kind
+from orchestrator.record.study.spec import StudySpec, count_trials, draw_seed, load_spec, save_spec
+from samplers import sampler_kind
 
 if TYPE_CHECKING:
     import optuna
@@ -81,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         example="python -m orchestrator run dqn --trials 40 --gpus auto",
     )
     _add_study_arguments(parser)
-    _add_search_arguments(parser)
+    add_search_arguments(parser)
     add_checkpoint_arguments(parser)
     add_config_argument(parser)
     add_host_arguments(parser)
@@ -102,94 +88,7 @@ def _add_study_arguments(parser: argparse.ArgumentParser) -> None:
         "--study", metavar="NAME", type=study_name, help="study name (default: the adapter's name)"
     )
     add_storage_argument(parser)
-    parser.add_argument(
-        "--trials",
-        type=whole_number("--trials", example=40),
-        metavar="N",
-        help="the study's total budget of trials (resuming keeps it)",
-    )
-    parser.add_argument(
-        "--epochs",
-        type=whole_number("--epochs", example=8),
-        metavar="N",
-        help="epochs per trial (default: the workload class's)",
-    )
-    parser.add_argument(
-        "--env",
-        metavar="ENV",
-        help="RL adapters: trading (default) or a Gymnasium id such as CartPole-v1",
-    )
-    add_repeats_argument(parser)
-    add_confirm_arguments(parser, at_the_end=True)
-    parser.add_argument(
-        "--intensify",
-        type=whole_number("--intensify", low=0, example=4),
-        metavar="N",
-        help="spend N of the budget's trials re-running the recommended trial (its parameters, "
-        "the next seeds), spread over the second half (default 0; docs/see-a-study.md)",
-    )
-    parser.add_argument(
-        "--data",
-        metavar="CSV",
-        type=input_file("--data", "a CSV file with a `close` column"),
-        help="prices from a CSV file with a close column (default: synthetic)",
-    )
-
-
-def _add_search_arguments(parser: argparse.ArgumentParser) -> None:
-    """How the study searches: sampler, pruner, retries, what runs first, where it is tracked."""
-    parser.add_argument(
-        "--sampler",
-        choices=SAMPLER_NAMES,
-        help=f"{StudySpec.sampler} (default), pbt (population-based training, "
-        "--swarm-size members; docs/pbt.md) or one of Optuna's samplers",
-    )
-    parser.add_argument(
-        "--seed",
-        type=whole_number("--seed", low=0, high=SEED_MAX, example=7),
-        help="sampler seed (default: one is drawn and stored with the study)",
-    )
-    add_swarm_size_argument(parser)
-    parser.add_argument(
-        "--pbt-keep",
-        metavar="NAMES",
-        help="with --sampler pbt: parameters never perturbed because they shape the model's "
-        "weights, comma-separated (width,hidden; docs/pbt.md)",
-    )
-    add_objective_arguments(parser)
-    parser.add_argument(
-        "--pruner",
-        choices=PRUNERS,
-        help=f"stop poor trials early: {', '.join(PRUNERS)} "
-        f"(default {StudySpec.pruner}; docs/pruners.md)",
-    )
-    parser.add_argument(
-        "--max-retries",
-        type=whole_number("--max-retries", low=0, high=1000, example=2),
-        metavar="N",
-        help=f"re-runs of an OOM'd or lost trial (default {StudySpec.max_retries})",
-    )
-    parser.add_argument(
-        "--update-settings",
-        action="store_true",
-        help="resume a study with other epochs, sampler, seed, pruner or options than it was run "
-        "with (recorded with the time and host; `status` shows it); without it they are refused",
-    )
-    parser.add_argument(
-        "--enqueue-defaults",
-        action="store_true",
-        help="run the adapter's known-good parameters (its default_params) as the first trial",
-    )
-    parser.add_argument(
-        "--enqueue",
-        metavar="PARAMS.yaml",
-        help="run these parameters first: a YAML mapping, or a list of mappings (once per study)",
-    )
-    parser.add_argument(
-        "--mlflow-uri",
-        metavar="URI",
-        help="log every trial as an MLflow run (default: $MLFLOW_TRACKING_URI; needs the mlflow extra)",
-    )
+    add_size_arguments(parser, confirm=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -202,6 +101,35 @@ def run_command(args: argparse.Namespace) -> int:
         )
     check_host_options(host)
     location = StorageLocation.resolve(args.storage)
+    typed = typed_settings(args, location)
+    spare, storage = launch.open_for_trials(location, uses_torch=uses_torch(typed.adapter))
+    existing, spec, queue = study_settings(storage, args, typed, location.describe())
+    return launch.plan_and_run(
+        location=location,
+        storage=storage,
+        adapter=typed.adapter,
+        spec=spec,
+        options=host,
+        spare=spare,
+        open_study=lambda: store_study(storage, existing, spec, study_of(args, typed), queue, args),
+        selection=selection_of(args),
+        callbacks=[watch_first_trials(existing, spec, study_of(args, typed))],
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TypedSettings:
+    """What `run` (or `slurm`) was given, checked before the storage is opened."""
+
+    adapter: Any
+    options: dict[str, Any]
+    queue: list[Queued]
+    mlflow_uri: str | None
+
+
+def typed_settings(args: argparse.Namespace, location: StorageLocation) -> TypedSettings:
+    """The adapter, its options and the parameter sets to queue, every flag checked: a one-line
+    UserError before anything is opened or stored."""
     adapter = adapters.resolve(args.adapter_path or args.adapter, is_path=bool(args.adapter_path))
     options = checked_options(args, adapter)
     checkpoint_settings(args)  # a refused --artifacts is said before anything is opened
@@ -209,25 +137,35 @@ def run_command(args: argparse.Namespace) -> int:
     queue = enqueue.planned_queue(
         adapter, options, defaults=args.enqueue_defaults, path=args.enqueue
     )
-    mlflow_uri = tracking.tracking_uri_to_store(args.mlflow_uri)
+    workload_class(adapter.workload_class)  # $ORCHESTRATOR_WORKLOADS read before any file is made
+    path = location.sqlite_path
+    if path is not None and not path.exists():
+        # No file yet, so no study: what it would be created with is checked before the file is.
+        _check_new_spec(_new_spec(args, adapter, options), adapter)
+    return TypedSettings(adapter, options, queue, tracking.tracking_uri_to_store(args.mlflow_uri))
 
-    spare, storage = launch.open_for_trials(location, uses_torch=uses_torch(adapter))
-    existing, spec = _resolve_spec(storage, args, adapter, options, location.describe())
-    spec = spec.updated(mlflow_uri=mlflow_uri, **checkpoint_settings(args))
+
+def _check_new_spec(spec: StudySpec, adapter: Any) -> None:
+    check_swarm(spec)
+    population.check_population(spec, adapter)
     check_spec(spec)
     intensify.check_intensify(spec)
-    queue = _fitting_queue(queue, existing, spec)
-    return launch.plan_and_run(
-        location=location,
-        storage=storage,
-        adapter=adapter,
-        spec=spec,
-        options=host,
-        spare=spare,
-        open_study=lambda: _store(storage, existing, spec, args.study or adapter.name, queue, args),
-        selection=selection_of(args),
-        callbacks=[watch_first_trials(existing, spec, args.study or adapter.name)],
-    )
+
+
+def study_settings(
+    storage: BaseStorage, args: argparse.Namespace, typed: TypedSettings, label: str
+) -> tuple[optuna.Study | None, StudySpec, list[Queued]]:
+    """The study to resume (or None), the spec to store and the sets to queue: read, not stored."""
+    existing, spec = _resolve_spec(storage, args, typed.adapter, typed.options, label)
+    spec = spec.updated(mlflow_uri=typed.mlflow_uri, **checkpoint_settings(args))
+    check_spec(spec)
+    intensify.check_intensify(spec)
+    return existing, spec, _fitting_queue(typed.queue, existing, spec)
+
+
+def study_of(args: argparse.Namespace, typed: TypedSettings) -> str:
+    """The study's name: --study, else the adapter's."""
+    return args.study or typed.adapter.name
 
 
 def _fitting_queue(
@@ -283,6 +221,7 @@ def _new_spec(args: argparse.Namespace, adapter: Any, options: dict[str, Any]) -
         sampler=args.sampler,
         seed=args.seed if args.seed is not None else draw_seed(),
         swarm_size=args.swarm_size,
+        # PBT replaces members itself: a pruner would stop segments about to be copied.
         pbt_keep=population.keep_names(args.pbt_keep),
         pruner=args.pruner or sampler_kind(args.sampler).default_pruner,  # the sampler's own
         max_retries=args.max_retries,
@@ -344,7 +283,7 @@ def _resumed_spec(
     return wanted
 
 
-def _store(
+def store_study(
     storage: BaseStorage,
     existing: optuna.Study | None,
     spec: StudySpec,

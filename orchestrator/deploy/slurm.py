@@ -8,10 +8,18 @@ without a cluster; `SlurmEngine` is Slurm's `ClusterEngine`, and the task's work
   `srun`: the workers need no gang (each pulls trials from the shared study), so a task may start
   as soon as one node is free, and a node that fails, is drained or is preempted requeues only
   its own task: a `--nodes N` job would lose, and requeue, every node's worker at once.
+- One task per node, guaranteed: `--exclusive`. Tasks of an array are separate jobs, and Slurm
+  packs jobs onto a node while it has GPUs free: with `--gres=gpu:G` alone, two tasks of G GPUs
+  each landed on one node of 2G (seen on the test cluster), two workers each planning trials for
+  the whole host's memory and cores. An exclusive task has its node to itself; Slurm then allots
+  it every GPU of the node, and the script keeps the first G of them for the worker (what
+  `--gpus-per-node` asked), so give the node's GPU count to use them all.
 - CPU and memory come from the study's workload class, the table the Kubernetes manifests read:
   `--cpus-per-gpu` is the class's CPU request (whole cores, rounded up: Slurm allots cores), and
-  `--mem-per-gpu` its memory limit (a Slurm job past its memory is killed, so the most a worker
-  may use is what it must be given).
+  `--mem-per-gpu` its memory request: what a node must have for each GPU (16 GiB for the
+  supervised class). The class's limit (40 GiB) asked of 8 GPUs was more than many nodes have,
+  and an exclusive task may use the node's memory beyond what it asked where Slurm does not
+  confine it.
 - The storage URL never appears in the script: sbatch's default `--export=ALL` carries the
   submitting shell's ORCHESTRATOR_STORAGE to every task, and the script stops at once if it is
   missing.
@@ -83,7 +91,7 @@ class SlurmJob:
 
     @property
     def mem_per_gpu_mb(self) -> int:
-        return max(1, math.ceil(parse_quantity(self.workload.memory_limit) / 2**20))
+        return max(1, math.ceil(parse_quantity(self.workload.memory_request) / 2**20))
 
 
 def job_problem(job: SlurmJob) -> str | None:
@@ -117,6 +125,7 @@ def directives(job: SlurmJob) -> list[str]:
         f"--array=0-{job.nodes - 1}",
         "--nodes=1",
         "--ntasks=1",
+        "--exclusive",  # one task a node: see the module's docstring
         f"--gres=gpu:{job.gpus_per_node}",
         f"--cpus-per-gpu={job.cpus_per_gpu}",
         f"--mem-per-gpu={job.mem_per_gpu_mb}M",
@@ -158,7 +167,11 @@ if [ -z "${{{STORAGE_ENV}:-}}" ]; then
   exit 2
 fi
 export PYTHONUNBUFFERED=1
-# The GPUs Slurm allotted this task; simulated ones of ${SIM_GPU_ENV} MB stand in where set.
+# The GPUs Slurm allotted this task: all of its node's (--exclusive), the first {job.gpus_per_node} kept
+# for the worker as asked; simulated ones of ${SIM_GPU_ENV} MB stand in where set.
+if [ -n "${{CUDA_VISIBLE_DEVICES:-}}" ]; then
+  export CUDA_VISIBLE_DEVICES=$(echo "$CUDA_VISIBLE_DEVICES" | cut -d, -f1-{job.gpus_per_node})
+fi
 gpus=auto
 if [ -n "${{{SIM_GPU_ENV}:-}}" ]; then
   gpus=$(echo "${{CUDA_VISIBLE_DEVICES:-0}}" | sed "s/[^,][^,]*/sim:${{{SIM_GPU_ENV}}}/g")

@@ -163,6 +163,21 @@ def load_workload_classes(
         raise UserError(
             f"workloads file {str(source)!r} does not exist: fix --workloads or ${WORKLOADS_ENV}"
         ) from None
+    except IsADirectoryError:
+        raise UserError(
+            f"workloads file {str(source)!r} is a folder: name a TOML file in --workloads or "
+            f"${WORKLOADS_ENV}"
+        ) from None
+    except UnicodeDecodeError:
+        raise UserError(
+            f"workloads file {str(source)!r} is not a text file: name a TOML file in --workloads "
+            f"or ${WORKLOADS_ENV}"
+        ) from None
+    except OSError as error:
+        raise UserError(
+            f"workloads file {str(source)!r} cannot be read ({error.strerror or error}): fix "
+            f"--workloads or ${WORKLOADS_ENV}"
+        ) from None
     except tomllib.TOMLDecodeError as error:
         raise UserError(f"workloads file {str(source)!r} is not valid TOML: {error}") from None
     return apply_overrides(WORKLOAD_CLASSES, overrides, source=str(source))

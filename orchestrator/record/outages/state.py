@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import shlex
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.record.outages.errors import LOCKED, first_line
-from orchestrator.record.store.location import STORAGE_ENV, StorageLocation, password_of
+from orchestrator.record.store.location import (
+    STORAGE_ENV,
+    StorageLocation,
+    mask_password,
+    password_of,
+)
 from orchestrator.record.store.passwords import redact
 
 # Every outage line comes from one logger, whichever module says it.
@@ -189,9 +195,39 @@ def note_connections(
         state.host_connections = host_connections
 
 
-def note_command(argv: list[str], outages: Outages | None = None) -> None:
+def note_command(
+    argv: list[str], outages: Outages | None = None, environ: Mapping[str, str] = os.environ
+) -> None:
     """The command that resumes after an outage: this one again (it resumes)."""
-    current(outages).resume = resume_command(argv)
+    current(outages).resume = resume_text(argv, environ)
+
+
+def resume_text(argv: list[str], environ: Mapping[str, str] = os.environ) -> str:
+    """What the exit-75 line says after "resume with": the command in backticks, and, where it
+    reads the URL from $ORCHESTRATOR_STORAGE but the URL was typed on the command line (the
+    variable unset or another URL), how to put it there: the URL with its password masked, since
+    a password is never printed, and pasting `--storage "$ORCHESTRATOR_STORAGE"` with the
+    variable unset would run on the default SQLite file instead."""
+    command = resume_command(argv)
+    typed = _typed_storage(argv)
+    if STORAGE_FROM_ENV not in command or typed is None or environ.get(STORAGE_ENV) == typed:
+        return f"`{command}`"
+    return (
+        f"`{command}` once the URL is in {STORAGE_ENV}: "
+        f"export {STORAGE_ENV}={shlex.quote(mask_password(typed))} with your password in "
+        "place of *** (it is never printed)"
+    )
+
+
+def _typed_storage(argv: list[str]) -> str | None:
+    """The --storage URL on the command line, if any (the last one, as argparse takes it)."""
+    found = None
+    for index, arg in enumerate(argv):
+        if arg == "--storage" and index + 1 < len(argv):
+            found = argv[index + 1]
+        elif arg.startswith("--storage="):
+            found = arg.partition("=")[2]
+    return found
 
 
 # What a storage URL holding a password becomes in the resume command: the shell reads it from

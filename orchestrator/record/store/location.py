@@ -24,6 +24,8 @@ else:
 DEFAULT_STORAGE = "sqlite:///orchestrator.db"
 STORAGE_ENV = "ORCHESTRATOR_STORAGE"
 GOOD_URLS = "use sqlite:///FILE.db or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+# PostgreSQL URLs opened with psycopg2 here (see StorageLocation.parse): plain, and psycopg 3's.
+PSYCOPG2_FORMS = ("postgresql", "postgresql+psycopg")
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class StorageLocation:
     shows in `repr` or `str`, which are the masked URL."""
 
     text: str = field(repr=False)  # as the user wrote it
-    url: str = field(repr=False)  # what SQLAlchemy and Optuna open: psycopg2 for PostgreSQL
+    url: str = field(repr=False)  # what our SQLAlchemy and Optuna open: psycopg2 for PostgreSQL
     backend: str  # "sqlite" or "postgresql"
     host: str | None = None
     port: int | None = None
@@ -44,9 +46,11 @@ class StorageLocation:
         parsed = _checked(text)
         backend = parsed.get_backend_name()
         url = text
-        if parsed.drivername == "postgresql":
-            # A plain postgresql:// uses psycopg2, the driver we install (SQLAlchemy 2.1
-            # would pick psycopg 3).
+        if parsed.drivername in PSYCOPG2_FORMS:
+            # Our processes talk to PostgreSQL through psycopg2 whatever the URL names: the
+            # outage rules (record/outages/errors.py) read its exceptions and SQLSTATE codes.
+            # Plain Optuna and optuna-dashboard open the URL as written: postgresql:// is psycopg
+            # 3 under SQLAlchemy 2.1, which this package installs too (README, dependencies).
             url = parsed.set(drivername="postgresql+psycopg2").render_as_string(hide_password=False)
         elif backend == "postgresql":
             url = parsed.render_as_string(hide_password=False)

@@ -12,7 +12,7 @@ from orchestrator.record.outages.riding import when_a_connection_is_free
 from orchestrator.record.store.locks import schema_lock
 from orchestrator.record.store.records import VERSION_TABLE
 from orchestrator.record.store.sqlite_file import check_sqlite_file
-from orchestrator.record.store.storage import create_storage, location_of
+from orchestrator.record.store.storage import create_storage, location_of, sqlite_busy_timeout
 from orchestrator.record.store.storage_failures import missing_driver, unreachable
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def open_storage(location: StorageLocation, **kwargs: Any) -> RDBStorage:
     path = location.sqlite_path
     if path is not None:
         check_sqlite_file(path)  # before the lock file beside it is made
+        sqlite_busy_timeout()  # a bad $ORCHESTRATOR_SQLITE_BUSY_TIMEOUT too
 
     def opened() -> RDBStorage:
         with schema_lock(location):

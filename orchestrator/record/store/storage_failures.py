@@ -53,7 +53,7 @@ class StorageUnreachable(UserError):
         super().__init__(
             f"the database ({where}) has been {state} for {seconds:.0f} s (last: {detail}, "
             f"while trying to {what}); the study is kept as it was: when the database is {back}, "
-            f"resume with `{resume}`"
+            f"resume with {resume if resume.startswith('`') else f'`{resume}`'}"
         )
 
 
