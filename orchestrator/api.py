@@ -41,7 +41,6 @@ from orchestrator.api_checks import (
     check_arguments,
     check_artifacts,
     check_host,
-    check_population,
     said_as_api,
 )
 from orchestrator.errors import UserError
@@ -117,9 +116,8 @@ def optimize(
     caught = check_arguments(
         n_trials=n_trials, epochs=epochs, max_retries=max_retries, swarm_size=swarm_size,
         seed=seed, study_name=study_name, memory_model=memory_model, batch_sizes=batch_sizes,
-        catch=catch, callbacks=callbacks,
+        catch=catch, callbacks=callbacks, objective=objective, sampler=sampler,
     )  # fmt: skip
-    check_population(objective, sampler)
     names, all_directions = _objectives(objectives, directions, metric=metric, direction=direction)
     several = len(all_directions) > 1
     spec = StudySpec(

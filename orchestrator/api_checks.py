@@ -68,9 +68,13 @@ def check_arguments(
     batch_sizes: Any,
     catch: Any,
     callbacks: Any = (),
+    objective: Any = None,
+    sampler: Any = None,
 ) -> tuple[type[BaseException], ...]:
-    """Every argument of `optimize` that can be wrong on its own; the `catch` classes as a tuple."""
+    """Every argument of `optimize` that can be wrong on its own, and the objective for its
+    sampler; the `catch` classes as a tuple."""
     _check_callbacks(callbacks)
+    check_population(objective, sampler)
     whole("n_trials", n_trials, low=1)
     whole("epochs", epochs, low=1)
     whole("max_retries", max_retries, low=0, high=1000)
