@@ -17,12 +17,16 @@ import optuna
 from optuna.trial import TrialState
 
 from orchestrator.record.study.spec import count_trials
-from tests.cli_helpers import run_cli, start_cli
+from tests.cli_helpers import cli_env, run_cli, start_cli
 from tests.test_checkpoint_resume import EPOCHS, assert_resumed
 from tests.waiting import stored_study, wait_for
 
 TOLERATE = (KeyError, IndexError, optuna.exceptions.StorageInternalError)
 GONE_WITHIN_S = 10.0  # from the host's death to the last of its processes gone
+# A grace of 3 s (cli_env's) fails live trials as stale on a loaded machine (their heartbeat
+# threads starve while a command starts beside them): these tests must see every re-run come
+# from the host's death, not from a heartbeat that went stale.
+ENV = cli_env(ORCHESTRATOR_GRACE_PERIOD="10")
 
 
 def _session(sid: int) -> list[int]:
@@ -83,6 +87,7 @@ def _assert_stopped_and_resumed(url: str, name: str, stopped_numbers: list[int])
             t for t in study.trials if t.system_attrs.get("retry_history", [])[-1:] == [number]
         ]
         assert len(reruns) == 1, [t.system_attrs for t in study.trials]
+        assert reruns[0].user_attrs["retry_reason"] == "host gone"  # not found stale later
         assert assert_resumed(stopped, reruns[0]) >= 1
         log = Path(stopped.user_attrs["log_file"]).read_text()
         assert "Traceback" not in log, log
@@ -100,7 +105,7 @@ def _run_args(url: str, *extra: str) -> tuple[str, ...]:
 
 def test_a_run_killed_alone_leaves_its_trials_to_the_next_run(sqlite_url):
     args = _run_args(sqlite_url, "--concurrency", "4")
-    host = start_cli(*args)
+    host = start_cli(*args, env=ENV)
     victims = wait_for(
         lambda: len(_training(sqlite_url, "synthetic")) == 4 and _training(sqlite_url, "synthetic"),
         "four trials with two checkpoints each",
@@ -113,21 +118,25 @@ def test_a_run_killed_alone_leaves_its_trials_to_the_next_run(sqlite_url):
     seconds = _kill_host_alone(host)
     assert seconds < GONE_WITHIN_S, f"the trial processes outlived their host by {seconds:.1f} s"
 
-    again = run_cli(*args, timeout=300)
+    again = run_cli(*args, timeout=300, env=ENV)
     assert again.returncode == 0, again.stderr
     assert "4/4 trials done (4 complete, 0 pruned, 0 failed)" in again.stdout, again.stdout
     _assert_stopped_and_resumed(sqlite_url, "synthetic", [t.number for t in victims])
 
 
 def test_a_worker_killed_alone_leaves_its_trials_to_the_study(postgres_url, tmp_path):
-    common = ("--artifacts", str(tmp_path / "ckpt"), "--concurrency", "2")
-    first = start_cli(*_run_args(postgres_url, *common))
+    # In tmp_path: a study on a database server keeps its trials' logs in the working folder.
+    first = start_cli(
+        *_run_args(postgres_url, "--artifacts", str(tmp_path / "ckpt"), "--concurrency", "2"),
+        cwd=tmp_path,
+        env=ENV,
+    )
     wait_for(lambda: stored_study(postgres_url, "synthetic"), "the study", tolerate=TOLERATE)
     worker = (
         "worker", "--study", "synthetic", "--storage", postgres_url, "--gpus", "sim:24576",
-        *common,
+        "--concurrency", "2",
     )  # fmt: skip
-    doomed = start_cli(*worker)
+    doomed = start_cli(*worker, cwd=tmp_path, env=ENV)
 
     def worker_training():
         ours = set(_session(doomed.pid))
@@ -138,7 +147,7 @@ def test_a_worker_killed_alone_leaves_its_trials_to_the_study(postgres_url, tmp_
     seconds = _kill_host_alone(doomed)
     assert seconds < GONE_WITHIN_S, f"the trial processes outlived their host by {seconds:.1f} s"
 
-    again = run_cli(*worker, timeout=300)
+    again = run_cli(*worker, cwd=tmp_path, timeout=300, env=ENV)
     out, err = first.communicate(timeout=300)
     assert again.returncode == 0, again.stderr
     assert first.returncode == 0, err
