@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -101,6 +104,48 @@ def _run_args(url: str, *extra: str) -> tuple[str, ...]:
         "trial_seconds=24", "--pruner", "none", "--sampler", "random",
         "--gpus", "sim:24576", "--storage", url, *extra,
     )  # fmt: skip
+
+
+# A process that trains (a sleep, armed for a stop) with its pipe's other end held by its parent:
+# the parent closes it, as a dead host's end closes.
+WATCHED = """
+import multiprocessing.connection as mpc, sys, time
+from orchestrator.run.trial.host import HostLink, name_process
+from orchestrator.run.trial.signals import Interrupted, install_signal_handlers, interruptible
+install_signal_handlers()
+name_process("trial 12 a-study-named-at-length")
+print(open("/proc/self/comm").read().strip(), flush=True)
+link = HostLink(mpc.Connection(int(sys.argv[1])))
+link.watch()
+started = time.monotonic()
+try:
+    with interruptible():
+        time.sleep(60)
+except Interrupted as stop:
+    print(stop, round(time.monotonic() - started, 1), flush=True)
+link.send(("vram_peak_mb", 1.0))  # broken pipe: no error once the stop is taken
+"""
+
+
+def test_a_trial_process_stops_as_its_host_s_end_of_the_pipe_closes():
+    host_end, trial_end = socket.socketpair()
+    child = subprocess.Popen(
+        [sys.executable, "-c", WATCHED, str(trial_end.fileno())],
+        pass_fds=[trial_end.fileno()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    trial_end.close()
+    assert child.stdout.readline().strip() == "trial 12 a-stud"  # 15 bytes: the kernel's limit
+    time.sleep(1)
+    host_end.close()
+    closed = time.monotonic()
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert out.startswith("its host process is gone"), (out, err)
+    assert time.monotonic() - closed < 10, out
+    assert "Traceback" not in err, err
 
 
 def test_a_run_killed_alone_leaves_its_trials_to_the_next_run(sqlite_url):
