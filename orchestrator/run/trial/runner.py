@@ -135,7 +135,7 @@ def _say_if_host_gone(number: int, result: RunResult, requeued: bool) -> None:
     then = (
         "it is re-queued, its checkpoints kept: the next run or worker of the study resumes it"
         if requeued
-        else "it was re-queued already"
+        else "it is not re-queued"
     )
     logger.warning("trial %d stopped: %s (killed, or crashed); %s", number, HOST_GONE, then)
 
