@@ -14,6 +14,7 @@ from orchestrator.record.store.optuna_private import storage_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.retry import requeue
 from orchestrator.run.oom_policy import retry_after_oom
+from orchestrator.run.trial.signals import is_host_gone
 
 if TYPE_CHECKING:
     import optuna
@@ -50,7 +51,8 @@ def requeue_if_interrupted(
         return requeue(ctx.study, frozen, max_retries=spec.max_retries, reason="timeout")
     if not (result.oom or result.interrupted):
         return False
-    retry_params, reason = None, "oom" if result.oom else "interrupted"
+    retry_params = None
+    reason = "oom" if result.oom else "host gone" if is_host_gone() else "interrupted"
     if result.oom:  # the policy: orchestrator.run.oom_policy
         retry = retry_after_oom(result.batch_size, job.batch_bounds[0], alone=alone)
         if retry.batch_limit is not None:

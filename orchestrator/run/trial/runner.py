@@ -11,6 +11,7 @@ import contextlib
 import datetime
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
 from orchestrator.run.trial.checkpoints import open_handle, takes_checkpoint, tell_host, tidy
 from orchestrator.run.trial.clock import time_limit
 from orchestrator.run.trial.errors import fail_with, settle
+from orchestrator.run.trial.host import name_process, trial_name
 from orchestrator.run.trial.memory import (
     hold_simulated,
     measure_vram_peak_mb,
@@ -42,7 +44,13 @@ from orchestrator.run.trial.memory import (
 )
 from orchestrator.run.trial.requeue import requeue_if_interrupted
 from orchestrator.run.trial.result import RunResult, trial_outcome
-from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
+from orchestrator.run.trial.signals import (
+    HOST_GONE,
+    Interrupted,
+    interruptible,
+    is_host_gone,
+    stop_requested,
+)
 from orchestrator.run.trial.spool import Told, kept_until_told, noted
 from orchestrator.run.trial.training import train
 from samplers import sampler_kind
@@ -72,13 +80,14 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     trial, lock = ask(ctx, spec)
     if trial is None:
         return TrialOutcome(None, "NONE")
+    name_process(trial_name(trial.number, ctx.config.study_name))
     channel.send(("asked", trial.number))
     if not sampler_kind(spec.sampler).kept:
         ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
     fit_fixed_batch_size(trial, job.batch_bounds)
     log_file = _log_file(ctx, trial)
     try:
-        with _output_to(log_file), _heartbeat(ctx, trial):
+        with _output_to(log_file), _heartbeat(ctx, trial), _said_if_taken_over(trial.number):
             result = run_objective(ctx, job, spec, trial, channel, log_file)
             alone = result.oom and not company.value
             told = Told(*told_values(ctx, trial, result), attrs=told_attrs(result))
@@ -88,6 +97,7 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
                 record(ctx, trial, result, lock)
             publish(ctx, trial)
             tidy_checkpoints(ctx, trial, result, requeued)
+            _say_if_host_gone(trial.number, result, requeued)
     except optuna.exceptions.UpdateFinishedTrialError:
         return _late(trial.number, log_file)
     log = None if log_file is None else str(log_file)
@@ -102,6 +112,33 @@ def tidy_checkpoints(
         tidy(ctx.study, trial, result.checkpoint, result.state.name, requeued)
     except Exception as error:  # the trial is told already: tidying is best effort
         logger.warning("trial %d: its checkpoints were not tidied: %s", trial.number, error)
+
+
+@contextlib.contextmanager
+def _said_if_taken_over(number: int) -> Iterator[None]:
+    """One line in the trial's log, not a traceback, when the study refuses a write because the
+    trial was failed as lost while this process was frozen (`_late`)."""
+    try:
+        yield
+    except optuna.exceptions.UpdateFinishedTrialError:
+        logger.warning(
+            "trial %d was taken over while this process was frozen: the study failed it as "
+            "lost and queued its re-run; this process drops its late result and carries on",
+            number,
+        )
+        raise
+
+
+def _say_if_host_gone(number: int, result: RunResult, requeued: bool) -> None:
+    """The one line a trial stopped by its host's death leaves in its log (no traceback)."""
+    if not (result.interrupted and is_host_gone()):
+        return
+    then = (
+        "it is re-queued, its checkpoints kept: the next run or worker of the study resumes it"
+        if requeued
+        else "it is not re-queued"
+    )
+    logger.warning("trial %d stopped: %s (killed, or crashed); %s", number, HOST_GONE, then)
 
 
 def _late(number: int, log_file: Path | None) -> TrialOutcome:
@@ -222,6 +259,7 @@ def run_objective(
         result.state = optuna.trial.TrialState.PRUNED
     except BaseException as caught:  # every end of the objective is an outcome (see fail_with)
         if not fail_with(result, caught, trial.number):
+            release_memory(ctx)  # a taken-over trial's process carries on to its next trial
             raise
     result.vram_peak_mb = measure_vram_peak_mb(ctx)
     release_memory(ctx)

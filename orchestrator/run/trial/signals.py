@@ -9,6 +9,10 @@ a weakref callback: SQLAlchemy's registries have them) that the garbage collecto
 middle of training. An exception raised there is printed and dropped, and the training would go
 on to its end. So a dropped `Interrupted` arms the stop again and sends SIGTERM once more, from
 a thread, so that it lands after the finalizer returns.
+
+A host process that is gone (`orchestrator.run.trial.host` sees its pipe's end) stops the trial
+the same way: `host_gone` from the pipe's reader, a SIGTERM from the thread that watches it. Its
+`Interrupted` says so, and the trial is re-queued as a preempted one is.
 """
 
 from __future__ import annotations
@@ -39,13 +43,38 @@ class _Stop:
     requested = False
     holding = False  # armed, but held back until an epoch's checkpoint is saved (hold_stop)
     inside = False  # in an interruptible block (armed, holding, or its stop on its way out)
+    host_gone = False  # the stop is its host process's death, not a signal the host sent
+
+
+HOST_GONE = "its host process is gone"
+
+
+def _why(signum: int = signal.SIGTERM.value) -> str:
+    return HOST_GONE if _Stop.host_gone else f"stopped by signal {signum}"
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     _Stop.requested = True
     if _Stop.armed:
         _Stop.armed = False
-        raise Interrupted(f"stopped by signal {signum}")
+        raise Interrupted(_why(signum))
+
+
+def host_gone() -> None:
+    """Its host process is gone (its pipe is closed): stop as a SIGTERM stops, raising
+    `Interrupted` here if the trial may be cut short now."""
+    _Stop.host_gone = True
+    _on_sigterm(signal.SIGTERM.value, None)
+
+
+def host_gone_from_thread() -> None:
+    """`host_gone`, seen from a thread: the stop is raised in the main thread by a SIGTERM."""
+    _Stop.host_gone = True
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def is_host_gone() -> bool:
+    return _Stop.host_gone
 
 
 def _on_unraisable(unraisable: Any, passed_on: Any = sys.unraisablehook) -> None:
@@ -73,7 +102,7 @@ def stop_requested() -> bool:
 def interruptible() -> Iterator[None]:
     """The block a SIGTERM may cut short (the objective, or waiting for the next job)."""
     if _Stop.requested:  # the signal came while the trial was being set up
-        raise Interrupted(f"stopped by signal {signal.SIGTERM.value}")
+        raise Interrupted(_why())
     _Stop.armed = _Stop.inside = True
     try:
         yield
@@ -94,4 +123,4 @@ def release_stop() -> None:
     _Stop.holding, _Stop.armed = False, True
     if _Stop.requested:
         _Stop.armed = False
-        raise Interrupted(f"stopped by signal {signal.SIGTERM.value}")
+        raise Interrupted(_why())

@@ -7,7 +7,8 @@ forked from itself (CUDA and fork do not mix: `run/pool/trial_start`), sends it 
 after an out-of-memory error or any other CUDA error (only a process exit gives back everything
 CUDA held, and a failed context cannot be trusted), after a trial stopped at --trial-timeout
 (what the stopped code held is as suspect), when its resident memory has grown past a bound (a
-model that leaks), after a set number of trials, or when it was told to stop.
+model that leaks), after a set number of trials, or when it was told to stop. When its host is
+gone it stops its trial, leaves it re-queued and ends (`run/trial/host`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from orchestrator.record.store.storage_failures import StorageUnreachable
 from orchestrator.record.trials.logs import keep_stdout_clean
 from orchestrator.run.messages import Recycling, TrialOutcome, WorkerConfig
 from orchestrator.run.trial.context import TrialContext, pin_device
+from orchestrator.run.trial.host import HostLink, idle_name, name_process
 from orchestrator.run.trial.runner import run_trial
 from orchestrator.run.trial.signals import (
     Interrupted,
@@ -87,23 +89,26 @@ def serve(conn: Connection, company: Any, uses_torch: bool = True) -> None:
     left out for an adapter that uses none (`uses_torch`)."""
 
     install_signal_handlers()
+    link = HostLink(conn)
+    link.watch()  # from here on, the host's death stops this process
     keep_stdout_clean()
     _log_as_the_host_does()
     _import_what_every_trial_needs(uses_torch)
-    config = _next_job(conn)
+    config = _next_job(link)
     if not isinstance(config, WorkerConfig):
         return
+    name_process(idle_name(config.study_name))
     pin_device(config.device)  # before CUDA starts: importing torch does not start it
     try:
         ctx = TrialContext(config)
     except StorageUnreachable as error:
-        _send(conn, TrialOutcome(None, "FAIL", error=str(error), unreachable=True))
+        _send(link, TrialOutcome(None, "FAIL", error=str(error), unreachable=True))
         return
     except BaseException as error:  # report, never leave the supervisor guessing
         logger.error("trial process could not start: %s", traceback.format_exc())
-        _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), setup_failed=True))
+        _send(link, TrialOutcome(None, "FAIL", error=_one_line(error), setup_failed=True))
         return
-    _serve_jobs(ctx, conn, company)
+    _serve_jobs(ctx, link, company)
 
 
 def _log_as_the_host_does() -> None:
@@ -126,7 +131,7 @@ def _import_what_every_trial_needs(uses_torch: bool) -> None:
         import torch  # noqa: F401
 
 
-def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
+def _serve_jobs(ctx: Any, conn: HostLink, company: Any) -> None:
     trials_done, baseline = 0, None
     while True:
         job = _next_job(conn)
@@ -134,6 +139,7 @@ def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
             return
         try:
             outcome = run_trial(ctx, job, conn, company)
+            name_process(idle_name(ctx.config.study_name))
         except StorageUnreachable as error:  # its one line says it all: no traceback
             _send(
                 conn,
@@ -162,7 +168,7 @@ def _serve_jobs(ctx: Any, conn: Connection, company: Any) -> None:
             return
 
 
-def _next_job(conn: Connection) -> Any:
+def _next_job(conn: HostLink) -> Any:
     """The next job, or None when told to stop (None sent, pipe closed, or SIGTERM while idle)."""
     try:
         with interruptible():
@@ -171,9 +177,9 @@ def _next_job(conn: Connection) -> Any:
         return None
 
 
-def _send(conn: Connection, outcome: TrialOutcome) -> None:
-    # If the supervisor is gone, the trial's heartbeat tells the rest of the story.
-    with contextlib.suppress(BrokenPipeError, OSError):
+def _send(conn: HostLink, outcome: TrialOutcome) -> None:
+    # If the supervisor is gone, the trial has said so and was re-queued; nobody hears this.
+    with contextlib.suppress(Interrupted):
         conn.send(outcome)
 
 
