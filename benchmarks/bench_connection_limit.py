@@ -57,6 +57,8 @@ class Outcome:
     refused_connections: int = 0  # the server's "too many clients" refusals
     seconds: float = 0.0
     host_lines: list[list[str]] = field(default_factory=list)  # warnings and errors each host said
+    re_runs: int = 0  # trials that re-run a failed one's parameters
+    failures: list[dict] = field(default_factory=list)  # each failed trial: why, where, when
 
     @property
     def met(self) -> bool:
@@ -114,6 +116,29 @@ def _count(url: str, outcome: Outcome, started_at: float) -> None:
     outcome.finished = counted.complete + counted.pruned + counted.failed
     outcome.trials_stored = len(trials)
     outcome.running_left = counted.running
+    outcome.re_runs = sum(1 for t in trials if t.system_attrs.get("retry_history"))
+    for t in trials:
+        if t.state.name != "FAIL":
+            continue
+        rerun = next(
+            (o.number for o in trials if o.system_attrs.get("retry_history", [])[-1:] == [t.number]),
+            None,
+        )
+        outcome.failures.append(
+            {
+                "number": t.number,
+                "re_run_as": rerun,
+                "error": t.user_attrs.get("error"),
+                "fail_reason": t.user_attrs.get("fail_reason"),
+                "host_pid": [t.user_attrs.get("host"), t.user_attrs.get("pid")],
+                "started_s": round(t.datetime_start.timestamp() - started_at, 2)
+                if t.datetime_start
+                else None,
+                "failed_s": round(t.datetime_complete.timestamp() - started_at, 2)
+                if t.datetime_complete
+                else None,
+            }
+        )
     ends = sorted(t.datetime_complete.timestamp() for t in trials if t.datetime_complete)
     if ends:
         outcome.first_end_s = round(ends[0] - started_at, 1)
@@ -133,6 +158,7 @@ def run_scenario(
     max_connections: int,
     sampler: str | None = None,
     timeout: float = 1800,
+    logs: Path | None = None,
 ) -> Outcome:
     from tests.pg_cluster import PgCluster
 
@@ -186,6 +212,9 @@ def run_scenario(
                 out, err = process.communicate()
             outcome.exit_statuses.append(process.returncode)
             text = out + err
+            if logs is not None:  # each host's whole output, to read after
+                logs.mkdir(parents=True, exist_ok=True)
+                (logs / f"host-{len(outcome.exit_statuses)}.log").write_text(text)
             outcome.said_unreachable.append("unreachable" in text)
             outcome.host_lines.append(
                 [
@@ -229,6 +258,7 @@ def main() -> int:
     parser.add_argument("--max-connections", type=int, default=20)
     parser.add_argument("--sampler", help="the study's sampler (default: the study's default)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--logs", type=Path, help="a folder for each host's whole output")
     args = parser.parse_args()
     outcome = run_scenario(
         hosts=args.hosts,
@@ -237,8 +267,12 @@ def main() -> int:
         trial_seconds=args.trial_seconds,
         max_connections=args.max_connections,
         sampler=args.sampler,
+        logs=args.logs,
     )
     print(table(outcome))
+    print(f"re-runs: {outcome.re_runs}; failed trials: {len(outcome.failures)}")
+    for failure in outcome.failures:
+        print(f"  {failure}")
     print(
         f"the longest stall began {outcome.stall_began_s:.0f} s after the first host started, "
         f"after {outcome.stall_after} trials had ended"
