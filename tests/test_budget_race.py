@@ -14,8 +14,8 @@ Then what a look for lost trials must not do: fail a trial whose heartbeat came 
 the heartbeats; and a heartbeat is one statement, stamped as it lands.
 
 Last, the real commands: two hosts on a server of few connections, with a heartbeat of 1 s and a
-grace of 3 s so that trials are failed as lost and re-run while their processes tell late:
-exact, a few times.
+grace of 3 s, two trial processes stopped past it (SIGSTOP) so that their trials are failed as
+lost and re-run while the processes wake and tell late: exact, a few times.
 """
 
 from __future__ import annotations
@@ -290,15 +290,17 @@ def test_a_heartbeat_is_one_statement_stamped_as_it_lands(postgres_url):
 
 @pytest.mark.parametrize("attempt", range(3))
 def test_two_hosts_with_trials_failed_as_lost_end_on_the_exact_budget(monkeypatch, attempt):
-    # A grace of 3 s: beside this machine's other work some trials miss it, are failed as lost
-    # and re-run, and their processes then tell late: the interleavings the budget must survive.
+    # Two trial processes are stopped past a grace of 3 s while they train: each trial is failed
+    # as lost and re-run, and its process wakes and tells late, while the other trials start,
+    # finish and are looked at: the interleavings the budget must survive, with real processes.
     monkeypatch.setenv("ORCHESTRATOR_HEARTBEAT_INTERVAL", "1")
     monkeypatch.setenv("ORCHESTRATOR_GRACE_PERIOD", "3")
     outcome = run_scenario(
-        hosts=2, slots=3, trials=18, trial_seconds=0.3, max_connections=8, timeout=400
+        hosts=2, slots=3, trials=18, trial_seconds=1.0, max_connections=8, timeout=400, freeze=2
     )
     assert outcome.exit_statuses == [0, 0], outcome.host_lines
     assert (outcome.finished, outcome.running_left) == (18, 0), outcome
+    assert outcome.frozen == 2 and outcome.re_runs >= 2, outcome.failures
     named = [f["number"] for f in outcome.failures if f["re_run_as"] is not None]
+    assert outcome.re_runs == len(named), ("a failure re-run twice", outcome.failures)
     assert outcome.trials_stored == 18 + outcome.re_runs, outcome.failures
-    assert outcome.re_runs == len(named) == len(set(named)), outcome.failures
