@@ -323,6 +323,9 @@ def main() -> int:
     parser.add_argument("--sampler", help="the study's sampler (default: the study's default)")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--logs", type=Path, help="a folder for each host's whole output")
+    parser.add_argument(
+        "--freeze", type=int, default=0, help="trial processes to stop past the grace (SIGSTOP)"
+    )
     args = parser.parse_args()
     outcome = run_scenario(
         hosts=args.hosts,
@@ -332,6 +335,7 @@ def main() -> int:
         max_connections=args.max_connections,
         sampler=args.sampler,
         logs=args.logs,
+        freeze=args.freeze,
     )
     print(table(outcome))
     print(f"re-runs: {outcome.re_runs}; failed trials: {len(outcome.failures)}")

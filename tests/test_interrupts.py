@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from tests.cli_helpers import cli_env, start_cli
-from tests.waiting import stored_study, wait_for
+from tests.waiting import patient, stored_study, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def test_a_stop_while_the_adapter_imports_is_one_line(tmp_path, sig, status, lin
     try:
         wait_for(marker.exists, "the adapter's import", every=0.05)
         os.killpg(process.pid, sig)  # as a terminal's Ctrl-C reaches the whole group
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=patient(120))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -83,7 +83,7 @@ def test_sigterm_while_trials_run_re_queues_them_and_exits_143(tmp_path):
 
         wait_for(running, "the trial to run", every=0.05)
         process.send_signal(signal.SIGTERM)  # the run alone, as a service manager stops it
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=patient(120))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
