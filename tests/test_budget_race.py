@@ -38,6 +38,7 @@ from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials import stale
 from orchestrator.record.trials.retry import requeue, retry_history, stale_trial_callback
+from tests.waiting import patient
 
 BUDGET = 5
 GRACE_S = 600.0  # a silent trial's heartbeat is made an hour old; a live one's is fresh
@@ -283,6 +284,30 @@ def test_a_heartbeat_is_one_statement_stamped_as_it_lands(postgres_url):
             {"id": got.trial_id},
         ).scalar()
     assert abs(age) < 60, "stamped now, on the server's clock"
+
+
+def test_a_look_on_an_sqlite_file_re_queues_under_its_own_lock(sqlite_url, monkeypatch):
+    # The look holds the file's lock while it re-queues, and the re-queue takes the budget lock:
+    # the same thread takes it through, never waits on itself (a second flock of the file).
+    monkeypatch.setenv("ORCHESTRATOR_HEARTBEAT_INTERVAL", "1")
+    monkeypatch.setenv("ORCHESTRATOR_GRACE_PERIOD", "2")
+    location = StorageLocation.parse(sqlite_url)
+    storage = open_storage(
+        location, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
+    )
+    study = optuna.create_study(study_name="file", storage=storage)
+    trial = study.ask()
+    storage.record_heartbeat(trial._trial_id)
+    time.sleep(4)  # SQLite's clock counts whole seconds: past the grace of 2 s for sure
+    look = threading.Thread(
+        target=stale.look_for_lost_trials,
+        args=(location, study, 2.0, outage_state.Outages()),
+        daemon=True,
+    )
+    look.start()
+    look.join(timeout=patient(60))
+    assert not look.is_alive(), "the re-queue waited on the look's own lock"
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.WAITING]
 
 
 # -- the real commands ------------------------------------------------------------------------
