@@ -2,6 +2,7 @@
 
     python benchmarks/bench_connection_limit.py [--hosts 3] [--slots 8] [--trials 300]
         [--trial-seconds 0.2] [--max-connections 20] [--out benchmarks/results/connection_limit.json]
+        [--logs FOLDER]
 
 A PostgreSQL cluster of the benchmark's own (tests/pg_cluster.py) with `max_connections` set low.
 The first host runs `run synthetic --trials N` (simulated GPU, `--slots` trials at once), the
@@ -13,18 +14,24 @@ failed try is not counted), how many trials exist and how many are left RUNNING,
 status and whether it called the database "unreachable", the longest stall (the longest time
 between two trial ends; the start-up, from the first host's start to the first trial end, is
 shown apart: it is the hosts' and trial processes' imports, not a wait for the database), and
-how many times the server refused a connection ("sorry, too many clients already" in its own log). Target: N/N, exit
-0 on every host, no stall over 10 s. Prints a table and writes the results as JSON.
+how many times the server refused a connection ("sorry, too many clients already" in its own log),
+and every failed trial (its re-run, its error, its host and process, when it started and failed:
+a healthy trial failed as lost shows as a failure with no error, re-run). Target: N/N, exit 0 on
+every host, no trial re-run, no stall over 10 s. Prints a table and writes the results as JSON;
+`--logs` keeps each host's whole output.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,6 +64,9 @@ class Outcome:
     refused_connections: int = 0  # the server's "too many clients" refusals
     seconds: float = 0.0
     host_lines: list[list[str]] = field(default_factory=list)  # warnings and errors each host said
+    re_runs: int = 0  # trials that re-run a failed one's parameters
+    frozen: int = 0  # trial processes stopped past the grace period on purpose (`freeze`)
+    failures: list[dict] = field(default_factory=list)  # each failed trial: why, where, when
 
     @property
     def met(self) -> bool:
@@ -64,6 +74,7 @@ class Outcome:
             self.finished == self.budget
             and self.running_left == 0
             and all(code == 0 for code in self.exit_statuses)
+            and self.re_runs == 0
             and self.longest_stall_s <= STALL_TARGET_S
         )
 
@@ -114,6 +125,8 @@ def _count(url: str, outcome: Outcome, started_at: float) -> None:
     outcome.finished = counted.complete + counted.pruned + counted.failed
     outcome.trials_stored = len(trials)
     outcome.running_left = counted.running
+    outcome.re_runs = sum(1 for t in trials if t.system_attrs.get("retry_history"))
+    outcome.failures = _failures(trials, started_at)
     ends = sorted(t.datetime_complete.timestamp() for t in trials if t.datetime_complete)
     if ends:
         outcome.first_end_s = round(ends[0] - started_at, 1)
@@ -122,6 +135,75 @@ def _count(url: str, outcome: Outcome, started_at: float) -> None:
         outcome.longest_stall_s = round(max(gaps), 2)
         outcome.stall_after = gaps.index(max(gaps)) + 1
         outcome.stall_began_s = round(ends[outcome.stall_after - 1] - started_at, 1)
+
+
+def _failures(trials: list, started_at: float) -> list[dict]:
+    """Each failed trial: its re-run, why it failed, where it ran, when it started and failed."""
+    rerun_of = {}
+    for trial in trials:
+        history = trial.system_attrs.get("retry_history")
+        if history:
+            rerun_of.setdefault(int(history[-1]), trial.number)
+
+    def since(moment) -> float | None:
+        return None if moment is None else round(moment.timestamp() - started_at, 2)
+
+    return [
+        {
+            "number": t.number,
+            "re_run_as": rerun_of.get(t.number),
+            "error": t.user_attrs.get("error"),
+            "host_pid": [t.user_attrs.get("host"), t.user_attrs.get("pid")],
+            "started_s": since(t.datetime_start),
+            "failed_s": since(t.datetime_complete),
+        }
+        for t in trials
+        if t.state.name == "FAIL"
+    ]
+
+
+def _freeze(url: str, count: int, outcome: Outcome) -> None:
+    """Stop `count` training trial processes in turn past the grace period, then let them go."""
+    import sqlalchemy as sa
+
+    from orchestrator.record.store.storage import heartbeat_settings
+
+    grace = heartbeat_settings()[1]
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    training = sa.text(
+        "SELECT t.trial_id, p.value_json FROM trials t JOIN trial_user_attributes p "
+        "ON p.trial_id = t.trial_id AND p.key = 'pid' WHERE t.state = 'RUNNING' "
+        "AND EXISTS (SELECT 1 FROM trial_user_attributes a WHERE a.trial_id = t.trial_id "
+        "AND a.key = 'admitted_at') ORDER BY t.number LIMIT 1"
+    )
+    running = sa.text("SELECT state = 'RUNNING' FROM trials WHERE trial_id = :id")
+
+    def ask(query: sa.TextClause, **params: object) -> object:
+        try:
+            with engine.connect() as conn:
+                return conn.execute(query, params).first()
+        except sa.exc.SQLAlchemyError:
+            return None  # no tables yet, or no connection free: look again
+
+    try:
+        while outcome.frozen < count:
+            found = ask(training)
+            if found is None:
+                time.sleep(0.2)
+                continue
+            trial_id, pid = int(found[0]), int(found[1])
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            still = ask(running, id=trial_id)
+            if still is not None and still[0]:  # stopped while its trial runs
+                time.sleep(grace + 8)  # past the grace and the next look (every 5 s)
+                outcome.frozen += 1
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    finally:
+        engine.dispose()
 
 
 def run_scenario(
@@ -133,7 +215,12 @@ def run_scenario(
     max_connections: int,
     sampler: str | None = None,
     timeout: float = 1800,
+    logs: Path | None = None,
+    freeze: int = 0,
 ) -> Outcome:
+    """`freeze`: that many trial processes are stopped (SIGSTOP) past the heartbeat's grace
+    period while they train, one after another, then let go: each trial is failed as lost and
+    re-run, and its process tells late."""
     from tests.pg_cluster import PgCluster
 
     outcome = Outcome(hosts, slots, sampler, trials, max_connections, trial_seconds)
@@ -178,6 +265,8 @@ def run_scenario(
             )
             for n in range(2, hosts + 1)
         ]
+        freezer = threading.Thread(target=_freeze, args=(url, freeze, outcome), daemon=True)
+        freezer.start()
         for process in [first, *others]:
             try:
                 out, err = process.communicate(timeout=timeout)
@@ -186,6 +275,9 @@ def run_scenario(
                 out, err = process.communicate()
             outcome.exit_statuses.append(process.returncode)
             text = out + err
+            if logs is not None:  # each host's whole output, to read after
+                logs.mkdir(parents=True, exist_ok=True)
+                (logs / f"host-{len(outcome.exit_statuses)}.log").write_text(text)
             outcome.said_unreachable.append("unreachable" in text)
             outcome.host_lines.append(
                 [
@@ -194,6 +286,7 @@ def run_scenario(
                     if any(w in line for w in ("WARNING", "ERROR", "error", "Traceback"))
                 ][:20]
             )
+        freezer.join(timeout=60)
         outcome.seconds = round(time.monotonic() - began, 1)
         _count(url, outcome, started_at)
         log = cluster.log.read_text(errors="replace") if cluster.log.exists() else ""
@@ -229,6 +322,10 @@ def main() -> int:
     parser.add_argument("--max-connections", type=int, default=20)
     parser.add_argument("--sampler", help="the study's sampler (default: the study's default)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--logs", type=Path, help="a folder for each host's whole output")
+    parser.add_argument(
+        "--freeze", type=int, default=0, help="trial processes to stop past the grace (SIGSTOP)"
+    )
     args = parser.parse_args()
     outcome = run_scenario(
         hosts=args.hosts,
@@ -237,8 +334,13 @@ def main() -> int:
         trial_seconds=args.trial_seconds,
         max_connections=args.max_connections,
         sampler=args.sampler,
+        logs=args.logs,
+        freeze=args.freeze,
     )
     print(table(outcome))
+    print(f"re-runs: {outcome.re_runs}; failed trials: {len(outcome.failures)}")
+    for failure in outcome.failures:
+        print(f"  {failure}")
     print(
         f"the longest stall began {outcome.stall_began_s:.0f} s after the first host started, "
         f"after {outcome.stall_after} trials had ended"
@@ -247,7 +349,7 @@ def main() -> int:
         for line in lines[:5]:
             print(f"host {n}: {line}")
     print(
-        f"target: {outcome.budget}/{outcome.budget}, exit 0 on every host, no stall over "
+        f"target: {outcome.budget}/{outcome.budget}, exit 0 on every host, none re-run, no stall over "
         f"{STALL_TARGET_S:.0f} s: {'met' if outcome.met else 'MISSED'}"
     )
     Path(args.out).write_text(json.dumps({**asdict(outcome), "met": outcome.met}, indent=2) + "\n")

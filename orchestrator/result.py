@@ -43,7 +43,8 @@ class Outcome:
     interrupted: bool
     complete: int = 0
     pruned: int = 0
-    failed: int = 0
+    failed: int = 0  # final failures: each counts against the budget
+    retried: int = 0  # failed and run again (out of memory, stopped, lost): the re-run counts
     pareto_front: int = 0  # trials on the Pareto front of a study of several objectives
     final: FinalScores | None = None  # the selection scored at the study's end (selection.py)
     # The trial to deploy: the configuration the model expects best (show/recommended.py);
@@ -61,6 +62,7 @@ class Outcome:
             "complete": self.complete,
             "pruned": self.pruned,
             "failed": self.failed,
+            "retried": self.retried,
             "ooms": self.ooms,
             "interrupted": self.interrupted,
             "pareto_front": self.pareto_front,
@@ -92,6 +94,7 @@ def outcome_of(study: optuna.Study, spec: StudySpec, *, interrupted: bool) -> Ou
         complete=count.complete,
         pruned=count.pruned,
         failed=count.failed,
+        retried=count.retried,
         pareto_front=len(front),
         recommended=recommended,
     )
@@ -104,7 +107,8 @@ def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:
     state = "interrupted" if outcome.interrupted else "done"
     lines = [
         f"study {outcome.study_name!r}: {outcome.counted}/{outcome.budget} trials {state} "
-        f"({outcome.complete} complete, {outcome.pruned} pruned, {outcome.failed} failed), "
+        f"({outcome.complete} complete, {outcome.pruned} pruned, {outcome.failed} failed"
+        f"{f'; {outcome.retried} failed and re-run' if outcome.retried else ''}), "
         f"{outcome.ooms} out-of-memory"
     ]
     if outcome.pareto_front:

@@ -11,6 +11,15 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Every property test of the suite: how fast examples are made or run is no part of what it
+# asserts. Beside other work (a load of 7-100 on 2 cores) Hypothesis's own checks failed tests
+# whose property held ("FailedHealthCheck: Input generation is slow", a deadline exceeded):
+# no deadline per example, and no health check on generation speed. A test's own @settings
+# still sets its examples; anything it does not set comes from here.
+settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 POSTGRES_ENV = "ORCHESTRATOR_TEST_POSTGRES"
 

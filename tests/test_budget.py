@@ -62,3 +62,24 @@ def test_spec_round_trips_through_the_study():
     save_spec(study, spec)
     assert load_spec(study) == spec
     assert load_spec(study).updated(trials=10, epochs=None).trials == 10
+
+
+def test_the_result_says_the_trials_that_failed_and_were_re_run(tmp_path):
+    from orchestrator.result import outcome_lines, outcome_of
+
+    study = optuna.create_study(study_name="six", storage=f"sqlite:///{tmp_path / 'six.db'}")
+    for value in range(5):
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=float(value)))
+    study.add_trial(create_trial(state=TrialState.FAIL))  # trial 5, re-run as trial 6
+    study.add_trial(
+        create_trial(state=TrialState.COMPLETE, value=9.0, system_attrs={"retry_history": [5]})
+    )
+    spec = StudySpec(adapter="synthetic", trials=6, epochs=1, direction="minimize")
+    outcome = outcome_of(study, spec, interrupted=False)
+    assert (outcome.counted, outcome.failed, outcome.retried) == (6, 0, 1)
+    line = outcome_lines(outcome, metric="value", as_json=False)[0]
+    assert line == (
+        "study 'six': 6/6 trials done (6 complete, 0 pruned, 0 failed; 1 failed and re-run), "
+        "0 out-of-memory"
+    )
+    assert '"retried": 1' in outcome_lines(outcome, metric="value", as_json=True)[0]

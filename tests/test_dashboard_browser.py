@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.record.store.location import StorageLocation
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -201,7 +202,7 @@ def _screenshot_over_devtools(
         ws.close()
     finally:
         browser.terminate()
-        browser.wait(timeout=10)
+        browser.wait(timeout=patient(10))
 
 
 @pytest.fixture
@@ -239,7 +240,7 @@ def dashboard(sqlite_url) -> Iterator[tuple[str, dict]]:
         yield f"http://127.0.0.1:{port}", built
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        process.wait(timeout=patient(10))
 
 
 @pytest.mark.browser
@@ -320,7 +321,7 @@ def test_listening_beyond_localhost_says_it_is_the_users_choice(sqlite_url):
         wait_for_port(port, process)
     finally:
         process.terminate()
-        _, err = process.communicate(timeout=10)
+        _, err = process.communicate(timeout=patient(10))
     assert "not localhost, as you chose with --host" in err
 
 

@@ -30,6 +30,7 @@ from orchestrator.errors import UserError
 from orchestrator.planning.workloads import WORKLOADS_ENV, workload_class
 from orchestrator.record.store.location import STORAGE_ENV
 from orchestrator.record.study.spec import StudySpec
+from tests.waiting import patient
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"Job": V1Job, "Deployment": V1Deployment, "Service": V1Service}
@@ -406,7 +407,7 @@ def test_claim_gpu_runs_the_command_with_its_gpu_and_holds_it_while_it_runs(tmp_
         assert index == 1
         os.close(fd)
     finally:
-        _, stderr = process.communicate(input="", timeout=10)
+        _, stderr = process.communicate(input="", timeout=patient(10))
     assert process.returncode == 0
     assert "worker takes GPU 0 of 2" in stderr
     index, fd = claim_gpu(tmp_path, 2)  # released when the command ended
@@ -433,7 +434,7 @@ def test_claim_gpu_with_every_gpu_taken_exits_2_in_one_line(tmp_path) -> None:
             capture_output=True,
             text=True,
             cwd=REPO,
-            timeout=30,
+            timeout=patient(30),
         )
     finally:
         os.close(fd)

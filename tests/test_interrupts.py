@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
 import pytest
 
 from tests.cli_helpers import cli_env, start_cli
-from tests.waiting import stored_study, wait_for
+from tests.waiting import patient, stored_study, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,14 +28,14 @@ def test_a_stop_while_the_adapter_imports_is_one_line(tmp_path, sig, status, lin
         SLOW_IMPORT_MARKER=str(marker),
         PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     )
-    process = start_cli(
+    process = _start_as_typed_at_a_terminal(
         "run", "--adapter-path", "tests.slow_import_adapter:adapter", "--trials", "2",
         "--gpus", "sim:24576", cwd=tmp_path, env=env,
     )  # fmt: skip
     try:
         wait_for(marker.exists, "the adapter's import", every=0.05)
         os.killpg(process.pid, sig)  # as a terminal's Ctrl-C reaches the whole group
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=patient(120))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -42,6 +44,25 @@ def test_a_stop_while_the_adapter_imports_is_one_line(tmp_path, sig, status, lin
     assert out == ""
     assert not (tmp_path / "orchestrator.db").exists() or not optuna.get_all_study_summaries(
         f"sqlite:///{tmp_path / 'orchestrator.db'}"
+    )
+
+
+def _start_as_typed_at_a_terminal(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The command with Ctrl-C at its default, as a shell starts a command typed at a terminal.
+
+    A shell without job control starts a background job (`pytest ... &` in a script, beside
+    other work) with SIGINT ignored, and every process below inherits that: Python then never
+    raises KeyboardInterrupt, and the command slept on in the adapter's import for its 120 s
+    (seen as TimeoutExpired only when the suite ran in the background)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,  # the test stops the whole group, as a terminal's Ctrl-C does
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -62,7 +83,7 @@ def test_sigterm_while_trials_run_re_queues_them_and_exits_143(tmp_path):
 
         wait_for(running, "the trial to run", every=0.05)
         process.send_signal(signal.SIGTERM)  # the run alone, as a service manager stops it
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=patient(120))
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)

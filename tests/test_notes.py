@@ -25,6 +25,7 @@ from test_dashboard_browser import (
 from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.trials.notes import save_trial_note, trial_note, write_trial_note
 from tests.cli_helpers import run_cli
+from tests.waiting import patient
 
 ATTRS = {
     "gpu": "NVIDIA L40S",
@@ -174,7 +175,7 @@ def test_the_note_is_on_the_first_screen_of_a_trial_page_after_a_real_run(sqlite
             browser.screenshot(ARTIFACTS / "dashboard-note.png")
     finally:
         dashboard.terminate()
-        dashboard.wait(timeout=10)
+        dashboard.wait(timeout=patient(10))
     assert seen == dict.fromkeys(needles, True)
 
 

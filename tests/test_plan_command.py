@@ -12,6 +12,7 @@ import pytest
 from adapters.synthetic import SyntheticAdapter
 from orchestrator.cli import main
 from orchestrator.record.store.location import StorageLocation
+from tests.waiting import patient
 
 ROOT = Path(__file__).resolve().parents[1]
 DQN_LIKE = ["--option", "overhead_mb=300", "--option", "per_sample_mb=0.0002"]
@@ -214,7 +215,7 @@ def test_on_this_machine_without_a_gpu(tmp_path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(

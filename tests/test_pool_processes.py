@@ -19,7 +19,7 @@ from orchestrator.record.store.migrate import open_storage
 from orchestrator.record.study.spec import StudySpec, count_trials, save_spec
 from orchestrator.run.pool.loop import Pool
 from tests.cli_helpers import cli_env, run_cli, start_cli
-from tests.waiting import stored_study, wait_for
+from tests.waiting import patient, stored_study, wait_for
 
 VRAM_ATTRS = (
     "vram_peak_mb",
@@ -291,7 +291,7 @@ def test_sigterm_lets_the_grace_period_pass_then_stops_and_re_queues(sqlite_url)
 
     victim = wait_for(training, "a training trial", every=0.5)
     worker.send_signal(signal.SIGTERM)  # the supervisor only, as `kill PID` or Kubernetes would
-    worker.communicate(timeout=60)
+    worker.communicate(timeout=patient(60))
     assert worker.returncode == 143  # as a shell reports a process stopped by SIGTERM
     study = optuna.load_study(study_name="stop", storage=storage)
     stopped = study.trials[victim.number]

@@ -16,6 +16,7 @@ from orchestrator.errors import UserError
 from orchestrator.planning.workloads import WORKLOADS_ENV, parse_quantity, workload_class
 from orchestrator.record.store.location import STORAGE_ENV
 from tests.cli_helpers import cli_env, run_cli
+from tests.waiting import patient
 
 SECRET = "postgresql://orch:s3cr3t-pw@db.example:5432/studies"
 
@@ -98,7 +99,7 @@ def fake_python(tmp_path, status: int = 0):
 def run_script(tmp_path, script: str, **env: str) -> subprocess.CompletedProcess:
     environ = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "41", "SLURMD_NODENAME": "n1", **env}
     return subprocess.run(
-        ["bash", "-c", script], text=True, capture_output=True, env=environ, timeout=30
+        ["bash", "-c", script], text=True, capture_output=True, env=environ, timeout=patient(30)
     )
 
 
@@ -270,7 +271,7 @@ def test_a_task_stopped_by_sigterm_ends_0_once_its_worker_has_left(tmp_path) -> 
     assert "slurm job" in task.stdout.readline()
     assert task.stdout.readline().strip() == "worker: running"
     os.killpg(task.pid, signal.SIGTERM)  # as scancel does: every process of the job
-    out, _ = task.communicate(timeout=30)
+    out, _ = task.communicate(timeout=patient(30))
     assert task.returncode == 0, out
     assert "SIGTERM received" in out
     assert "worker: re-queued" in out

@@ -19,6 +19,7 @@ from orchestrator.record.spool import spool
 from orchestrator.record.spool.entry import checksum
 from orchestrator.record.store.optuna_private import storage_of, trial_id_of
 from tests.cli_helpers import cli_env, run_cli
+from tests.waiting import patient
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -146,7 +147,7 @@ def test_an_entry_a_live_trial_process_holds_is_left_to_it(sqlite_url, tmp_path)
     assert holder.stdout.readline().strip() == "kept"
     assert spool.deliver(study, folder) == 0  # held: left to its writer
     assert study.trials[0].state == TrialState.RUNNING and len(spool.kept_in(folder)) == 1
-    holder.communicate("\n", timeout=60)  # the writer ends without telling: the lock goes
+    holder.communicate("\n", timeout=patient(60))  # the writer ends without telling: the lock goes
     assert spool.deliver(study, folder) == 1
     assert study.trials[0].state == TrialState.COMPLETE and study.trials[0].value == 0.25
 

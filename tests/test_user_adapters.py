@@ -16,6 +16,7 @@ import pytest
 
 import adapters
 from orchestrator.errors import UserError
+from tests.waiting import patient
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "my_model_adapter"
@@ -145,7 +146,7 @@ def test_a_broken_adapter_stops_only_itself(site, tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=patient(60),
     )
     assert check.stdout.split() == ["tft", "my_mlp"], check.stderr
 

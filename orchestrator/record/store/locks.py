@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
@@ -102,14 +103,34 @@ def locked(
     for another would stall everyone queued on the lock when the server has no slot free.
     `asks`: the section is an ask (count, then claim)."""
     shared = section_storage(location)
+    held = (location.url, name)
+    if held in _held_here():
+        # This thread holds it already (a re-queue inside the look for lost trials, which holds
+        # the budget lock): taking it again would wait on itself (a second flock of the file, a
+        # second connection's advisory lock).
+        return section()
 
     def attempt() -> T:
-        if shared is not None:
-            return budget_section.run_section(shared, lock_key(name), section, asks=asks)
-        with storage_lock(location, name):
-            return section()
+        _held_here().add(held)
+        try:
+            if shared is not None:
+                return budget_section.run_section(shared, lock_key(name), section, asks=asks)
+            with storage_lock(location, name):
+                return section()
+        finally:
+            _held_here().discard(held)
 
     return ride_out(attempt, what=what)
+
+
+_held = threading.local()
+
+
+def _held_here() -> set[tuple[str, str]]:
+    """The locks (storage URL, name) this thread holds through `locked`."""
+    if not hasattr(_held, "locks"):
+        _held.locks = set()
+    return _held.locks
 
 
 def under_budget_lock(

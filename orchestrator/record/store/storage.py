@@ -20,6 +20,7 @@ from orchestrator.imports import LazyImport
 from orchestrator.record.outages.riding import ride_out, when_a_connection_is_free
 from orchestrator.record.outages.state import note_connections, note_storage
 from orchestrator.record.outages.storage import riding_storage_class
+from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.optuna_private import RDB_STORAGE_LOGGER, use_engine
 from orchestrator.record.store.passwords import protect_output, remember_secret
 from orchestrator.record.store.storage_failures import missing_driver, unreachable
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
     from sqlalchemy import orm
 
-    from orchestrator.record.store.location import StorageLocation
 else:
     optuna = LazyImport("optuna")
     orm = LazyImport("sqlalchemy.orm")

@@ -4,7 +4,8 @@ A re-run is a WAITING trial with the failed one's parameters fixed, in the same 
 format as Optuna's RetryHeartbeatStaleTrialCallback, so the budget can tell a failure that was
 re-queued from one that is final. Unlike Optuna's callback it does not copy the failed trial's
 system attributes: those hold the sampler's bookkeeping for the old trial, not the new one.
-Both ride out a database outage, and a re-run is never queued twice.
+Both ride out a database outage, and a re-run is never queued twice (looked for and added
+under the budget lock).
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.imports import LazyImport
+from orchestrator.record.budget import section as budget_section
 from orchestrator.record.outages.riding import ride_out
+from orchestrator.record.store.locks import locked
+from orchestrator.record.store.optuna_private import rdb_storage_of, storage_of
+from orchestrator.record.store.storage import location_of
 from orchestrator.record.study.spec import load_spec
 from orchestrator.record.trials import attr_names as names
 
@@ -64,16 +69,27 @@ def requeue(
         },
         user_attrs=user_attrs,
     )
-    attempts = 0
 
-    def add() -> None:
-        nonlocal attempts
-        attempts += 1
-        # After a connection lost at the commit, the re-run may be stored already: never twice.
-        if attempts == 1 or not is_requeued(study, trial.number):
+    def add_once() -> None:
+        # Looked for and added in one section under the budget lock, where the look for lost
+        # trials re-queues too: a trial re-queued by its own process (stopped, out of memory) as
+        # another host found it stale got a re-run from each, one trial past the budget. Redone
+        # whole after a lost connection, it finds a re-run whose commit landed.
+        if not is_requeued(study, trial.number):
             study.add_trial(rerun)
 
-    ride_out(add, what=f"re-queue trial {trial.number}")
+    backend = rdb_storage_of(storage_of(study))
+    if budget_section.current() is not None or not isinstance(
+        backend, optuna.storages.RDBStorage
+    ):  # inside the look for lost trials' section (the lock held), or a storage in memory
+        ride_out(add_once, what=f"re-queue trial {trial.number}")
+    else:
+        locked(
+            location_of(backend),
+            f"budget:{study.study_name}",
+            add_once,
+            what=f"re-queue trial {trial.number}",
+        )
     return True
 
 

@@ -15,7 +15,6 @@ from orchestrator.planning.memory import save_learnt_model
 from orchestrator.record.budget.counts import stored_count
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.store import records
-from orchestrator.record.store.locks import locked
 from orchestrator.record.store.optuna_private import study_id_of
 from orchestrator.record.store.storage import heartbeat_settings
 from orchestrator.record.trials import stale as stale_trials
@@ -65,16 +64,12 @@ class StoredStudy:
 
     def fail_stale(self) -> None:
         """Fail trials whose process went silent and re-queue them (under the budget lock, so
-        nobody counts the failure before its re-run is queued). Not during an outage, nor for a
-        grace period after it: until then no trial could record its heartbeat."""
+        nobody counts the failure before its re-run is queued, and taken only when one looks
+        lost). Not during an outage, nor for a grace period after it: until then no trial could
+        record its heartbeat."""
 
         grace = heartbeat_settings()[1]
-        locked(
-            self.storage_location,
-            f"budget:{self.name}",
-            lambda: stale_trials.fail_stale_trials(self.study, grace),
-            what="look for lost trials",
-        )
+        stale_trials.look_for_lost_trials(self.storage_location, self.study, grace)
 
     def best(self) -> Best | None:
         def best_trial() -> Best | None:
