@@ -12,7 +12,7 @@ import pytest
 from optuna.trial import TrialState
 
 from orchestrator.intensify import owed_now, schedule
-from orchestrator.record.study.spec import BudgetCount
+from orchestrator.record.study.spec import BudgetCount, count_trials
 from tests.cli_helpers import run_cli, start_cli
 
 ADAPTER = "tests.intensify_adapter:adapter"
@@ -93,3 +93,27 @@ def test_two_hosts_queue_exactly_n_re_runs_of_the_recommended_trial(postgres_url
         key = tuple(sorted(rerun.params.items()))
         assert rerun.user_attrs["seed_offset"] not in offsets.setdefault(key, set())
         offsets[key].add(rerun.user_attrs["seed_offset"])
+
+
+def test_a_re_run_that_runs_out_of_memory_is_retried_on_its_own_seeds(sqlite_url, tmp_path):
+    from tests.intensify_adapter import seeded_value
+
+    done = run_cli(
+        "run", "--adapter-path", ADAPTER, "--study", "oom", "--storage", sqlite_url,
+        "--trials", "8", "--intensify", "1", "--epochs", "1", "--gpus", "sim:24576",
+        "--concurrency", "1", "--pruner", "none", "--seed", "5", "--quiet",
+        "--option", f"oom_marker={tmp_path / 'oom'}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trials = optuna.load_study(study_name="oom", storage=sqlite_url).get_trials(deepcopy=False)
+    count = count_trials(trials)
+    assert (count.complete, count.retried, len(trials)) == (8, 1, 9)  # the retry is in the budget
+    (rerun,) = [t for t in trials if "intensify_of" in t.user_attrs]
+    assert rerun.state == TrialState.FAIL and rerun.user_attrs.get("oom")
+    (retry,) = [t for t in trials if t.user_attrs.get("retry_of") == rerun.number]
+    assert retry.state == TrialState.COMPLETE
+    offset = retry.user_attrs.get("seed_offset")
+    assert offset == rerun.user_attrs["seed_offset"] >= 1
+    options = {"noise": 1.0, "seed": offset}
+    assert retry.value == seeded_value(retry.params, options)  # trained on the re-run's seeds
+    assert retry.value != seeded_value(retry.params, {**options, "seed": 0})

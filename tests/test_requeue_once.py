@@ -10,6 +10,7 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
+from orchestrator.intensify import queued_reruns
 from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials.retry import requeue, retry_history
 
@@ -29,3 +30,17 @@ def test_a_failure_is_re_queued_once_whoever_asks(tmp_path):
     assert waiting[0].user_attrs  # the first re-queue's reason and origin are kept
     count = count_trials(study.trials)
     assert (count.retried, count.waiting, count.failed) == (1, 1, 0)
+
+
+def test_an_intensify_re_run_s_retry_keeps_its_seeds_and_counts_once(tmp_path):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/study.db")
+    study.enqueue_trial({"x": 0.5}, user_attrs={"intensify_of": 0, "seed_offset": 3})
+    trial = study.ask()
+    trial.suggest_float("x", 0.0, 1.0)
+    study.tell(trial, state=TrialState.FAIL)
+    assert requeue(study, study.trials[0], max_retries=2, reason="oom")
+    (retry,) = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert retry.user_attrs["seed_offset"] == 3  # the seeds of the re-run it replaces
+    assert "intensify_of" not in retry.user_attrs  # the same re-run: --intensify counts it once
+    assert queued_reruns(study.trials) == 1

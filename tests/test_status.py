@@ -422,8 +422,14 @@ def test_best_of_a_multi_objective_study_gives_its_pareto_front(sqlite_url, caps
     build_multi_objective_study(sqlite_url)  # values (0, 0), (1, -1), (2, -2): #0 dominates
     code, out, err = run_cli(capsys, "best", "--study", "pareto", "--storage", sqlite_url)
     assert code == 0 and "Traceback" not in err and "Pareto front of 'pareto'" in err
+    # Each row says whether it is also on the front of the model's expected values.
     assert json.loads(out) == [
-        {"trial": 0, "values": {"value 0": 0.0, "value 1": 0.0}, "params": {"x": 0.0}}
+        {
+            "trial": 0,
+            "values": {"value 0": 0.0, "value 1": 0.0},
+            "params": {"x": 0.0},
+            "expected_front": True,
+        }
     ]
 
 

@@ -58,8 +58,12 @@ def requeue(
         names.RETRY_REASON: reason,
         names.CHECKPOINT_FROM: trial.number,
     }
-    if names.TRAIN_UNTIL_EPOCH in trial.user_attrs:
-        user_attrs[names.TRAIN_UNTIL_EPOCH] = trial.user_attrs[names.TRAIN_UNTIL_EPOCH]
+    # An --intensify re-run's retry trains on the same seeds (a retry at offset 0 would be the
+    # configuration's first draw again); it does not carry `intensify_of`, so the re-runs are
+    # counted once (orchestrator/intensify.py).
+    for kept in (names.TRAIN_UNTIL_EPOCH, names.SEED_OFFSET):
+        if kept in trial.user_attrs:
+            user_attrs[kept] = trial.user_attrs[kept]
     rerun = optuna.trial.create_trial(
         state=optuna.trial.TrialState.WAITING,
         system_attrs={
