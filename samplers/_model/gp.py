@@ -137,25 +137,28 @@ def fit_kernel(
     y: np.ndarray,
     categorical: np.ndarray,
     counts: np.ndarray | None = None,
-    noise_start: float = NOISE_START,
+    noise_starts: tuple[float, ...] = (NOISE_START,),
 ) -> Kernel:
     """The kernel of most posterior probability for standardised values `y` at `x`, from
-    fixed starting values (never an earlier fit, so that every process finds the same).
-    `counts`: how many observations each value is the mean of (its noise is the kernel's
-    noise over that count); one each when None."""
+    fixed starting values (never an earlier fit, so that every process finds the same): one
+    fit from each noise variance of `noise_starts`, the most probable kept. `counts`: how many
+    observations each value is the mean of (its noise is the kernel's noise over that count);
+    one each when None."""
     sq = squared_differences(x, x, categorical)
     d = x.shape[1]
-    start = np.concatenate([np.zeros(d), [0.0, math.log(noise_start)]])
-    result = optimize.minimize(
-        _loss,
-        start,
-        args=(sq, y, _shares(counts, len(y))),
-        jac=True,
-        method="L-BFGS-B",
-        bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
-        options={"gtol": 1e-2, "maxiter": 60},
-    )
-    return _unpack(result.x)
+    fits = [
+        optimize.minimize(
+            _loss,
+            np.concatenate([np.zeros(d), [0.0, math.log(noise)]]),
+            args=(sq, y, _shares(counts, len(y))),
+            jac=True,
+            method="L-BFGS-B",
+            bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
+            options={"gtol": 1e-2, "maxiter": 60},
+        )
+        for noise in noise_starts
+    ]
+    return _unpack(min(fits, key=lambda f: float(f.fun)).x)
 
 
 def _shares(counts: np.ndarray | None, n: int) -> np.ndarray:
@@ -192,11 +195,12 @@ class GaussianProcess:
         categorical: np.ndarray,
         kernel: Kernel | None = None,
         counts: np.ndarray | None = None,
+        noise_starts: tuple[float, ...] = (NOISE_START,),
     ) -> None:
         self.x = np.asarray(x, dtype=float)
         self.categorical = np.asarray(categorical, dtype=bool)
         self.y = standardise(y)
-        self.kernel = kernel or fit_kernel(self.x, self.y, self.categorical, counts)
+        self.kernel = kernel or fit_kernel(self.x, self.y, self.categorical, counts, noise_starts)
         shares = _shares(counts, len(self.y))
         cov = self._cross(self.x, self.x) + np.diag(self.kernel.noise * shares + _JITTER)
         self._chol = linalg.cholesky(cov, lower=True, check_finite=False)
