@@ -140,7 +140,9 @@ HPO_FAMILIES = {
     "hpolib": ("HPOLib", "val_loss"),
     "nasbench201": ("NASBench201", "val_acc"),
 }
-HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp")
+HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp", "pso_noise1", "pso_noise_both")
+# The swarm with its model's fits started from another noise variance (gp.NOISE_STARTS).
+SWARM_NOISE_STARTS = {"pso": (0.01,), "pso_noise1": (1.0,), "pso_noise_both": (0.01, 1.0)}
 # Results kept from an earlier version, shown beside the others but not run again:
 # pso_before is the plain swarm, before its moves were screened by a model.
 KEPT = ("pso_before",)
@@ -240,6 +242,12 @@ def hpo_tasks() -> list[str]:
 def make_hpo(name: str, seed: int):
     import optuna
 
+    if name in SWARM_NOISE_STARTS:
+        from samplers._model import gp
+
+        gp.NOISE_STARTS = SWARM_NOISE_STARTS[name]
+        gp._KERNELS.clear()  # kernels fitted from another start, on the same first trials
+        name = "pso"
     if name == "tpe_mv":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":

@@ -39,8 +39,9 @@ else:
 # GP costs n^3, and past a few hundred points more of them no longer changes where to go next.
 MAX_POINTS = 200
 MIN_NOISE = 1e-6
-# Where a fit starts its noise variance (of standardised values).
-NOISE_START = 0.01
+# Where a fit starts its noise variance (of standardised values); with several, one fit from
+# each and the most probable kept.
+NOISE_STARTS: tuple[float, ...] = (0.01,)
 _JITTER = 1e-8
 
 
@@ -137,7 +138,7 @@ def fit_kernel(
     y: np.ndarray,
     categorical: np.ndarray,
     counts: np.ndarray | None = None,
-    noise_starts: tuple[float, ...] = (NOISE_START,),
+    noise_starts: tuple[float, ...] | None = None,
 ) -> Kernel:
     """The kernel of most posterior probability for standardised values `y` at `x`, from
     fixed starting values (never an earlier fit, so that every process finds the same): one
@@ -156,7 +157,7 @@ def fit_kernel(
             bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
             options={"gtol": 1e-2, "maxiter": 60},
         )
-        for noise in noise_starts
+        for noise in noise_starts or NOISE_STARTS
     ]
     return _unpack(min(fits, key=lambda f: float(f.fun)).x)
 
@@ -212,7 +213,7 @@ class GaussianProcess:
         categorical: np.ndarray,
         kernel: Kernel | None = None,
         counts: np.ndarray | None = None,
-        noise_starts: tuple[float, ...] = (NOISE_START,),
+        noise_starts: tuple[float, ...] | None = None,
     ) -> None:
         self.x = np.asarray(x, dtype=float)
         self.categorical = np.asarray(categorical, dtype=bool)
