@@ -20,6 +20,12 @@ every run to a .jsonl under benchmarks/results/ as it finishes, so a stopped run
     python benchmarks/bench_samplers.py hpo --tasks hpobench/car --seeds 1 --in-flight 8
     python benchmarks/bench_samplers.py mo --seeds 1
 
+`hpo` scores every run three ways: the best observed trial (Optuna's `best_trial`),
+`samplers.recommend(study)` and the best configuration the study evaluated (the limit of any
+recommendation); the recommendation is computed from the run's kept history when the table is
+rendered, and kept in results/recommended.jsonl by run and by the recommendation's settings.
+`--same-start N` starts every sampler of a seed from the same N configurations.
+
 It prints a Markdown table and writes it, with the raw numbers, under benchmarks/results/.
 """
 
@@ -313,6 +319,7 @@ def recommended_regret(task: str, history: list) -> float:
 
     from samplers import recommend
 
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = _TABLES.get(task) or _TABLES.setdefault(task, Table(task))
     study = optuna.create_study()
     study.add_trials([table.trial(key, value) for _, key, value in history])
