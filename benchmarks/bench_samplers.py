@@ -20,6 +20,12 @@ every run to a .jsonl under benchmarks/results/ as it finishes, so a stopped run
     python benchmarks/bench_samplers.py hpo --tasks hpobench/car --seeds 1 --in-flight 8
     python benchmarks/bench_samplers.py mo --seeds 1
 
+`hpo` scores every run three ways: the best observed trial (Optuna's `best_trial`),
+`samplers.recommend(study)` and the best configuration the study evaluated (the limit of any
+recommendation); the recommendation is computed from the run's kept history when the table is
+rendered, and kept in results/recommended.jsonl by run and by the recommendation's settings.
+`--same-start N` starts every sampler of a seed from the same N configurations.
+
 It prints a Markdown table and writes it, with the raw numbers, under benchmarks/results/.
 """
 
@@ -140,7 +146,9 @@ HPO_FAMILIES = {
     "hpolib": ("HPOLib", "val_loss"),
     "nasbench201": ("NASBench201", "val_acc"),
 }
-HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp")
+HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp", "pso_noise1", "pso_noise_both")
+# The swarm with its model's fits started from another noise variance (gp.NOISE_STARTS).
+SWARM_NOISE_STARTS = {"pso": (0.01,), "pso_noise1": (1.0,), "pso_noise_both": (0.01, 1.0)}
 # Results kept from an earlier version, shown beside the others but not run again:
 # pso_before is the plain swarm, before its moves were screened by a model.
 KEPT = ("pso_before",)
@@ -240,6 +248,12 @@ def hpo_tasks() -> list[str]:
 def make_hpo(name: str, seed: int):
     import optuna
 
+    if name in SWARM_NOISE_STARTS:
+        from samplers._model import gp
+
+        gp.NOISE_STARTS = SWARM_NOISE_STARTS[name]
+        gp._KERNELS.clear()  # kernels fitted from another start, on the same first trials
+        name = "pso"
     if name == "tpe_mv":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
@@ -305,6 +319,7 @@ def recommended_regret(task: str, history: list) -> float:
 
     from samplers import recommend
 
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     table = _TABLES.get(task) or _TABLES.setdefault(task, Table(task))
     study = optuna.create_study()
     study.add_trials([table.trial(key, value) for _, key, value in history])
@@ -709,11 +724,38 @@ def _scores(results: list[dict], tasks: list[str], seeds: range, k: int) -> dict
             continue
         per = {"observed": r["regret"], "evaluated": r.get("evaluated")}
         if "history" in r:
-            per["recommended"] = recommended_regret(r["task"], r["history"])
+            per["recommended"] = _recommended(r)
         for score, value in per.items():
             if value is not None:
                 out.setdefault((r["sampler"], r["task"], score), {})[r["seed"]] = value
     return out
+
+
+def _rule() -> str:
+    """The settings of `samplers.recommend` that its regret depends on."""
+    from samplers._model import recommend
+
+    return f"risk {recommend.RISK}, noise starts {recommend.NOISE_STARTS}"
+
+
+def _recommended(run: dict) -> float:
+    """The recommendation's regret on a run's history, kept in recommended.jsonl under
+    results/ (by run and `_rule()`), so that a table is rendered again without refitting."""
+    path = RESULTS / "recommended.jsonl"
+    if not _RECOMMENDED and path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            _RECOMMENDED[tuple(row["run"])] = row["regret"]
+    names = ("sampler", "task", "seed", "in_flight", "same_start")
+    key = (*(run.get(n, 0) for n in names), _rule())
+    if key not in _RECOMMENDED:
+        _RECOMMENDED[key] = recommended_regret(run["task"], run["history"])
+        with path.open("a") as sink:
+            sink.write(json.dumps({"run": key, "regret": _RECOMMENDED[key]}) + "\n")
+    return _RECOMMENDED[key]
+
+
+_RECOMMENDED: dict[tuple, float] = {}
 
 
 def _geomean_ratio(a: dict, b: dict, tasks: list[str], rng=None) -> float | None:
@@ -770,7 +812,8 @@ def _render_in_flight(scores, samplers, tasks, k, args, results) -> list[str]:
         "configurations whose true value beats the one named; 0 is the best configuration), "
         f"seeds per task: {counts}. Per sampler: obs., the best observed trial (Optuna's "
         "`best_trial`); rec., `samplers.recommend(study)`; eval., the best configuration the "
-        "study evaluated (the limit of any recommendation).",
+        "study evaluated (the limit of any recommendation). Seconds: the run's CPU time (results "
+        "kept from before the history was kept, as GPSampler's, have wall time under load).",
         "",
         "| task | " + " | ".join(f"{s} obs. | {s} rec. | {s} eval." for s in samplers) + " |",
         "|---|" + "---:|" * (3 * len(samplers)),
@@ -802,9 +845,9 @@ def _render_in_flight(scores, samplers, tasks, k, args, results) -> list[str]:
         for s in samplers
     }
     lines.append(
-        "| CPU s per run | "
+        "| s per run, median | "
         + " | ".join(
-            f"{statistics.fmean(cpu[s]):.1f} | | " if cpu[s] else " | | " for s in samplers
+            f"{statistics.median(cpu[s]):.2f} | | " if cpu[s] else " | | " for s in samplers
         )
         + "|"
     )
@@ -816,10 +859,22 @@ def _per_task(scores, sampler: str, score: str, tasks: list[str]) -> dict:
     return {t: scores[(sampler, t, score)] for t in tasks if (sampler, t, score) in scores}
 
 
+def _wins(a: dict, b: dict) -> str:
+    """On how many tables the mean of `a` is below that of `b`, over the seeds both ran."""
+    paired = [t for t in a if t in b and set(a[t]) & set(b[t])]
+    better = 0
+    for t in paired:
+        seeds = set(a[t]) & set(b[t])
+        better += statistics.fmean(a[t][s] for s in seeds) < statistics.fmean(
+            b[t][s] for s in seeds
+        )
+    return f"{better}/{len(paired)}"
+
+
 def _ratios(scores, samplers, tasks, others, bound) -> list[str]:
     lines = [
         "Geometric mean over tables of regret ratios (paired seeds; 95% bootstrap interval over "
-        "seeds), and on how many tables the first beats the second:",
+        "seeds), and on how many tables the first beats the second (over the seeds both ran):",
         "",
         "| sampler | rec. / obs., all | other 12 | luck-bound 3 | rec. / eval., all | "
         "rec. better than obs. on |",
@@ -829,30 +884,28 @@ def _ratios(scores, samplers, tasks, others, bound) -> list[str]:
         rec = _per_task(scores, s, "recommended", tasks)
         obs = _per_task(scores, s, "observed", tasks)
         ev = _per_task(scores, s, "evaluated", tasks)
-        wins = sum(
-            statistics.fmean(rec[t].values()) < statistics.fmean(obs[t].values())
-            for t in rec
-            if t in obs
-        )
-        lines.append(
-            f"| {s} | {_ratio_cell(rec, obs, tasks)} | {_ratio_cell(rec, obs, others)} | "
-            f"{_ratio_cell(rec, obs, bound)} | {_ratio_cell(rec, ev, tasks)} | {wins}/{len(rec)} |"
-        )
+        if rec:
+            lines.append(
+                f"| {s} | {_ratio_cell(rec, obs, tasks)} | {_ratio_cell(rec, obs, others)} | "
+                f"{_ratio_cell(rec, obs, bound)} | {_ratio_cell(rec, ev, tasks)} | "
+                f"{_wins(rec, obs)} |"
+            )
     if "pso" in samplers:
         rec = _per_task(scores, "pso", "recommended", tasks)
         lines += [
             "",
-            "| PSO rec. against | their obs.: geo. ratio | PSO better on |",
-            "|---|---:|---:|",
+            "| PSO rec. against | their obs.: geo. ratio | PSO rec. better on | seeds |",
+            "|---|---:|---:|---|",
         ]
         for s in samplers:
             obs = _per_task(scores, s, "observed", tasks)
-            wins = sum(
-                statistics.fmean(rec[t].values()) < statistics.fmean(obs[t].values())
-                for t in rec
-                if t in obs
+            seeds = sorted(set.intersection(*(set(rec[t]) & set(obs[t]) for t in obs)))
+            span = f"{seeds[0]}-{seeds[-1]}" if seeds else ""
+            means = [statistics.fmean(rec[t][x] for x in seeds) for t in obs] if seeds else []
+            mean_cell = f" (PSO rec. {statistics.fmean(means):.4f})" if means else ""
+            lines.append(
+                f"| {s} | {_ratio_cell(rec, obs, tasks)} | {_wins(rec, obs)} | {span}{mean_cell} |"
             )
-            lines.append(f"| {s} | {_ratio_cell(rec, obs, tasks)} | {wins}/{len(obs)} |")
     return lines
 
 

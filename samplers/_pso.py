@@ -19,7 +19,6 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
-from threadpoolctl import ThreadpoolController
 
 from orchestrator.record.store.optuna_private import (
     process_constraints_after_trial,
@@ -31,6 +30,7 @@ from orchestrator.record.store.optuna_private import (
 from samplers._history import PARAM_KEY_PREFIX, RECORD_KEY, History, SwarmView
 from samplers._lhs import name_key, start_size
 from samplers._model.front_screen import front_move
+from samplers._model.gp import one_blas_thread
 from samplers._model.screen import screened_move
 from samplers._moves import MEMORY_PARAMS as MEMORY_PARAMS  # re-exported beside the sampler
 from samplers._moves import Swarm
@@ -324,18 +324,14 @@ class PSOSampler(BaseSampler):
 # Finished trials never change: their parsed records are shared by every sampler object of
 # the process, so that a new object per trial (as trial processes make) reads each trial once.
 _HISTORY = History()
-_threadpools: Any = None
 
 
 def _one_blas_thread() -> Any:
     """The model's linear algebra on one thread. Its matrices are small (a few hundred rows),
     and a trial process shares its cores with the training beside it: with OpenBLAS's threads
     each small solve waited for a second core (a 100-trial study on a busy 2-core machine took
-    177 s instead of 13)."""
-    global _threadpools
-    if _threadpools is None:
-        _threadpools = ThreadpoolController()
-    return _threadpools.limit(limits=1, user_api="blas")
+    177 s instead of 13). See samplers._model.gp.one_blas_thread."""
+    return one_blas_thread()
 
 
 def _check_bounds(

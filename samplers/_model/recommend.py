@@ -36,7 +36,7 @@ import numpy as np
 from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints.lineage import is_segment
 from orchestrator.record.trials import best as best_rule
-from samplers._model.gp import GaussianProcess
+from samplers._model.gp import GaussianProcess, one_blas_thread
 from samplers._model.inputs import Configuration, configurations, encode
 from samplers._model.target import capped
 
@@ -50,6 +50,8 @@ else:
 MIN_CONFIGURATIONS = 10
 # The recommendation minimises mean + RISK x standard deviation of the posterior (0: the mean).
 RISK = 0.0
+# The fit's starting noise variances (standardised), the most probable fit kept.
+NOISE_STARTS = (0.01, 1.0)
 
 
 @dataclass(frozen=True)
@@ -177,8 +179,11 @@ def _posterior_means(configs: list[Configuration]) -> tuple[np.ndarray, np.ndarr
     y = np.array([c.mean for c in configs])
     counts = np.array([c.count for c in configs], dtype=float)
     use = capped(y)
-    gp = GaussianProcess(x[use], y[use], categorical, counts=counts[use])
-    mean, variance = gp.posterior(x)
+    with one_blas_thread():
+        gp = GaussianProcess(
+            x[use], y[use], categorical, counts=counts[use], noise_starts=NOISE_STARTS
+        )
+        mean, variance = gp.posterior(x)
     scores, raw = np.sort(gp.y), np.sort(y[use])
     return mean, np.sqrt(variance), lambda m: np.interp(m, scores, raw)
 
