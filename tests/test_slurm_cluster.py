@@ -223,8 +223,10 @@ def test_a_cancelled_task_requeues_its_trial_for_the_other_node(
     cluster, postgres_url, tmp_path
 ) -> None:
     # scancel lands mid-trial, after a checkpoint: the re-run on the other node goes on from it.
+    # A task's progress line comes every 10 s and the first one may show its trials not yet
+    # admitted: trials of 24 s are still running when the second one has shown them.
     make_study(
-        postgres_url, "cancel", trials=4, seconds=12.0, epochs=4, artifacts=str(tmp_path / "ckpt")
+        postgres_url, "cancel", trials=4, seconds=24.0, epochs=4, artifacts=str(tmp_path / "ckpt")
     )
     job = submit(cluster, postgres_url, "cancel", tmp_path)
     wait_for_a_trial_on_task(tmp_path, "cancel", job, 0)
