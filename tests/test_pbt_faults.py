@@ -93,7 +93,10 @@ def _no_stretch_twice(complete) -> None:
 
 
 def test_a_width_that_cannot_load_is_learnt_kept_and_its_segment_re_run(sqlite_url, tmp_path):
-    population, epochs, trials = 3, 8, 12  # interval 2: four segments a lineage
+    # Interval 2: four segments a lineage. A bottom member copies only a donor that trained as
+    # far as itself, so some interleavings of 12 segments copy no one; 18 go past the lineages'
+    # end, where a finished member takes up the best one that can still train (a copy).
+    population, epochs, trials = 3, 8, 18
     run = _run(sqlite_url, tmp_path, population=population, epochs=epochs, trials=trials)
     out, err = run.communicate(timeout=600)
     assert run.returncode == 0, err

@@ -3,7 +3,8 @@ population-based-training fault tests' model (tests/test_pbt_faults.py).
 
 A two-layer MLP on a few hundred points of y = sin(3x), on the CPU. Its checkpoint is the
 model's `state_dict`, loaded with `load_state_dict`: a member whose width differs from its
-parent's fails there with torch's "size mismatch", as a real model does. `--option
+parent's fails there with torch's "size mismatch", as a real model does. Its widths (64 to 4096,
+log) are wide enough that a copied member's perturbed width is another one. `--option
 epoch_seconds=S` makes each epoch last at least S seconds, so a test can kill a trial mid-segment.
 """
 
@@ -32,7 +33,10 @@ class WidthAdapter(BaseAdapter):
         return {
             "learning_rate": trial.suggest_float("learning_rate", 1e-3, 0.3, log=True),
             "batch_size": trial.suggest_int("batch_size", 16, 256, log=True),
-            "width": trial.suggest_int("width", 4, 64, log=True),
+            # Wide, in fine steps: a perturbation (x0.8 or x1.2, at least one step) changes it
+            # unless it sits at a bound (about 1 member in 90 starts there), and a resample
+            # draws the same width less than once in 250.
+            "width": trial.suggest_int("width", 64, 4096, log=True),
         }
 
     def train(
