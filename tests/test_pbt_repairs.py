@@ -179,6 +179,21 @@ def test_culprits_are_read_from_the_shapes_in_the_error():
     assert culprits(error, parent, parent, dists, set()) == []
 
 
+def test_a_width_learnt_from_a_sibling_meanwhile_is_still_the_culprit():
+    # Two copied members of one parent, planned before either failed, fail to load it at the
+    # same moment (seen with two GPUs): the first one's failure keeps width. The second's is
+    # width's too, not that of the other param that changed (a float), which would be kept for
+    # nothing while its re-run failed to load again and counted against the budget.
+    dists = {
+        "width": optuna.distributions.IntDistribution(4, 64, log=True),
+        "lr": optuna.distributions.FloatDistribution(1e-3, 0.3, log=True),
+    }
+    parent = {"width": 7, "lr": 0.078}
+    child = {"width": 6, "lr": 0.093}
+    assert culprits(_load_error(7, 6), child, parent, dists, {"width"}) == ["width"]
+    assert culprits("RuntimeError: size mismatch", child, parent, dists, {"width"}) == ["width"]
+
+
 def test_every_reader_of_the_best_takes_the_lineages_trained_furthest():
     """A budget that is not a whole number of runs of the population: a short lineage has the
     better value, and is not the best."""
