@@ -200,9 +200,11 @@ class PBTSampler(BaseSampler):
 
     def _rerun(self, study: Study, trial: FrozenTrial) -> None:
         """A re-queued segment runs as the segment it replaces (`samplers._pbt_repairs`); one
-        whose member trained on meanwhile is planned afresh instead."""
+        whose member trained on meanwhile is planned afresh instead, and so is the re-run of a
+        trial lost before it was planned (while its ask waited for a free member: nothing
+        fixed), or it would run outside the population."""
         record = rerun_plan(study, trial, PLAN_KEY)
-        if record is MOVED_ON:
+        if record is MOVED_ON or (record is None and not trial.system_attrs["fixed_params"]):
             self._start(study, trial, self._claim(study, trial))
         elif record is not None:
             _PLANS[trial_id_of(trial)] = record

@@ -99,6 +99,31 @@ def test_a_requeued_segment_is_the_same_segment_and_its_member_waits_for_it():
     assert members.count(lost.user_attrs[names.PBT_MEMBER]) <= 4  # its segment ran once more
 
 
+def test_a_re_run_of_a_trial_lost_before_it_was_planned_is_a_segment_of_the_population():
+    # A trial whose process was lost while its ask waited for a free member (killed, or its
+    # host gone) had no plan and no params yet: its re-run is planned as any new segment, not
+    # run as a trial outside the population (no member, params drawn for nothing).
+    sampler = PBTSampler(population=2, interval=2, epochs=4, seed=4)
+    study = optuna.create_study(sampler=sampler)
+    saved: dict[int, tuple[int, float]] = {}
+    for _ in range(2):
+        trial = study.ask()
+        study.tell(trial, train_segment(trial, saved))
+    storage = study._storage
+    unplanned = storage.create_new_trial(study._study_id)  # its ask, before the sampler's plan
+    storage.set_trial_state_values(unplanned, optuna.trial.TrialState.FAIL)
+    assert requeue(study, storage.get_trial(unplanned), max_retries=2, reason="lost")
+    rerun = study.ask()
+    assert study.trials[rerun.number].system_attrs["retry_history"] == [2]
+    assert rerun.user_attrs[names.PBT_GENERATION] == 1, rerun.user_attrs
+    study.tell(rerun, train_segment(rerun, saved))
+    trial = study.ask()
+    study.tell(trial, train_segment(trial, saved))
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.user_attrs[names.PBT_MEMBER] for t in done) == [0, 0, 1, 1]
+    assert all(t.user_attrs[names.TRAIN_UNTIL_EPOCH] == 3 for t in done[2:])
+
+
 def test_a_width_that_cannot_load_is_learnt_kept_and_the_segment_re_run():
     sampler = PBTSampler(population=4, interval=1, epochs=6, seed=11, wait_seconds=0.01)
     study = optuna.create_study(sampler=sampler)
