@@ -22,6 +22,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from orchestrator.record.budget.claim import AskStopped, ask_stopped
 from orchestrator.record.checkpoints import lineage as names
 from orchestrator.record.store.optuna_private import (
     distribution_contains,
@@ -240,6 +241,8 @@ class PBTSampler(BaseSampler):
             segments = self._segments(study, exclude=trial.number)
             free = [m for m in free_members(segments, settings.population) if m not in lost]
             if not free:
+                if ask_stopped():  # its process is stopping (its host gone): no member comes
+                    raise AskStopped(trial_id_of(trial))
                 _keep_alive(storage, trial)
                 time.sleep(self._wait)
                 lost.clear()  # the population has moved on: every member may be free again
