@@ -22,6 +22,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
+from orchestrator.record.budget.claim import AskStopped, ask_stopped
 from orchestrator.record.checkpoints import lineage as names
 from orchestrator.record.store.optuna_private import (
     distribution_contains,
@@ -200,9 +201,11 @@ class PBTSampler(BaseSampler):
 
     def _rerun(self, study: Study, trial: FrozenTrial) -> None:
         """A re-queued segment runs as the segment it replaces (`samplers._pbt_repairs`); one
-        whose member trained on meanwhile is planned afresh instead."""
+        whose member trained on meanwhile is planned afresh instead, and so is the re-run of a
+        trial lost before it was planned (while its ask waited for a free member: nothing
+        fixed), or it would run outside the population."""
         record = rerun_plan(study, trial, PLAN_KEY)
-        if record is MOVED_ON:
+        if record is MOVED_ON or (record is None and not trial.system_attrs["fixed_params"]):
             self._start(study, trial, self._claim(study, trial))
         elif record is not None:
             _PLANS[trial_id_of(trial)] = record
@@ -238,6 +241,8 @@ class PBTSampler(BaseSampler):
             segments = self._segments(study, exclude=trial.number)
             free = [m for m in free_members(segments, settings.population) if m not in lost]
             if not free:
+                if ask_stopped():  # its process is stopping (its host gone): no member comes
+                    raise AskStopped(trial_id_of(trial))
                 _keep_alive(storage, trial)
                 time.sleep(self._wait)
                 lost.clear()  # the population has moved on: every member may be free again

@@ -105,6 +105,8 @@ def learn_shape(study: Study, trial: FrozenTrial, key: str, keep: Sequence[str])
     if not found:
         return
     for name in found:
+        if name in kept:  # learnt meanwhile, from a sibling that failed as this one did
+            continue
         learnt = {"trial": frozen.number, "from": parent.params[name], "to": frozen.params[name]}
         storage.set_study_system_attr(study_id, KEEP_PREFIX + name, learnt)
     storage.set_trial_user_attr(trial_id_of(trial), attr_names.FAIL_REASON, SHAPE_REASON)
@@ -165,9 +167,10 @@ def culprits(
 
     Those whose parent and child values are the two sides of a mismatched dimension ("shape
     [16, 4] from checkpoint, ... in current model is [32, 4]" names a width that went from 16 to
-    32); failing that, every changed one that is not a float, as a width or a layer count is
-    not; failing that, every changed one. [] when the error is no loading error or nothing
-    changed (the child's own code is at fault, not a parameter)."""
+    32); failing that, those changed though `kept` (kept already: learnt after this child was
+    planned, from a sibling's failure); failing that, every changed one that is not a float, as
+    a width or a layer count is not; failing that, every changed one. [] when the error is no
+    loading error or nothing changed (the child's own code is at fault, not a parameter)."""
     if not isinstance(error, str) or not _LOAD_ERROR.search(error):
         return []
     changed = sorted(
@@ -175,7 +178,6 @@ def culprits(
         for name, value in child.items()
         if name in parent
         and parent[name] != value
-        and name not in kept
         and name != attr_names.BATCH_SIZE  # a batch size shapes no weight
     )
     pairs = set()
@@ -186,6 +188,8 @@ def culprits(
     named = [n for n in changed if (_whole(parent[n]), _whole(child[n])) in pairs]
     if named:
         return named
+    if meanwhile := [n for n in changed if n in kept]:
+        return meanwhile
     whole = [n for n in changed if not isinstance(distributions.get(n), FloatDistribution)]
     return whole or changed
 

@@ -99,6 +99,31 @@ def test_a_requeued_segment_is_the_same_segment_and_its_member_waits_for_it():
     assert members.count(lost.user_attrs[names.PBT_MEMBER]) <= 4  # its segment ran once more
 
 
+def test_a_re_run_of_a_trial_lost_before_it_was_planned_is_a_segment_of_the_population():
+    # A trial whose process was lost while its ask waited for a free member (killed, or its
+    # host gone) had no plan and no params yet: its re-run is planned as any new segment, not
+    # run as a trial outside the population (no member, params drawn for nothing).
+    sampler = PBTSampler(population=2, interval=2, epochs=4, seed=4)
+    study = optuna.create_study(sampler=sampler)
+    saved: dict[int, tuple[int, float]] = {}
+    for _ in range(2):
+        trial = study.ask()
+        study.tell(trial, train_segment(trial, saved))
+    storage = study._storage
+    unplanned = storage.create_new_trial(study._study_id)  # its ask, before the sampler's plan
+    storage.set_trial_state_values(unplanned, optuna.trial.TrialState.FAIL)
+    assert requeue(study, storage.get_trial(unplanned), max_retries=2, reason="lost")
+    rerun = study.ask()
+    assert study.trials[rerun.number].system_attrs["retry_history"] == [2]
+    assert rerun.user_attrs[names.PBT_GENERATION] == 1, rerun.user_attrs
+    study.tell(rerun, train_segment(rerun, saved))
+    trial = study.ask()
+    study.tell(trial, train_segment(trial, saved))
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.user_attrs[names.PBT_MEMBER] for t in done) == [0, 0, 1, 1]
+    assert all(t.user_attrs[names.TRAIN_UNTIL_EPOCH] == 3 for t in done[2:])
+
+
 def test_a_width_that_cannot_load_is_learnt_kept_and_the_segment_re_run():
     sampler = PBTSampler(population=4, interval=1, epochs=6, seed=11, wait_seconds=0.01)
     study = optuna.create_study(sampler=sampler)
@@ -177,6 +202,21 @@ def test_culprits_are_read_from_the_shapes_in_the_error():
     assert culprits(error, {**child, "width": 16}, parent, dists, set()) == ["hidden"]
     assert culprits("ValueError: bad", child, parent, dists, set()) == []
     assert culprits(error, parent, parent, dists, set()) == []
+
+
+def test_a_width_learnt_from_a_sibling_meanwhile_is_still_the_culprit():
+    # Two copied members of one parent, planned before either failed, fail to load it at the
+    # same moment (seen with two GPUs): the first one's failure keeps width. The second's is
+    # width's too, not that of the other param that changed (a float), which would be kept for
+    # nothing while its re-run failed to load again and counted against the budget.
+    dists = {
+        "width": optuna.distributions.IntDistribution(4, 64, log=True),
+        "lr": optuna.distributions.FloatDistribution(1e-3, 0.3, log=True),
+    }
+    parent = {"width": 7, "lr": 0.078}
+    child = {"width": 6, "lr": 0.093}
+    assert culprits(_load_error(7, 6), child, parent, dists, {"width"}) == ["width"]
+    assert culprits("RuntimeError: size mismatch", child, parent, dists, {"width"}) == ["width"]
 
 
 def test_every_reader_of_the_best_takes_the_lineages_trained_furthest():

@@ -150,6 +150,24 @@ class Claim:
 _last = threading.local()
 
 
+class AskStopped(Exception):
+    """A sampler that waits inside an ask (population-based training, for a free member) found
+    the ask told to stop (`ask_stopped`): the ask has no trial for its caller. Trial
+    `trial_id` was made for it, is RUNNING and has no params: the caller ends it."""
+
+    def __init__(self, trial_id: int) -> None:
+        super().__init__(f"the ask for trial id {trial_id} was stopped")
+        self.trial_id = trial_id
+
+
+def ask_stopped() -> bool:
+    """Whether the ask in progress in this thread was told to stop (its `stop()` says so): a
+    sampler that waits inside it for something other processes do must stop waiting, or a
+    process whose host is gone waits for ever (and on SQLite holds the budget lock)."""
+    stop = getattr(_last, "stop", None)
+    return bool(stop is not None and stop())
+
+
 def last_claim() -> Claim | None:
     """This thread's last claim that found a trial, with the server's times (a benchmark's)."""
     return getattr(_last, "claim", None)
@@ -164,7 +182,17 @@ def ask_within_budget(
 ) -> optuna.Trial | None:
     """The next trial of `study` (a waiting one first), or None when its budget of `budget`
     trials is used up or `stop()` says so. `budget_section.last_times()` then has the lock's
-    wait and held time."""
+    wait and held time. A sampler waiting inside the ask reads `stop()` too (`ask_stopped`)."""
+    _last.stop = stop
+    try:
+        return _ask(study, location, budget, stop)
+    finally:
+        _last.stop = None
+
+
+def _ask(
+    study: optuna.Study, location: StorageLocation, budget: int, stop: Callable[[], bool] | None
+) -> optuna.Trial | None:
     storage = one_connection_storage(location)
     if storage is None or storage.engine.dialect.name != "postgresql":
         return _ask_in_section(study, location, budget, stop)

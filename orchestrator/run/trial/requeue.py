@@ -7,9 +7,11 @@ every later trial there) draws a batch that can fit: `orchestrator.run.oom_polic
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from orchestrator.imports import LazyImport
+from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.store.optuna_private import storage_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.retry import requeue
@@ -77,6 +79,21 @@ def requeue_if_interrupted(
         params=retry_params,
         reason=reason,
     )
+
+
+def requeue_unasked(ctx: TrialContext, trial_id: int) -> None:
+    """A trial whose process was stopped while its ask waited (population-based training,
+    for a free member), before it had params: failed and queued again, so the budget does not
+    count it and the next run or worker plans its re-run as any new trial."""
+    storage = storage_of(ctx.study)
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # failed as lost
+        ride_out(
+            lambda: storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL),
+            what=f"end the stopped ask of trial id {trial_id}",
+        )
+    frozen = storage.get_trial(trial_id)
+    reason = "host gone" if is_host_gone() else "interrupted"
+    requeue(ctx.study, frozen, max_retries=None, reason=reason)
 
 
 def _still_running(ctx: TrialContext, trial: optuna.Trial) -> FrozenTrial | None:

@@ -20,7 +20,7 @@ from adapters.base import reporter
 from orchestrator.gpu.sim import process_holder
 from orchestrator.imports import LazyImport
 from orchestrator.record.budget import section as budget_section
-from orchestrator.record.budget.claim import ask_within_budget
+from orchestrator.record.budget.claim import AskStopped, ask_within_budget
 from orchestrator.record.outages.riding import Heartbeat
 from orchestrator.record.store.optuna_private import fixed_params_of, trial_id_of
 from orchestrator.record.store.storage import heartbeat_settings
@@ -42,7 +42,7 @@ from orchestrator.run.trial.memory import (
     reporting_memory,
     reset_memory,
 )
-from orchestrator.run.trial.requeue import requeue_if_interrupted
+from orchestrator.run.trial.requeue import requeue_if_interrupted, requeue_unasked
 from orchestrator.run.trial.result import RunResult, trial_outcome
 from orchestrator.run.trial.signals import (
     HOST_GONE,
@@ -181,7 +181,11 @@ def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTi
     one round trip (`record/budget/claim`); the trial is read back after the lock went. Nothing
     is read before the ask: it does not need the study's trials."""
 
-    trial = ask_within_budget(ctx.study, ctx.config.storage, spec.trials, stop=stop_requested)
+    try:
+        trial = ask_within_budget(ctx.study, ctx.config.storage, spec.trials, stop=stop_requested)
+    except AskStopped as stopped:  # the sampler waited inside the ask, and this process stops
+        requeue_unasked(ctx, stopped.trial_id)
+        return None, None
     times = budget_section.last_times()
     return trial, None if times is None else LockTiming(times.wait_ms, times.held_ms)
 
