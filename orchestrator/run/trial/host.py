@@ -12,8 +12,11 @@ says the same. (A parent-death signal would tell of the fork server's death, whi
 host's only once the server notices; and where trials are spawned, of the death of the host's
 thread that started them, which need not be the host's.)
 
-The process is named `trial N STUDY` while it runs trial N (`/proc/PID/comm`, 15 bytes:
-`ps`, `top` and `pgrep` show it), `idle STUDY` between trials.
+The process is named `trial-N:STUDY` while it runs trial N (`/proc/PID/comm`, 15 bytes:
+`ps`, `top` and `pgrep` show it), `idle:STUDY` between trials. The name holds no whitespace:
+Slurm's process tracking (proctrack/linuxproc) reads `/proc/PID/stat` with sscanf's `%s`, and a
+name with a space makes it skip the process and all it started, so scancel's SIGTERM never
+reached the trials and they ran on to their end instead of stopping and being re-queued.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def name_process(text: str) -> None:
     elsewhere nothing."""
     if not sys.platform.startswith("linux"):
         return
+    text = "_".join(text.split())  # no whitespace: Slurm's tracking must still see the process
     with contextlib.suppress(OSError, AttributeError):
         import ctypes
 
@@ -90,8 +94,8 @@ def name_process(text: str) -> None:
 
 
 def trial_name(number: int, study_name: str) -> str:
-    return f"trial {number} {study_name}"
+    return f"trial-{number}:{study_name}"
 
 
 def idle_name(study_name: str) -> str:
-    return f"idle {study_name}"
+    return f"idle:{study_name}"
