@@ -50,28 +50,14 @@ def requeue(
     # its budget (the count leaves out each re-queued failure once).
     if ride_out(lambda: is_requeued(study, trial.number), what="read the trials"):
         return True
-    fixed = {**trial.params, **(params or {})}
-    # The re-run trains on from the last checkpoint of the trial it replaces, on any node, and
-    # ends where that one was to end.
-    user_attrs = {
-        names.RETRY_OF: trial.number,
-        names.RETRY_REASON: reason,
-        names.CHECKPOINT_FROM: trial.number,
-    }
-    # An --intensify re-run's retry trains on the same seeds (a retry at offset 0 would be the
-    # configuration's first draw again); it does not carry `intensify_of`, so the re-runs are
-    # counted once (orchestrator/intensify.py).
-    for kept in (names.TRAIN_UNTIL_EPOCH, names.SEED_OFFSET):
-        if kept in trial.user_attrs:
-            user_attrs[kept] = trial.user_attrs[kept]
     rerun = optuna.trial.create_trial(
         state=optuna.trial.TrialState.WAITING,
         system_attrs={
-            "fixed_params": fixed,
+            "fixed_params": {**trial.params, **(params or {})},
             "failed_trial": history[0],
             "retry_history": history,
         },
-        user_attrs=user_attrs,
+        user_attrs=_rerun_attrs(trial, reason),
     )
 
     def add_once() -> None:
@@ -95,6 +81,23 @@ def requeue(
             what=f"re-queue trial {trial.number}",
         )
     return True
+
+
+def _rerun_attrs(trial: FrozenTrial, reason: str) -> dict[str, Any]:
+    """What a re-run of `trial` carries: it trains on from the last checkpoint of the trial it
+    replaces, on any node, and ends where that one was to end. An --intensify re-run's retry
+    trains on the same seeds (a retry at offset 0 would be the configuration's first draw
+    again); it does not carry `intensify_of`, so the re-runs are counted once
+    (orchestrator/intensify.py)."""
+    attrs = {
+        names.RETRY_OF: trial.number,
+        names.RETRY_REASON: reason,
+        names.CHECKPOINT_FROM: trial.number,
+    }
+    for kept in (names.TRAIN_UNTIL_EPOCH, names.SEED_OFFSET):
+        if kept in trial.user_attrs:
+            attrs[kept] = trial.user_attrs[kept]
+    return attrs
 
 
 def is_requeued(study: optuna.Study, number: int) -> bool:
