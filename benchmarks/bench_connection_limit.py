@@ -163,7 +163,8 @@ def _failures(trials: list, started_at: float) -> list[dict]:
 
 
 def _freeze(url: str, count: int, outcome: Outcome) -> None:
-    """Stop `count` training trial processes in turn past the grace period, then let them go."""
+    """Stop `count` training trial processes at once past the grace period, then let them go
+    (all at once: one after another, the study could end before the last is caught)."""
     import sqlalchemy as sa
 
     from orchestrator.record.store.storage import heartbeat_settings
@@ -174,34 +175,40 @@ def _freeze(url: str, count: int, outcome: Outcome) -> None:
         "SELECT t.trial_id, p.value_json FROM trials t JOIN trial_user_attributes p "
         "ON p.trial_id = t.trial_id AND p.key = 'pid' WHERE t.state = 'RUNNING' "
         "AND EXISTS (SELECT 1 FROM trial_user_attributes a WHERE a.trial_id = t.trial_id "
-        "AND a.key = 'admitted_at') ORDER BY t.number LIMIT 1"
+        "AND a.key = 'admitted_at') ORDER BY t.number LIMIT :count"
     )
     running = sa.text("SELECT state = 'RUNNING' FROM trials WHERE trial_id = :id")
 
-    def ask(query: sa.TextClause, **params: object) -> object:
+    def ask(query: sa.TextClause, **params: object) -> list:
         try:
             with engine.connect() as conn:
-                return conn.execute(query, params).first()
+                return list(conn.execute(query, params))
         except sa.exc.SQLAlchemyError:
-            return None  # no tables yet, or no connection free: look again
+            return []  # no tables yet, or no connection free: look again
 
     try:
+        patience = time.monotonic() + 30  # for `count` trials training together, then fewer
         while outcome.frozen < count:
-            found = ask(training)
-            if found is None:
-                time.sleep(0.2)
+            found = ask(training, count=count - outcome.frozen)
+            if len(found) < count - outcome.frozen and time.monotonic() < patience:
+                time.sleep(0.05)
                 continue
-            trial_id, pid = int(found[0]), int(found[1])
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                continue
-            still = ask(running, id=trial_id)
-            if still is not None and still[0]:  # stopped while its trial runs
+            stopped = []
+            for trial_id, pid in ((int(row[0]), int(row[1])) for row in found):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.append((trial_id, pid))
+            caught = [
+                pid for trial_id, pid in stopped if any(r[0] for r in ask(running, id=trial_id))
+            ]
+            if caught:  # stopped while their trials run
                 time.sleep(grace + 8)  # past the grace and the next look (every 5 s)
-                outcome.frozen += 1
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+                outcome.frozen += len(caught)
+            elif not stopped:
+                time.sleep(0.2)
+            for _, pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
     finally:
         engine.dispose()
 
