@@ -18,7 +18,7 @@ from orchestrator.record.store.location import StorageLocation
 from orchestrator.run.pool.loop import Pool
 from orchestrator.run.pool.placement import GpuLoad, Policy, place
 from orchestrator.run.simulated import SimTrial, SimulatedStudy, SimulatedTrials, speed
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import cli_env, run_cli
 
 
 def _loads(*rows: tuple[bool, int, float]) -> list[GpuLoad]:
@@ -164,6 +164,8 @@ def test_run_on_two_simulated_gpus_puts_trials_on_both(sqlite_url):
         "--pruner",
         "none",
         timeout=600,
+        # A grace a busy machine keeps: six trials, none lost to a late heartbeat and re-run.
+        env=cli_env(ORCHESTRATOR_GRACE_PERIOD="10"),
     )
     assert done.returncode == 0, done.stderr
     study = optuna.load_study(study_name="synthetic", storage=StorageLocation.parse(sqlite_url).url)
