@@ -13,10 +13,8 @@ import contextlib
 import errno
 import io
 import os
-import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
@@ -25,6 +23,7 @@ from optuna.trial import TrialState
 
 from orchestrator.record.checkpoints import files as stored
 from tests.cli_helpers import run_cli, start_cli
+from tests.test_machine_faults import small_disk
 from tests.waiting import stored_study, wait_for
 
 EPOCHS = 6
@@ -37,20 +36,6 @@ def _run(url: str, folder: Path, trials: int = 4) -> tuple[str, ...]:
         "trial_seconds=6", "--concurrency", "2", "--pruner", "none", "--sampler", "random",
         "--gpus", "sim:24576", "--storage", url, "--artifacts", str(folder),
     )  # fmt: skip
-
-
-@contextlib.contextmanager
-def small_disk(folder: Path, size: str) -> Iterator[Path]:
-    """A filesystem of `size` mounted at `folder` while the block runs."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.fail("these faults need root to mount a small filesystem (the CI runs as root)")
-    folder.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        # Lazily: a trial process still writing must not keep the mount (or fail the test).
-        subprocess.run(["umount", "--lazy", str(folder)], check=True)
 
 
 def _fill(disk: Path) -> None:
