@@ -71,11 +71,17 @@ def _assert_every_trial_complete_and_said_once(
         failed = trial.user_attrs["checkpoint_unsaved"]
         assert failed["error"].startswith(cause), failed
         log = Path(trial.user_attrs["log_file"]).read_text()
-        assert log.count("could not be saved in") == 1, log  # once, not every epoch
+        # Once per spell of failures, not every epoch: a spell ends when a save works again
+        # (another trial tidying frees a few pages before the filler takes them back).
+        spells, ended = log.count("could not be saved in"), log.count("checkpoints are saved again")
+        assert spells >= 1 and spells - ended in (0, 1), log
         assert "database server" not in log, log
         latest = trial.user_attrs.get("checkpoint")
         if latest is None:  # every save it tried failed
             assert "its latest usable checkpoint: none of its own yet" in log, log
+        elif latest["epoch"] > failed["epoch"]:  # a later save worked, and the log says so
+            assert spells == ended, log
+            assert "checkpoints are saved again" in log, log
         else:  # its record names the last one written whole, from before the fault
             assert latest["epoch"] < failed["epoch"], trial.user_attrs
             assert f"its latest usable checkpoint: epoch {latest['epoch']}" in log, log
