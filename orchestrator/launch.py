@@ -27,8 +27,8 @@ from orchestrator.run.pool import processes as pool_processes
 from orchestrator.run.pool import signals as pool_signals
 from orchestrator.run.pool.progress import make_progress
 from orchestrator.run.pool.trial_endings import TrialsCannotStart
+from orchestrator.run.trial.member import unfused_because
 from orchestrator.selection import finish_study
-from samplers import sampler_kind
 
 if TYPE_CHECKING:
     import optuna
@@ -148,14 +148,7 @@ def fused_members(adapter: Any, spec: StudySpec, asked: int) -> int:
     saying why, where the adapter or the study cannot fuse (docs/fused.md)."""
     if asked <= 1:
         return 1
-    kind = sampler_kind(spec.sampler)
-    why = None
-    if not callable(getattr(adapter, "train_fused", None)):
-        why = f"adapter {adapter.name!r} has no train_fused"
-    elif spec.repeats > 1:
-        why = "--repeats trains each trial several times, which a fused model does not"
-    elif kind.needs_grid or kind.needs_checkpoints:
-        why = f"--sampler {spec.sampler} hands out its trials one at a time"
+    why = unfused_because(adapter, spec)
     if why is not None:
         logger.warning("--fuse %d: %s; its trials run one per process", asked, why)
         return 1
