@@ -161,3 +161,32 @@ def test_a_killed_group_process_leaves_its_members_re_run_to_completion(sqlite_u
     for rerun in reruns:  # each from its own checkpoint, its curve whole
         assert rerun.user_attrs["resumed_from_epoch"] >= 1
         assert sorted(rerun.intermediate_values) == list(range(6))
+
+
+def test_a_stopped_group_re_queues_every_member(sqlite_url):
+    """SIGTERM past --grace stops the group's one training call: each member is failed and
+    queued again, as a single trial stopped mid-training is."""
+    runner = start_cli(
+        "run", "synthetic", "--fuse", "3", "--trials", "3", "--epochs", "10", "--option",
+        "trial_seconds=30", "--pruner", "none", "--sampler", "random", "--grace", "0",
+        "--gpus", "sim:24576", "--storage", sqlite_url,
+    )  # fmt: skip
+
+    def group_training():
+        trials = stored_study(sqlite_url, "synthetic").trials
+        return len(trials) == 3 and all(t.intermediate_values for t in trials)
+
+    tolerate = (KeyError, IndexError, optuna.exceptions.StorageInternalError)
+    try:
+        wait_for(group_training, "a group of three training", timeout=120, tolerate=tolerate)
+        runner.send_signal(signal.SIGTERM)
+        _, stderr = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+    assert runner.returncode == 143, stderr
+    study = stored_study(sqlite_url, "synthetic")
+    stopped = [t for t in study.trials if t.number < 3]
+    assert all(t.state == TrialState.FAIL for t in stopped), [t.state for t in stopped]
+    queued = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert sorted(t.user_attrs["retry_of"] for t in queued) == [0, 1, 2]
