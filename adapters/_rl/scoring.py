@@ -104,11 +104,22 @@ def period_sharpes(
 
 def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed: int) -> float:
     """Mean return of the first episode of each of `EVAL_EPISODES` copies, run side by side."""
-    env = GymVecEnv(env_id, num_envs=EVAL_EPISODES, device=device, seed=seed)
+    return mean_eval_returns(env_id, policy, 1, device, seed=seed)[0]
+
+
+def mean_eval_returns(
+    env_id: str, policy: Policy, members: int, device: torch.device, *, seed: int
+) -> list[float]:
+    """`mean_eval_return` of each of a fused group's members at once: one vector env of
+    `members` x `EVAL_EPISODES` copies, member k's copies seeded as its own trial's (so each
+    member plays the episodes it plays alone); `policy` acts on all of them, member by member."""
+    seeds = [seed + episode for episode in range(EVAL_EPISODES)] * members
+    copies = members * EVAL_EPISODES
+    env = GymVecEnv(env_id, num_envs=copies, device=device, seed=seeds)
     try:
         obs = env.reset()
-        returns = torch.zeros(EVAL_EPISODES, dtype=torch.float64)
-        running = torch.ones(EVAL_EPISODES, dtype=torch.bool)
+        returns = torch.zeros(copies, dtype=torch.float64)
+        running = torch.ones(copies, dtype=torch.bool)
         with torch.inference_mode():
             for _ in range(EVAL_MAX_STEPS):
                 step = env.step(policy(obs))
@@ -119,7 +130,7 @@ def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed:
                 obs = step.obs
     finally:
         env.close()
-    return float(returns.mean())
+    return returns.view(members, EVAL_EPISODES).mean(dim=1).tolist()
 
 
 def random_policy(n_actions: int, seed: int) -> Policy:
