@@ -450,6 +450,7 @@ class GroupRun:
         self.steps_per_epoch = steps_per_epoch
         self.configs, self.reports, self.checkpoints = list(configs), reports, checkpoints
         self.outcomes: list[_rl.Run | BaseException | None] = [None] * len(configs)
+        self._batch_buffers: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, ...]] = {}
 
     # -- setting up ----------------------------------------------------------------------------
 
@@ -588,6 +589,7 @@ class GroupRun:
             env.keep(going)
         window.keep(going)
         rows = torch.tensor([r * e + c for r in going for c in range(e)], device=obs.device)
+        self._batch_buffers.clear()  # keyed by rows of the group as it was
         return [members[r] for r in going], stack.keep(going), obs.index_select(0, rows)
 
     def _epoch(
@@ -658,11 +660,7 @@ class GroupRun:
     ) -> None:
         """One fused step of the members in `owed` (rows of the stack), each on its own batch."""
         d = members[0].replay.obs_dim
-        largest = max(members[k].config.batch_size for k in owed)
-        width = 2 * d + 3
-        table = torch.zeros(len(owed), largest, width, device=self.device)
-        importance = torch.ones(len(owed), largest, device=self.device)
-        mask = torch.zeros(len(owed), largest, device=self.device)
+        table, importance, mask = self._buffers(members, owed)
         drawn = []
         for j, k in enumerate(owed):
             m = members[k]
@@ -671,7 +669,6 @@ class GroupRun:
             torch.index_select(m.replay.table, 0, rows, out=table[j, :b])
             if weights is not None:
                 importance[j, :b] = weights
-            mask[j, :b] = 1.0
             drawn.append(rows)
         batch = fused.Batch(
             table[..., :d],
@@ -707,6 +704,24 @@ class GroupRun:
         if due:
             with torch.no_grad():
                 stack.target[due] = stack.online[due]
+
+    def _buffers(
+        self, members: list[GroupMember], owed: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The padded batch of the members in `owed`: its rows, importance weights and mask,
+        kept from step to step (a cadence repeats the same few subsets). The padding rows
+        keep whatever finite values they last held: the mask gives them no weight."""
+        key = (len(members), owed)
+        if key not in self._batch_buffers:
+            sizes = [members[k].config.batch_size for k in owed]
+            width = 2 * members[0].replay.obs_dim + 3
+            shape = (len(owed), max(sizes))
+            table = torch.zeros(*shape, width, device=self.device)
+            mask = torch.zeros(shape, device=self.device)
+            for j, b in enumerate(sizes):
+                mask[j, :b] = 1.0
+            self._batch_buffers[key] = (table, torch.ones(shape, device=self.device), mask)
+        return self._batch_buffers[key]
 
     # -- the end of an epoch -------------------------------------------------------------------
 
