@@ -29,8 +29,16 @@ for "separate", its real `Learner.gradient_step`. For N = 1, 2, 4, 8, 16 members
 Times are CPU seconds of this process (one torch thread, as a trial process runs), the median
 of `--reps` repetitions: the machine is shared, and wall time would count other work too.
 
+`--end-to-end`: the real thing, `adapters.dqn.adapter.train_fused` against `train`. 8 DQN
+members drawn from the study's default search space on CartPole-v1 (the first draw free, the
+other 7 with its hidden width and a batch size in its band, as a group is asked), trained for
+`--epochs` of `--steps-per-epoch`: in groups of N = 1 (each member alone with `train`), 2, 4, 8,
+one group after another. Wall and CPU seconds of all 8, and whether every member's value is the
+one it gets alone.
+
     python benchmarks/bench_fused.py                  # CPU; writes benchmarks/results/fused.json
     python benchmarks/bench_fused.py --device cuda    # a GPU (wall time, synchronised)
+    python benchmarks/bench_fused.py --end-to-end     # train_fused against train, N = 1, 2, 4, 8
 """
 
 from __future__ import annotations
@@ -445,10 +453,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="rounds timed per repetition")
     parser.add_argument("--reps", type=int, default=3, help="repetitions; the median is kept")
     parser.add_argument("--skip-loop", action="store_true", help="learner and equivalence only")
-    parser.add_argument("--out", default=str(RESULTS / "fused.json"))
+    parser.add_argument("--out", default=None, help="the JSON file (default: results/)")
+    parser.add_argument(
+        "--end-to-end", action="store_true", help="train_fused against train (DQN, CartPole-v1)"
+    )
+    parser.add_argument("--draw-seed", type=int, default=0, help="end-to-end: the draws' seed")
+    parser.add_argument("--epochs", type=int, default=2, help="end-to-end: epochs")
+    parser.add_argument(
+        "--steps-per-epoch", type=int, default=4000, help="end-to-end: environment steps an epoch"
+    )
+    parser.add_argument("--groups", default="1,2,4,8", help="end-to-end: group sizes")
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
+    if args.end_to_end:
+        end_to_end(args, device)
+        return
+    args.out = args.out or str(RESULTS / "fused.json")
     rows: list[dict] = []
     for n in (int(x) for x in args.members.split(",")):
         rows += learner_rows(n, args, device)
@@ -520,6 +541,91 @@ def losses_alone_step(member: Member) -> tuple[float, torch.Tensor]:
     """One real gradient step: its loss and the clipped gradient it stepped with."""
     loss = losses_alone(member, 1, refresh=False)[0]
     return loss, member.learner.q_net.grad.clone()
+
+
+def drawn_members(count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` DQN trials' parameters from the study's default search space on CartPole-v1:
+    the first drawn freely, the others with its hidden width and a batch size drawn
+    log-uniformly inside its band (`fused_dqn.batch_band`), as a fused group is asked."""
+    import optuna
+
+    from adapters._rl import fused_dqn
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    options = {**dqn.adapter.options, "env": "CartPole-v1"}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    draws = [dqn.adapter.suggest(study.ask(), options) for _ in range(count)]
+    first = draws[0]
+    band = fused_dqn.batch_band(first["batch_size"])
+    low = dqn.BATCH_SIZE_MIN * 2**band
+    high = dqn.BATCH_SIZE_MAX if band == fused_dqn.BANDS - 1 else 2 * low - 1
+    draw = random.Random(seed)
+    for params in draws[1:]:
+        params["hidden_size"] = first["hidden_size"]
+        params["batch_size"] = round(math.exp(draw.uniform(math.log(low), math.log(high))))
+    return draws
+
+
+def end_to_end(args: argparse.Namespace, device: torch.device) -> None:
+    """8 members trained in groups of N, one group after another; a table per N."""
+    from adapters.base import Member
+
+    params = drawn_members(8, args.draw_seed)
+    options = {**dqn.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
+    print(
+        f"8 members: hidden {params[0]['hidden_size']}, batch sizes "
+        f"{[p['batch_size'] for p in params]}, per_alpha "
+        f"{[round(p['per_alpha'], 2) for p in params]}",
+        file=sys.stderr,
+    )
+    rows: list[dict[str, Any]] = []
+    values: dict[int, list[float]] = {}
+    for n in (int(x) for x in args.groups.split(",")):
+        wall, cpu, got = time.perf_counter(), time.process_time(), []
+        for start in range(0, len(params), n):
+            members = [
+                Member(p, lambda epoch, value: None, None) for p in params[start : start + n]
+            ]
+            entries = dqn.adapter.train_fused(
+                members, epochs=args.epochs, device=device, options=options
+            )
+            for entry in entries:
+                if isinstance(entry, BaseException):
+                    raise entry
+            got += entries
+        values[n] = got
+        rows.append(
+            {
+                "members_per_group": n,
+                "wall_s": time.perf_counter() - wall,
+                "cpu_s": time.process_time() - cpu,
+                "values": got,
+            }
+        )
+        print(f"groups of {n}: {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}"
+    base = rows[0]
+    lines = [
+        f"Machine: {machine}, {args.device}; one torch thread. Load at the end: `{load}`",
+        f"8 DQN members on CartPole-v1, {args.epochs} epochs of {args.steps_per_epoch} steps, "
+        f"drawn with seed {args.draw_seed}: hidden {params[0]['hidden_size']}, batch sizes "
+        f"{', '.join(str(p['batch_size']) for p in params)}",
+        "",
+        "| members per group | wall s | CPU s | x groups of 1 (CPU) | every value as alone |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        same = r["values"] == values[base["members_per_group"]]
+        lines.append(
+            f"| {r['members_per_group']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{base['cpu_s'] / r['cpu_s']:.2f} | {'yes' if same else 'no'} |"
+        )
+    print("\n".join(lines))
+    result = {"command": " ".join(sys.argv), "machine": machine, "uptime": load, "rows": rows}
+    result["params"] = params
+    out = Path(args.out or RESULTS / f"fused_end_to_end_{args.device}.json")
+    out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
