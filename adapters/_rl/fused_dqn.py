@@ -751,13 +751,15 @@ class GroupRun:
         task, device, n = self.task, self.device, len(members)
         views = fused.views(stack.online.detach(), stack.shapes)
         if not task.is_trading:
+            picked: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}
 
-            def greedy(obs: torch.Tensor) -> torch.Tensor:
-                return (
-                    fused.dueling_q_values(views, obs.view(n, -1, obs.shape[-1]))
-                    .argmax(2)
-                    .flatten()
-                )
+            def greedy(obs: torch.Tensor, playing: list[int]) -> torch.Tensor:
+                key = tuple(playing)
+                if key not in picked:  # the rows of the members still playing
+                    index = torch.tensor(playing, device=device)
+                    picked[key] = {k: v.index_select(0, index) for k, v in views.items()}
+                own = obs.view(len(playing), -1, obs.shape[-1])
+                return fused.dueling_q_values(picked[key], own).argmax(2).flatten()
 
             seed = task.seed + task.eval_seed_offset
             return mean_eval_returns(task.env_id, greedy, n, device, seed=seed)
