@@ -309,6 +309,31 @@ def test_with_uniform_replay_a_member_alone_and_in_a_group_of_8_agree_for_100_st
         assert worst < 1e-5, f"member {index}: first 100 losses differ by {worst:.1e}"
 
 
+def test_trading_members_keep_their_own_markets_and_folds_report_as_alone():
+    """On the trading env each member trades under its own position limit, costs and hold
+    penalty; with folds each member reports its running mean after every fold, as `train`
+    does, and a member pruned after a fold trains no further fold."""
+    options = {**dqn.adapter.options, "steps_per_epoch": 200, "folds": 2}
+    params = [
+        {**dqn.adapter.default_params, "batch_size": 64, "max_position_absolute": 1,
+         "transaction_cost_multiplier": 2.0, "hold_penalty_weight": 0.0},
+        {**dqn.adapter.default_params, "batch_size": 64, "max_position_absolute": 7,
+         "transaction_cost_multiplier": 0.5, "hold_penalty_weight": 1.5},
+        {**dqn.adapter.default_params, "batch_size": 64, "max_position_absolute": 3},
+    ]  # fmt: skip
+    reports: list[list[tuple[int, float]]] = [[] for _ in params]
+    members = [
+        Member(p, reporter(r, prune_at=0 if i == 2 else None), None)
+        for i, (p, r) in enumerate(zip(params, reports, strict=True))
+    ]
+    entries = dqn.adapter.train_fused(members, epochs=1, device=CPU, options=options)
+    assert isinstance(entries[2], optuna.TrialPruned) and [f for f, _ in reports[2]] == [0]
+    for entry, own in zip(entries[:2], reports[:2], strict=True):
+        assert isinstance(entry, float) and math.isfinite(entry)
+        assert [f for f, _ in own] == [0, 1] and own[-1][1] == entry  # the mean of both folds
+    assert reports[0] != reports[1]  # their own markets: not one member's run twice
+
+
 def test_fuse_key_is_the_hidden_width_and_the_batch_band():
     key = dqn.adapter.fuse_key
     assert [fused_dqn.batch_band(b) for b in (64, 127, 128, 255, 2048, 4095, 4096)] == [
