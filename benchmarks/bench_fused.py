@@ -463,9 +463,15 @@ def main() -> None:
         "--steps-per-epoch", type=int, default=4000, help="end-to-end: environment steps an epoch"
     )
     parser.add_argument("--groups", default="1,2,4,8", help="end-to-end: group sizes")
+    parser.add_argument(
+        "--profile", action="store_true", help="end-to-end: where one group of 8's time goes"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
+    if args.end_to_end and args.profile:
+        profile_group(args, device)
+        return
     if args.end_to_end:
         end_to_end(args, device)
         return
@@ -625,8 +631,80 @@ def end_to_end(args: argparse.Namespace, device: torch.device) -> None:
     print("\n".join(lines))
     result = {"command": " ".join(sys.argv), "machine": machine, "uptime": load, "rows": rows}
     result["params"] = params
-    out = Path(args.out or RESULTS / f"fused_end_to_end_{args.device}.json")
+    out = Path(args.out or RESULTS / f"fused_end_to_end_{args.device}_draw{args.draw_seed}.json")
     out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+PROFILED = [  # (label, owner, attribute): the parts of a group's run, timed where they are called
+    ("gradient step", "fused_dqn.GroupRun", "_gradient_step"),
+    ("- forward (3 passes and the loss)", "fused", "dqn_losses"),
+    ("- backward", "torch.Tensor", "backward"),
+    ("- sampling the members' replays", "dqn.PrioritizedReplay", "sample"),
+    ("- prioritised replay's priority updates", "dqn.PrioritizedReplay", "update"),
+    ("- Adam, per member", "fused.FusedAdam", "step_rows"),
+    ("environments", "fused_dqn.GymGroupEnv", "step"),
+    ("evaluation", "fused_dqn.GroupRun", "_scores"),
+    ("n-step window", "fused_dqn.GroupWindow", "push"),
+    ("replay adds", "fused_dqn", "put"),
+]
+
+
+def profile_group(args: argparse.Namespace, device: torch.device) -> None:
+    """One group of the 8 drawn members, with a timer (CPU seconds) around each part, and the
+    same 8 trained alone with `train`, one after another."""
+    from adapters._rl import fused_dqn
+    from adapters.base import Member
+
+    params = drawn_members(8, args.draw_seed)
+    options = {**dqn.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
+    owners = {"fused_dqn": fused_dqn, "fused": fused, "dqn": dqn, "torch": torch}
+    spent: dict[str, float] = dict.fromkeys([label for label, _, _ in PROFILED], 0.0)
+    steps = {"fused": 0, "member": 0}
+    originals = []
+    for label, owner_name, attribute in PROFILED:
+        first, *rest = owner_name.split(".")
+        owner = owners[first]
+        for part in rest:
+            owner = getattr(owner, part)
+        real = getattr(owner, attribute)
+        originals.append((owner, attribute, real))
+
+        def timed(*a: Any, _real: Any = real, _label: str = label, **k: Any) -> Any:
+            started = time.process_time()
+            try:
+                return _real(*a, **k)
+            finally:
+                spent[_label] += time.process_time() - started
+                if _label == "gradient step":
+                    steps["fused"] += 1
+                    steps["member"] += len(a[3])  # the members that owed the step
+
+        setattr(owner, attribute, timed)
+    members = [Member(p, lambda epoch, value: None, None) for p in params]
+    started = time.process_time()
+    try:
+        dqn.adapter.train_fused(members, epochs=args.epochs, device=device, options=options)
+    finally:
+        for owner, attribute, real in originals:
+            setattr(owner, attribute, real)
+    group = time.process_time() - started
+    started = time.process_time()
+    for p in params:
+        dqn.adapter.train(
+            p, epochs=args.epochs, device=device, options=options, report=lambda e, v: None
+        )
+    alone = time.process_time() - started
+    batches = [p["batch_size"] for p in params]
+    print(
+        f"8 members drawn with seed {args.draw_seed}: hidden {params[0]['hidden_size']}, "
+        f"batch {min(batches)}..{max(batches)}, {sum(p['per_alpha'] > 0 for p in params)} "
+        f"prioritised; {steps['fused']:,} fused steps for {steps['member']:,} member steps\n"
+    )
+    print("| part | CPU s |\n|---|---:|")
+    print(f"| the 8 alone (`train`, one after another) | {alone:.2f} |")
+    print(f"| the group (timers included) | {group:.2f} |")
+    for label, _, _ in PROFILED:
+        print(f"| {label} | {spent[label]:.2f} |")
 
 
 if __name__ == "__main__":
