@@ -342,6 +342,10 @@ def test_fuse_key_is_the_hidden_width_and_the_batch_band():
     assert key({**BASE, "batch_size": 64}) == key({**BASE, "batch_size": 127, "gamma": 0.9})
     assert key({**BASE, "batch_size": 64}) != key({**BASE, "batch_size": 128})
     assert key({**BASE, "batch_size": 64}) != key({**BASE, "batch_size": 64, "hidden_size": 128})
+    bad = {**OPTIONS, "env": "NoSuchEnv-v0"}
+    two = [Member({**BASE, "batch_size": 64}, lambda e, v: None, None) for _ in range(2)]
+    entries = dqn.adapter.train_fused(two, epochs=1, device=CPU, options=bad)
+    assert [type(e).__name__ for e in entries] == ["UserError"] * 2  # as `train` raises it
     with pytest.raises(ValueError, match="one fuse_key"):
         dqn.adapter.train_fused(
             [Member({**BASE, "batch_size": b}, lambda e, v: None, None) for b in (64, 128)],

@@ -100,9 +100,12 @@ def train_fused(
     if len(keys) > 1:
         raise ValueError(f"members of one fused DQN group need one fuse_key, not {sorted(keys)}")
     started = time.perf_counter()
-    tasks = _rl.fold_tasks(options)  # bad options fail the group before any training
-    configs = [dqn.DQNConfig.from_params(member.params) for member in members]
-    steps_per_epoch = int(options["steps_per_epoch"])
+    try:
+        tasks = _rl.fold_tasks(options)  # bad options fail the group before any training
+        configs = [dqn.DQNConfig.from_params(member.params) for member in members]
+        steps_per_epoch = int(options["steps_per_epoch"])
+    except Exception as error:  # every member's, as `train` raises it for a trial
+        return [error] * len(members)
     metric = tasks[0].metric
     if len(tasks) == 1:
         outcomes = learn_group(
@@ -551,6 +554,9 @@ class GroupRun:
                 self._end_epoch(members, stack)
                 members, stack, obs = self._leave(members, stack, window, env, obs)
         except Exception as error:  # the group's own step failed: it ends every member in it
+            for member in members:
+                if member.outcome is not None:  # ended at this epoch already, by its own
+                    self._settle(member)
             for index, outcome in enumerate(self.outcomes):
                 if outcome is None:
                     self.outcomes[index] = error
