@@ -33,12 +33,14 @@ of `--reps` repetitions: the machine is shared, and wall time would count other 
 members drawn from the study's default search space on CartPole-v1 (the first draw free, the
 other 7 with its hidden width and a batch size in its band, as a group is asked), trained for
 `--epochs` of `--steps-per-epoch`: in groups of N = 1 (each member alone with `train`), 2, 4, 8,
-one group after another. Wall and CPU seconds of all 8, and whether every member's value is the
-one it gets alone.
+one group after another. Wall and CPU seconds of all 8, and how many members' values are the
+ones they get alone. `--profile` instead trains the 8 in one group with a timer around each
+part of the loop (where the time goes), then alone.
 
     python benchmarks/bench_fused.py                  # CPU; writes benchmarks/results/fused.json
     python benchmarks/bench_fused.py --device cuda    # a GPU (wall time, synchronised)
     python benchmarks/bench_fused.py --end-to-end     # train_fused against train, N = 1, 2, 4, 8
+    python benchmarks/bench_fused.py --end-to-end --profile --draw-seed 2
 """
 
 from __future__ import annotations

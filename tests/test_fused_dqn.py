@@ -131,6 +131,27 @@ def test_a_pruned_member_leaves_and_a_failing_checkpoint_ends_only_its_member():
     assert alone(THREE[0], 3) == (entries[0], reports[0])
 
 
+def test_an_error_of_the_fused_step_ends_every_member_still_in_the_group(monkeypatch):
+    real_step, calls = fused_dqn.GroupRun._gradient_step, []
+
+    def failing(self: Any, members: list, *args: Any) -> None:
+        calls.append(len(members))
+        if len(members) == 2:  # once a member has left, the step fails
+            raise RuntimeError("out of memory")
+        real_step(self, members, *args)
+
+    monkeypatch.setattr(fused_dqn.GroupRun, "_gradient_step", failing)
+    reports: list[list[tuple[int, float]]] = [[] for _ in THREE]
+    members = [
+        Member(p, reporter(r, prune_at=0 if i == 0 else None), None)
+        for i, (p, r) in enumerate(zip(THREE, reports, strict=True))
+    ]
+    entries = dqn.adapter.train_fused(members, epochs=2, device=CPU, options=OPTIONS)
+    assert isinstance(entries[0], optuna.TrialPruned)  # its own ending stays its own
+    assert [type(e) for e in entries[1:]] == [RuntimeError, RuntimeError]
+    assert str(entries[1]) == "out of memory" and 3 in calls and calls[-1] == 2
+
+
 def test_checkpoints_go_from_a_group_to_a_trial_alone_and_back():
     # A member's checkpoint, saved in a group, is the one its trial saves alone...
     handles = [MemoryHandle() for _ in THREE[:2]]
