@@ -376,15 +376,18 @@ class DQNAdapter(_rl.RLAdapter):
         options: Mapping[str, Any],
     ) -> list[float | BaseException]:
         """Trials of one `fuse_key` trained as one fused group (adapters/_rl/fused_dqn.py)."""
-        from adapters._rl import fused_dqn  # it builds on this module
+        from adapters._rl import fused_dqn
 
-        return fused_dqn.train_fused(self, members, epochs=epochs, device=device, options=options)
+        algorithm = fused_dqn.Algorithm(DQNConfig, q_network, PrioritizedReplay)
+        return fused_dqn.train_fused(
+            self, algorithm, members, epochs=epochs, device=device, options=options
+        )
 
     def fuse_key(self, params: Mapping[str, Any]) -> Hashable:
         """Which trials may share a fused group: hidden width and batch band."""
         from adapters._rl import fused_dqn
 
-        return fused_dqn.fuse_key(params)
+        return fused_dqn.fuse_key(DQNConfig.from_params(params))
 
 
 adapter = DQNAdapter()

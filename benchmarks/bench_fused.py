@@ -638,28 +638,29 @@ def end_to_end(args: argparse.Namespace, device: torch.device) -> None:
 
 
 PROFILED = [  # (label, owner, attribute): the parts of a group's run, timed where they are called
-    ("gradient step", "fused_dqn.GroupRun", "_gradient_step"),
+    ("gradient step", "fused_group.GroupRun", "_gradient_step"),
     ("- forward (3 passes and the loss)", "fused", "dqn_losses"),
     ("- backward", "torch.Tensor", "backward"),
     ("- sampling the members' replays", "dqn.PrioritizedReplay", "sample"),
     ("- prioritised replay's priority updates", "dqn.PrioritizedReplay", "update"),
     ("- Adam, per member", "fused.FusedAdam", "step_rows"),
-    ("environments", "fused_dqn.GymGroupEnv", "step"),
-    ("evaluation", "fused_dqn.GroupRun", "_scores"),
-    ("n-step window", "fused_dqn.GroupWindow", "push"),
-    ("replay adds", "fused_dqn", "put"),
+    ("environments", "fused_envs.GymGroupEnv", "step"),
+    ("evaluation", "fused_envs", "scores"),
+    ("n-step window", "fused_envs.GroupWindow", "push"),
+    ("replay adds", "fused_envs", "put"),
 ]
 
 
 def profile_group(args: argparse.Namespace, device: torch.device) -> None:
     """One group of the 8 drawn members, with a timer (CPU seconds) around each part, and the
     same 8 trained alone with `train`, one after another."""
-    from adapters._rl import fused_dqn
+    from adapters._rl import fused_envs, fused_group
     from adapters.base import Member
 
     params = drawn_members(8, args.draw_seed)
     options = {**dqn.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
-    owners = {"fused_dqn": fused_dqn, "fused": fused, "dqn": dqn, "torch": torch}
+    owners = {"fused_group": fused_group, "fused_envs": fused_envs, "fused": fused, "dqn": dqn}
+    owners["torch"] = torch
     spent: dict[str, float] = dict.fromkeys([label for label, _, _ in PROFILED], 0.0)
     steps = {"fused": 0, "member": 0}
     originals = []

@@ -1,4 +1,4 @@
-"""DQN trials trained as one fused group (`dqn.adapter.train_fused`, adapters/_rl/fused_dqn.py).
+"""DQN trials trained as one fused group (`dqn.adapter.train_fused`, adapters/_rl/fused_*.py).
 
 Real training on CartPole-v1, a few hundred steps an epoch: every member reports every epoch and
 gets its value; a member pruned at an epoch leaves while the others finish; a member whose
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from adapters import dqn
-from adapters._rl import fused, fused_dqn
+from adapters._rl import fused, fused_dqn, fused_group
 from adapters.base import Member
 from orchestrator.record.checkpoints import files as stored
 
@@ -132,7 +132,7 @@ def test_a_pruned_member_leaves_and_a_failing_checkpoint_ends_only_its_member():
 
 
 def test_an_error_of_the_fused_step_ends_every_member_still_in_the_group(monkeypatch):
-    real_step, calls = fused_dqn.GroupRun._gradient_step, []
+    real_step, calls = fused_group.GroupRun._gradient_step, []
 
     def failing(self: Any, members: list, *args: Any) -> None:
         calls.append(len(members))
@@ -140,7 +140,7 @@ def test_an_error_of_the_fused_step_ends_every_member_still_in_the_group(monkeyp
             raise RuntimeError("out of memory")
         real_step(self, members, *args)
 
-    monkeypatch.setattr(fused_dqn.GroupRun, "_gradient_step", failing)
+    monkeypatch.setattr(fused_group.GroupRun, "_gradient_step", failing)
     reports: list[list[tuple[int, float]]] = [[] for _ in THREE]
     members = [
         Member(p, reporter(r, prune_at=0 if i == 0 else None), None)
@@ -200,7 +200,7 @@ def test_a_fused_step_inside_a_group_of_8_is_each_members_own_step():
     `Learner.gradient_step`, and its loss and clipped gradient must equal the fused step's."""
     worst = {k: [0.0, 0.0] for k in range(len(EIGHT))}
     steps = {k: 0 for k in range(len(EIGHT))}
-    real_step, real_adam = fused_dqn.GroupRun._gradient_step, fused.FusedAdam.step_rows
+    real_step, real_adam = fused_group.GroupRun._gradient_step, fused.FusedAdam.step_rows
     taken: dict[str, Any] = {}
 
     def spy_adam(self: fused.FusedAdam, rows: Any, grads: torch.Tensor, lrs: Any) -> None:
@@ -233,14 +233,14 @@ def test_a_fused_step_inside_a_group_of_8_is_each_members_own_step():
             grad_diff = float((taken["grads"][j] - grad).abs().max() / grad.norm())
             worst[index] = [max(worst[index][0], loss_diff), max(worst[index][1], grad_diff)]
 
-    fused_dqn.GroupRun._gradient_step = spy_step
+    fused_group.GroupRun._gradient_step = spy_step
     fused.FusedAdam.step_rows = spy_adam
     try:
         members = [Member(p, lambda e, v: None, None) for p in EIGHT]
         options = {**OPTIONS, "steps_per_epoch": 1200}
         entries = dqn.adapter.train_fused(members, epochs=1, device=CPU, options=options)
     finally:
-        fused_dqn.GroupRun._gradient_step = real_step
+        fused_group.GroupRun._gradient_step = real_step
         fused.FusedAdam.step_rows = real_adam
     assert all(isinstance(e, float) for e in entries), entries
     assert all(count == 100 for count in steps.values()), steps
@@ -295,7 +295,7 @@ def test_with_uniform_replay_a_member_alone_and_in_a_group_of_8_agree_for_100_st
     uniform = [{**p, "per_alpha": 0.0} for p in EIGHT]
     options = {**OPTIONS, "steps_per_epoch": 1200}
     in_group: list[list[float]] = [[] for _ in uniform]
-    real_step = fused_dqn.GroupRun._gradient_step
+    real_step = fused_group.GroupRun._gradient_step
 
     def spy_step(self: Any, members: list, stack: Any, owed: tuple, betas: list) -> None:
         real_losses = fused.dqn_losses
@@ -312,12 +312,12 @@ def test_with_uniform_replay_a_member_alone_and_in_a_group_of_8_agree_for_100_st
         finally:
             fused.dqn_losses = real_losses
 
-    fused_dqn.GroupRun._gradient_step = spy_step
+    fused_group.GroupRun._gradient_step = spy_step
     try:
         members = [Member(p, lambda e, v: None, None) for p in uniform]
         dqn.adapter.train_fused(members, epochs=1, device=CPU, options=options)
     finally:
-        fused_dqn.GroupRun._gradient_step = real_step
+        fused_group.GroupRun._gradient_step = real_step
     for index, params in enumerate(uniform):
         with backpropagated() as losses:
             dqn.adapter.train(
