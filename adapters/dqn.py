@@ -384,10 +384,16 @@ class DQNAdapter(_rl.RLAdapter):
         )
 
     def fuse_key(self, params: Mapping[str, Any]) -> Hashable:
-        """Which trials may share a fused group: hidden width and batch band."""
+        """Which trials may share a fused group: hidden width and batch band. It reads only
+        those two parameters (a fused group's other members are asked with the ones it reads
+        fixed: orchestrator/run/trial/group.py)."""
         from adapters._rl import fused_dqn
 
-        return fused_dqn.fuse_key(DQNConfig.from_params(params))
+        present = set(params)  # iterating reads no parameter
+        config = DQNConfig()
+        hidden = params["hidden_size"] if "hidden_size" in present else config.hidden_size
+        batch = params["batch_size"] if "batch_size" in present else config.batch_size
+        return fused_dqn.fuse_key(hidden, batch)
 
 
 adapter = DQNAdapter()

@@ -367,6 +367,15 @@ def test_fuse_key_is_the_hidden_width_and_the_batch_band():
     two = [Member({**BASE, "batch_size": 64}, lambda e, v: None, None) for _ in range(2)]
     entries = dqn.adapter.train_fused(two, epochs=1, device=CPU, options=bad)
     assert [type(e).__name__ for e in entries] == ["UserError"] * 2  # as `train` raises it
+    read: list[str] = []
+
+    class Reading(dict):  # what the pool's group path sees of a key: the parameters it reads
+        def __getitem__(self, name: str) -> Any:
+            read.append(name)
+            return super().__getitem__(name)
+
+    key(Reading(THREE[0]))
+    assert sorted(read) == ["batch_size", "hidden_size"]
     with pytest.raises(ValueError, match="one fuse_key"):
         dqn.adapter.train_fused(
             [Member({**BASE, "batch_size": b}, lambda e, v: None, None) for b in (64, 128)],

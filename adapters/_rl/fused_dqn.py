@@ -59,10 +59,15 @@ def batch_band(batch_size: int) -> int:
     return min(max((int(batch_size) // BATCH_SIZE_MIN).bit_length() - 1, 0), BANDS - 1)
 
 
-def fuse_key(config: DQNConfig) -> Hashable:
-    """Which DQN trials may train as one group: equal hidden width, batch band and number of
-    environments (fixed unless a trial's parameters set it)."""
-    return (config.hidden_size, batch_band(config.batch_size), config.num_envs)
+def fuse_key(hidden_size: int, batch_size: int) -> Hashable:
+    """Which DQN trials may train as one group: equal hidden width and batch band."""
+    return (int(hidden_size), batch_band(int(batch_size)))
+
+
+def _group_key(config: DQNConfig) -> Hashable:
+    """`fuse_key`, and the number of environments (fixed unless a trial's parameters set it):
+    what the members of one group must share."""
+    return (*fuse_key(config.hidden_size, config.batch_size), config.num_envs)
 
 
 def train_fused(
@@ -77,9 +82,11 @@ def train_fused(
     """One entry per member, in order: its value, or what ended it (docs/fused.md)."""
     if len(members) == 1:  # a group of one is exactly a trial
         return [_alone(adapter, members[0], epochs, device, options)]
-    keys = {fuse_key(algorithm.config.from_params(m.params)) for m in members}
+    keys = {_group_key(algorithm.config.from_params(m.params)) for m in members}
     if len(keys) > 1:
-        raise ValueError(f"members of one fused DQN group need one fuse_key, not {sorted(keys)}")
+        raise ValueError(
+            f"members of one fused DQN group need one fuse_key and num_envs, not {sorted(keys)}"
+        )
     started = time.perf_counter()
     try:
         tasks = _rl.fold_tasks(options)  # bad options fail the group before any training
