@@ -9,6 +9,10 @@ the final one, so pruners have something to work with; `noise` adds a seeded dra
 It checkpoints its epoch and its random generator after each epoch (through the handle,
 docs/checkpoints.md), so a resume can be tried in seconds: a resumed trial reports the curve an
 uninterrupted one would have.
+
+With `--fuse N` it trains up to N trials of one activation together (`train_fused`,
+docs/fused.md): one pause per epoch for the whole group, each member reporting, pruned and
+checkpointed on its own.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import (
@@ -116,6 +120,67 @@ class SyntheticAdapter(BaseAdapter):
             if checkpoint is not None:
                 checkpoint.save(epoch, {"epoch": epoch, "rng": list(rng.getstate())})
         return final
+
+    def fuse_key(self, params: Mapping[str, Any]) -> Any:
+        """Which trials may train fused: those of one activation (its stand-in for a shape)."""
+        return params["activation"]
+
+    def train_fused(
+        self,
+        members: Sequence[Any],
+        *,
+        epochs: int,
+        device: str,
+        options: Mapping[str, Any],
+    ) -> list[float | BaseException]:
+        """Train several trials together, one epoch at a time: each epoch's pause is paid once
+        for the group (what fusing buys), then each member reports its own value and saves its
+        own checkpoint. A member whose report raises (pruned) leaves; the others go on. Each
+        member's curve is the one `train` would report for it alone."""
+        epochs = max(1, epochs)
+        pause = float(options.get("trial_seconds", 0.0)) / epochs
+        noise = float(options.get("noise", 0.0))
+        runs = [_Run.start(member, epochs) for member in members]
+        for epoch in range(min(run.epoch for run in runs), epochs):
+            if all(run.entry is not None for run in runs):
+                break  # every member was pruned or failed: nothing left to train
+            time.sleep(pause)
+            for run in runs:
+                if run.entry is None and run.epoch <= epoch:
+                    run.step(epoch, epochs, noise)
+        return [run.final if run.entry is None else run.entry for run in runs]
+
+
+class _Run:
+    """One member of a fused group: its target, its generator and where it stands."""
+
+    def __init__(self, member: Any, final: float, rng: random.Random, epoch: int) -> None:
+        self.member, self.final, self.rng, self.epoch = member, final, rng, epoch
+        self.entry: BaseException | None = None  # what ended it early
+
+    @classmethod
+    def start(cls, member: Any, epochs: int) -> _Run:
+        """From scratch, or after its checkpoint's epoch with the generator as it was."""
+        rng = random.Random(params_seed(member.params))
+        state = None if member.checkpoint is None else member.checkpoint.load()
+        start = 0
+        if state is not None:
+            start = int(state["epoch"]) + 1
+            version, internal, gauss = state["rng"]
+            rng.setstate((version, tuple(internal), gauss))
+        return cls(member, synthetic_value(member.params), rng, start)
+
+    def step(self, epoch: int, epochs: int, noise: float) -> None:
+        value = self.final + (epochs - 1 - epoch) / epochs + noise * self.rng.gauss(0.0, 1.0)
+        try:
+            self.member.report(epoch, value)
+            if self.member.checkpoint is not None:
+                self.member.checkpoint.save(
+                    epoch, {"epoch": epoch, "rng": list(self.rng.getstate())}
+                )
+        except Exception as error:  # optuna.TrialPruned among them: this member alone ends
+            self.entry = error
+        self.epoch = epoch + 1
 
 
 def params_seed(params: Mapping[str, Any]) -> int:

@@ -24,7 +24,11 @@ every run to a .jsonl under benchmarks/results/ as it finishes, so a stopped run
 `samplers.recommend(study)` and the best configuration the study evaluated (the limit of any
 recommendation); the recommendation is computed from the run's kept history when the table is
 rendered, and kept in results/recommended.jsonl by run and by the recommendation's settings.
-`--same-start N` starts every sampler of a seed from the same N configurations.
+`--same-start N` starts every sampler of a seed from the same N configurations. A sampler named
+`NAME+iK` (`pso+i10`) is NAME with `--intensify K`: K of the budget's trials re-run the study's
+current recommendation at the points `orchestrator.intensify` schedules them, each re-run one
+more draw of the table's seeds (with replacement, as a first run draws: a conservative stand-in
+for a new training seed).
 
 It prints a Markdown table and writes it, with the raw numbers, under benchmarks/results/.
 """
@@ -278,6 +282,7 @@ def run_hpo(
     import optuna
 
     table = _TABLES.get(task) or _TABLES.setdefault(task, Table(task))
+    sampler, intensify = intensified(sampler)
     study = optuna.create_study(sampler=make_hpo(sampler, seed))
     for params in table.random_params(np.random.default_rng([seed, 17]), same_start):
         study.enqueue_trial(params)
@@ -297,10 +302,31 @@ def run_hpo(
 
     while asked < min(in_flight, trials):
         ask()
+    queued = 0
+
+    def queue_reruns() -> None:
+        """`--intensify`: the product's schedule and rule (`orchestrator.intensify`)."""
+        nonlocal queued
+        from orchestrator.intensify import owed_now
+        from orchestrator.record.study.spec import BudgetCount
+        from samplers._model.recommend import recommendation
+
+        waiting = sum(1 for t in study.get_trials(deepcopy=False) if t.state.name == "WAITING")
+        count = BudgetCount(complete=len(history), running=len(running), waiting=waiting)
+        owed = owed_now(trials, intensify, queued, count)
+        if owed == 0:
+            return
+        found = recommendation(study.get_trials(deepcopy=False), ["minimize"])
+        for _ in range(owed if found is not None else 0):
+            study.enqueue_trial(dict(found.trial.params), skip_if_exists=False)
+            queued += 1
+
     while running:
         clock, _, trial, key, value = heapq.heappop(running)
         study.tell(trial, value)
         history.append((trial.number, key, value))
+        if intensify:
+            queue_reruns()
         if asked < trials:
             ask()
     seconds = time.process_time() - cpu
@@ -311,6 +337,22 @@ def run_hpo(
         "seconds": seconds,
         "history": sorted(history),
     }
+
+
+def intensified(sampler: str) -> tuple[str, int]:
+    """`NAME+iK`: (NAME, K re-runs of the recommendation); a plain NAME: (NAME, 0)."""
+    name, _, runs = sampler.partition("+i")
+    return name, int(runs or 0)
+
+
+def hpo_sampler(text: str) -> str:
+    """argparse's check of a `--samplers` name."""
+    name, _, runs = text.partition("+i")
+    if name not in HPO_SAMPLERS + KEPT or (runs and not runs.isdigit()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: one of {', '.join(HPO_SAMPLERS + KEPT)}, optionally +iK (K re-runs)"
+        )
+    return text
 
 
 def recommended_regret(task: str, history: list) -> float:
@@ -661,9 +703,7 @@ def main_hpo(argv: list[str]) -> int:
     """`hpo`: regret on the tables, for every sampler, task, seed and number in flight."""
     parser = argparse.ArgumentParser(prog="bench_samplers.py hpo", description=main_hpo.__doc__)
     parser.add_argument("--tasks", nargs="+", default=None, help="family/dataset (default: all)")
-    parser.add_argument(
-        "--samplers", nargs="+", default=list(HPO_SAMPLERS), choices=HPO_SAMPLERS + KEPT
-    )
+    parser.add_argument("--samplers", nargs="+", default=list(HPO_SAMPLERS), type=hpo_sampler)
     parser.add_argument(
         "--also", nargs="*", default=[], help="more results files (names under results/) to show"
     )

@@ -271,6 +271,7 @@ def _run(
         host_options.check_host_options(settings)
         location = StorageLocation.resolve(storage)
         host_options.check_storage_for_workers(location)
+    spec = spec.updated(fuse=settings.fuse)  # stored with the study, as `run --fuse` stores it
     adapter = study_adapter.resolve_adapter(spec)  # the objective imports here, or says why not
     spare, opened = launch.open_for_trials(location, uses_torch=adapter_base.uses_torch(adapter))
     existing, spec = _resume(opened, name, spec)

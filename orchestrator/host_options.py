@@ -48,6 +48,9 @@ class HostOptions:
     gpus: str = "auto"
     sim_memory_scale: float = 1.0
     concurrency: int | None = None
+    # --fuse N: trials of one shape trained as one fused model in one process (docs/fused.md);
+    # None keeps the study's (1, a process per trial, for a new one). `run` stores it.
+    fuse: int | None = None
     timeout: float | None = None
     trial_timeout: float | None = None  # seconds one trial may train; None: no limit
     grace: float = Stop.grace_s  # the pool's, and `--grace`'s
@@ -118,11 +121,23 @@ def add_concurrency_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_fuse_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fuse",
+        type=whole_number("--fuse", high=MAX_FUSE, example=8),
+        metavar="N",
+        help="train up to N trials of one shape in one process, as one fused model (default 1: "
+        "a process per trial; stored with the study; an adapter without train_fused runs "
+        "unfused; docs/fused.md)",
+    )
+
+
 def add_host_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `run` and `worker` about this host."""
 
     add_gpus_argument(parser)
     add_concurrency_argument(parser)
+    add_fuse_argument(parser)
     _add_time_arguments(parser)
     _add_process_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -234,6 +249,10 @@ def host_option_problems(o: HostOptions) -> list[str]:
             f"--concurrency {o.concurrency} must be at least 1",
         ),
         (
+            o.fuse is not None and not 1 <= o.fuse <= MAX_FUSE,
+            f"--fuse {o.fuse} must be from 1 to {MAX_FUSE}",
+        ),
+        (
             not positive(o.sim_memory_scale),
             f"--sim-memory-scale {o.sim_memory_scale} must be more than 0",
         ),
@@ -270,6 +289,9 @@ def host_option_problems(o: HostOptions) -> list[str]:
     return [message for wrong, message in checks if wrong]
 
 
+# Members of one fused group: past this a group is one process's whole study, and its stacked
+# tensors grow past what fusing is for (docs/fused.md measures up to 16).
+MAX_FUSE = 256
 # A grace period is how long a stop waits for running trials: past a day it is a typing error
 # (and a number such as 1e15 would overflow the clocks it is added to).
 MAX_GRACE_S = 86_400.0

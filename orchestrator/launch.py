@@ -27,6 +27,7 @@ from orchestrator.run.pool import processes as pool_processes
 from orchestrator.run.pool import signals as pool_signals
 from orchestrator.run.pool.progress import make_progress
 from orchestrator.run.pool.trial_endings import TrialsCannotStart
+from orchestrator.run.trial.member import unfused_because
 from orchestrator.selection import finish_study
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ def run_pool(
     set_metric_names(study, spec, metric)
     progress = _progress(options)
     finished = FinishedTrials(study, callbacks) if callbacks else None
+    fuse = fused_members(adapter, spec, options.fuse or spec.fuse)
     pool = pool_loop.Pool.on_storage(
         storage_location=location,
         engine=storage.engine,
@@ -116,9 +118,10 @@ def run_pool(
         probe=host.probe,
         cpu_cores=host.plan.cpu_cores,
         cpu_bound=host.cpu_bound,
-        settings=options.trial_settings(location),
+        settings=dataclasses.replace(options.trial_settings(location), fuse=fuse),
         spare=spare,
         adapter=adapter,
+        fuse=fuse,
         timeout_s=options.timeout,
         grace_s=options.grace,
         metric=metric,
@@ -138,6 +141,18 @@ def run_pool(
     learnt = [(s.gpu_name, s.footprint) for s in pool.supervisors]
     _refine_memory_models(storage, adapter.name, study.study_name, host.devices, learnt)
     return outcome_of(study, spec, interrupted=result.interrupted)
+
+
+def fused_members(adapter: Any, spec: StudySpec, asked: int) -> int:
+    """How many trials one process trains fused here: `asked` (--fuse), or 1, with one line
+    saying why, where the adapter or the study cannot fuse (docs/fused.md)."""
+    if asked <= 1:
+        return 1
+    why = unfused_because(adapter, spec)
+    if why is not None:
+        logger.warning("--fuse %d: %s; its trials run one per process", asked, why)
+        return 1
+    return asked
 
 
 class FinishedTrials:

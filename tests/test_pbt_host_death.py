@@ -31,6 +31,7 @@ from optuna.trial import TrialState
 from orchestrator.record.checkpoints import lineage as names
 from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials.best import pick_best
+from samplers._pbt import PLAN_KEY
 from samplers._pbt_repairs import SHAPE_REASON
 from tests.cli_helpers import run_cli, start_cli
 from tests.test_host_death import ENV as HOST_ENV
@@ -128,7 +129,10 @@ def _resumed_as_itself(found, stopped: optuna.trial.FrozenTrial) -> None:
     what its process had not saved: from its own last checkpoint, else from its parent's (the
     epoch before its first), else from the start. Its log says why in one line."""
     (rerun,) = _reruns_of(found, stopped.number)
-    assert rerun.state == TrialState.COMPLETE and rerun.params == stopped.params
+    assert rerun.state == TrialState.COMPLETE
+    # A segment killed before its process suggested anything has no params yet: its plan's.
+    planned = stopped.params or stopped.system_attrs[PLAN_KEY]["params"]
+    assert planned is None or rerun.params == planned, (rerun.params, planned)
     own = stopped.user_attrs.get("checkpoint", {}).get("epoch")
     start = stopped.user_attrs[names.PBT_START_EPOCH]
     saved = own if own is not None else (start - 1 if start else None)

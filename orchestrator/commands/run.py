@@ -157,7 +157,11 @@ def study_settings(
 ) -> tuple[optuna.Study | None, StudySpec, list[Queued]]:
     """The study to resume (or None), the spec to store and the sets to queue: read, not stored."""
     existing, spec = _resolve_spec(storage, args, typed.adapter, typed.options, label)
-    spec = spec.updated(mlflow_uri=typed.mlflow_uri, **checkpoint_settings(args))
+    spec = spec.updated(
+        mlflow_uri=typed.mlflow_uri,
+        fuse=getattr(args, "fuse", None),  # stored: `worker` and slurm's tasks read it
+        **checkpoint_settings(args),
+    )
     check_spec(spec)
     intensify.check_intensify(spec)
     return existing, spec, _fitting_queue(typed.queue, existing, spec)

@@ -36,6 +36,7 @@ from orchestrator.flags.common import (
     whole_number,
 )
 from orchestrator.flags.study import add_search_arguments, add_size_arguments
+from orchestrator.host_options import add_fuse_argument
 from orchestrator.imports import LazyImport
 from orchestrator.planning.workloads import (
     WORKLOAD_CLASSES,
@@ -84,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_size_arguments(parser)
     add_search_arguments(parser)
     add_checkpoint_arguments(parser)
+    add_fuse_argument(parser)  # stored with the study: every task's `worker` reads it
     add_workloads_argument(parser)
     # run's checks read these; the end-of-study re-runs are `run`'s, not a stored setting.
     parser.set_defaults(handler=slurm_command, confirm=None, confirm_seeds=None)
@@ -120,7 +122,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
 _SETTINGS = (
     "trials", "epochs", "env", "repeats", "data", "option", "sampler", "seed", "swarm_size",
     "directions", "objectives", "grid", "pruner", "max_retries", "update_settings",
-    "enqueue_defaults", "enqueue", "mlflow_uri", "checkpoint_every", "artifacts",
+    "enqueue_defaults", "enqueue", "mlflow_uri", "checkpoint_every", "artifacts", "fuse",
 )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ class Sized:
 
     handle: int
     batch_size: int | None
+    members: int = 1  # a fused group's trials (docs/fused.md), admitted as one by their bytes
 
 
 @dataclass(frozen=True)

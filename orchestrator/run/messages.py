@@ -3,8 +3,8 @@
 A trial process's first message is its `WorkerConfig`: which GPU and study it serves, and the
 host's `TrialSettings`, made once from the host's options and the same for every trial process.
 Then, for each trial, the supervisor sends a `TrialJob` (then, once the trial has said its size, a
-`Go`); the trial process sends ("asked", number), ("sized", batch size), ("vram_peak_mb", MB) each
-epoch, ("say", line) for the host's log (said once per host), and last its `TrialOutcome`. All of them are plain picklable values, and this module imports
+`Go`); the trial process sends ("asked", number), ("sized", batch size) (a fused group: ("sized",
+its largest batch size, its members)), ("vram_peak_mb", MB) each epoch, ("say", line) for the host's log (said once per host), and last its `TrialOutcome`. All of them are plain picklable values, and this module imports
 nothing of either side, so the pool builds them without loading the trial's modules.
 """
 
@@ -38,6 +38,9 @@ class TrialSettings:
     sim_memory_scale: float = 1.0  # a simulated trial holds this times its memory model's MB
     recycling: Recycling = Recycling()
     log_dir: str | None = None  # each trial's stdout and stderr go to a file under it
+    # --fuse: the most trials one process claims and trains as one fused model (docs/fused.md);
+    # 1 runs one trial at a time. Already 1 where the adapter or the study cannot fuse.
+    fuse: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ class TrialOutcome:
     unreachable: bool = False  # it gave up on a database away for longer than the bound
     timed_out: bool = False  # stopped at --trial-timeout: the process makes way for a fresh one
     late: bool = False  # its process woke after the trial was failed as lost and re-run
+    # A fused group (docs/fused.md): this is its first member's outcome, with the group's
+    # out-of-memory, CUDA error, stop and timeout; `fused` holds the other members' outcomes.
+    fused: tuple[TrialOutcome, ...] = ()
 
 
 class Channel(Protocol):

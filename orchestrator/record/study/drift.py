@@ -11,7 +11,7 @@ What may change on any resume, because it says how much is run and how, not what
 the budget (`--trials`) and how much of it re-runs the recommended trial (`--intensify`), how
 often a lost or OOM'd trial is re-run (`--max-retries`), where trials are tracked
 (`--mlflow-uri`), how often and where trials are checkpointed (`--checkpoint-every`,
-`--artifacts`), and the memory model an adapter's options declare (it tells admission how many
+`--artifacts`), how many trials one process trains fused (`--fuse`), and the memory model an adapter's options declare (it tells admission how many
 trials fit at once, never what a trial computes).
 
 `differences` is pure; `check_stored` and `record_update` read and write the study's attributes.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # Every setting of StudySpec is part of what a trial means unless it is named here: a setting
 # added later is guarded from the start.
 CHANGEABLE = frozenset(
-    {"trials", "max_retries", "mlflow_uri", "checkpoint_every", "artifacts", "intensify"}
+    {"trials", "max_retries", "mlflow_uri", "checkpoint_every", "artifacts", "intensify", "fuse"}
 )
 # A sampler or pruner object given to `optimize` is stored pickled, and its pickle holds its
 # random state: two equal samplers pickle differently, so the pickles are not compared.

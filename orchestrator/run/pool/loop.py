@@ -95,8 +95,12 @@ class Pool:
         learn: bool = True,
         placement: Policy = Policy.SPREAD,
         starting_limit: int | None = None,
+        fuse: int = 1,
     ) -> None:
         self.study = study
+        # The most trials one process claims at once (--fuse, docs/fused.md): a process that has
+        # not asked yet may take that many of the budget.
+        self.fuse = max(1, fuse)
         # At most this many trials whose process has not asked yet (None: no limit). Processes
         # that start together share the host's cores: beyond one a core they only slow each
         # other, and the first trial waits for them all.
@@ -263,7 +267,7 @@ class Pool:
         # Each ask takes a waiting trial or a new one: the room is what is neither counted nor
         # running, less our trials that started but have not asked yet.
         not_asked = sum(1 for s in self.supervisors for t in s.running.values() if t.number is None)
-        room = self.study.budget - count.counted - count.running - not_asked
+        room = self.study.budget - count.counted - count.running - not_asked * self.fuse
         if room <= 0:
             return
         # Free memory is read once a pass; trials started in it count against it by estimate.
@@ -277,7 +281,7 @@ class Pool:
             if placed.index is None:
                 return
             self._start(self.supervisors[placed.index])
-            room, starting = room - 1, starting + 1
+            room, starting = room - self.fuse, starting + 1
 
     def _free_mb(self, supervisor: Supervisor) -> float | None:
         if supervisor.device is None or len(self.supervisors) == 1:
@@ -323,6 +327,9 @@ class Pool:
                 self._finished(supervisor, *finished)
 
     def _finished(self, supervisor: Supervisor, trial: RunningTrial, outcome: TrialOutcome) -> None:
+        for member in outcome.fused:  # a fused group's other trials: each ended as one does
+            self.trials_run += 1
+            log_ending(supervisor.label, ending_of(member, member.trial_number), member)
         ending = ending_of(outcome, trial.number)
         if ending.end is End.NOTHING_RUN:
             self.trials_run -= 1

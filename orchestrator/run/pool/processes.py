@@ -197,7 +197,8 @@ class WarmProcesses:
                     if message[0] == "asked":
                         self._pending.append(Asked(worker.trial, int(message[1])))
                     elif message[0] == "sized":
-                        self._pending.append(Sized(worker.trial, message[1]))
+                        members = int(message[2]) if len(message) > 2 else 1
+                        self._pending.append(Sized(worker.trial, message[1], members))
                     elif message[0] == "vram_peak_mb":
                         self._pending.append(VramPeak(worker.trial, float(message[1])))
                     elif message[0] == "say" and message[1] not in self._said:

@@ -42,6 +42,7 @@ class RunningTrial:
     number: int | None = None  # known once its process has asked
     sized: bool = False  # its parameters are drawn: its footprint is known
     batch_size: int | None = None
+    members: int = 1  # a fused group's trials, sized at its largest batch (docs/fused.md)
     admitted: bool = False
     planned_mb: float = 0.0  # the estimate it was admitted with
     admitted_index: int = -1
@@ -98,6 +99,7 @@ class Supervisor:
             trial.number = event.number
         elif isinstance(event, Sized):
             trial.sized, trial.batch_size = True, event.batch_size
+            trial.members = event.members
         elif isinstance(event, VramPeak):
             trial.vram_peak_mb = event.vram_peak_mb
         else:
@@ -149,10 +151,12 @@ class Supervisor:
             return None, changes
         while True:
             running_mb = [t.held_mb for t in self.admitted()]
+            # A fused group counts as its members, each at the group's largest batch: the
+            # context each would pay alone is counted once per member (an upper bound).
             line = [
                 (
-                    self.footprint.planned_mb(t.batch_size),
-                    self.footprint.worst_mb(t.batch_size),
+                    self.footprint.planned_mb(t.batch_size) * t.members,
+                    self.footprint.worst_mb(t.batch_size) * t.members,
                     t.passed_over,
                 )
                 for t in waiting
@@ -207,7 +211,9 @@ class Supervisor:
             )
             return change
         if learn and outcome.vram_peak_mb and outcome.state in MEASURED_STATES:
-            self.footprint = observe_peak(self.footprint, trial.batch_size, outcome.vram_peak_mb)
+            # A group's peak is the group's: each member's share is what one trial is learnt by.
+            share = outcome.vram_peak_mb / trial.members
+            self.footprint = observe_peak(self.footprint, trial.batch_size, share)
         self.budget, change = after_trial(
             self.budget,
             oom=False,

@@ -53,7 +53,7 @@ def fail_with(result: RunResult, caught: BaseException, number: int) -> bool:
     if isinstance(caught, StorageUnreachable):
         return False
     if isinstance(caught, optuna.exceptions.UpdateFinishedTrialError):
-        return False  # taken over while this process was frozen: the runner says so (`_late`)
+        return False  # taken over while frozen: the runner says so (`late_outcome`)
     if isinstance(caught, oom_errors()) or is_cuda_out_of_memory(caught):
         first = str(caught).splitlines()[0] if str(caught) else ""
         result.oom, result.error = True, f"out of memory: {first}"

@@ -49,10 +49,16 @@ def hold_simulated(ctx: TrialContext, result: RunResult) -> None:
     """Hold, on a simulated GPU, all the trial really needs: the adapter's declared model at its
     batch size times --sim-memory-scale (raises CUDA's OOM error if it does not fit)."""
 
+    hold_simulated_mb(ctx, ctx.memory.planned_mb(result.batch_size or 0))
+
+
+def hold_simulated_mb(ctx: TrialContext, planned_mb: float) -> None:
+    """Hold `planned_mb` (times --sim-memory-scale) on a simulated GPU: what this process's
+    trial, or fused group of trials, really needs by the memory model."""
     if ctx.ledger is None:
         return
     holder = process_holder()
-    need = ctx.memory.planned_mb(result.batch_size or 0) * ctx.config.settings.sim_memory_scale
+    need = planned_mb * ctx.config.settings.sim_memory_scale
     more = need - ctx.ledger.held_mb(holder)
     if more > 0:
         ctx.ledger.allocate(holder, more)

@@ -1,8 +1,10 @@
 """One trial inside a warm trial process: ask, heartbeat, run, classify the outcome, tell, record.
 
-Shaped like Optuna's own `_run_trial`, one small function a step. The process around it, made
-once and reused trial after trial, is `orchestrator.run.trial.worker`; what it opened once is the
-`TrialContext`. A trial knows nothing of concurrency beyond the numbers it records.
+Shaped like Optuna's own `_run_trial`, one small function a step; its end (tell, record,
+publish) is `orchestrator.run.trial.ending`, and a fused group of trials runs beside it in
+`orchestrator.run.trial.group`. The process around it, made once and reused trial after trial,
+is `orchestrator.run.trial.worker`; what it opened once is the `TrialContext`. A trial knows
+nothing of concurrency beyond the numbers it records.
 """
 
 from __future__ import annotations
@@ -24,15 +26,14 @@ from orchestrator.record.budget.claim import AskStopped, ask_within_budget
 from orchestrator.record.outages.riding import Heartbeat
 from orchestrator.record.store.optuna_private import fixed_params_of, trial_id_of
 from orchestrator.record.store.storage import heartbeat_settings
-from orchestrator.record.study import objectives
 from orchestrator.record.study.objectives import several_values, unpruned_reporter
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.attrs import set_user_attrs
 from orchestrator.record.trials.logs import captured, trial_log_path
-from orchestrator.record.trials.notes import write_trial_note
 from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
-from orchestrator.run.trial.checkpoints import open_handle, takes_checkpoint, tell_host, tidy
+from orchestrator.run.trial.checkpoints import open_handle, takes_checkpoint, tell_host
 from orchestrator.run.trial.clock import time_limit
+from orchestrator.run.trial.ending import end_trial
 from orchestrator.run.trial.errors import fail_with, settle
 from orchestrator.run.trial.host import name_process, trial_name
 from orchestrator.run.trial.memory import (
@@ -42,29 +43,24 @@ from orchestrator.run.trial.memory import (
     reporting_memory,
     reset_memory,
 )
-from orchestrator.run.trial.requeue import requeue_if_interrupted, requeue_unasked
+from orchestrator.run.trial.requeue import requeue_unasked
 from orchestrator.run.trial.result import RunResult, trial_outcome
 from orchestrator.run.trial.signals import (
-    HOST_GONE,
     Interrupted,
     interruptible,
-    is_host_gone,
     stop_requested,
 )
-from orchestrator.run.trial.spool import Told, kept_until_told, noted
+from orchestrator.run.trial.spool import noted
 from orchestrator.run.trial.training import train
 from samplers import sampler_kind
 
 if TYPE_CHECKING:
     import optuna
 
-    from orchestrator.record.store import records
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.run.trial.context import TrialContext
 else:
     optuna = LazyImport("optuna")
-    # Loads SQLAlchemy: read once a trial runs, after the process's signal handlers are set.
-    records = LazyImport("orchestrator.record.store.records")
 
 logger = logging.getLogger(__name__)
 
@@ -85,39 +81,22 @@ def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
     if not sampler_kind(spec.sampler).kept:
         ctx.study.sampler = ctx.sampler_for(job.batch_bounds, trial.number)
     fit_fixed_batch_size(trial, job.batch_bounds)
-    log_file = _log_file(ctx, trial)
+    log_file = log_file_of(ctx, trial)
     try:
-        with _output_to(log_file), _heartbeat(ctx, trial), _said_if_taken_over(trial.number):
+        with output_to(log_file), heartbeat(ctx, trial), said_if_taken_over(trial.number):
             result = run_objective(ctx, job, spec, trial, channel, log_file)
             alone = result.oom and not company.value
-            told = Told(*told_values(ctx, trial, result), attrs=told_attrs(result))
-            with kept_until_told(ctx, trial, result, told):  # an outage past the bound keeps it
-                requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
-                tell(ctx, trial, told)
-                record(ctx, trial, result, lock)
-            publish(ctx, trial)
-            tidy_checkpoints(ctx, trial, result, requeued)
-            _say_if_host_gone(trial.number, result, requeued)
+            requeued = end_trial(ctx, job, spec, trial, result, lock, alone=alone)
     except optuna.exceptions.UpdateFinishedTrialError:
-        return _late(trial.number, log_file)
+        return late_outcome(trial.number, log_file)
     log = None if log_file is None else str(log_file)
     return trial_outcome(result, trial.number, alone=alone, requeued=requeued, log_file=log)
 
 
-def tidy_checkpoints(
-    ctx: TrialContext, trial: optuna.Trial, result: RunResult, requeued: bool
-) -> None:
-    """Drop the checkpoints nothing reads again; a store that refuses costs a line, not the trial."""
-    try:
-        tidy(ctx.study, trial, result.checkpoint, result.state.name, requeued)
-    except Exception as error:  # the trial is told already: tidying is best effort
-        logger.warning("trial %d: its checkpoints were not tidied: %s", trial.number, error)
-
-
 @contextlib.contextmanager
-def _said_if_taken_over(number: int) -> Iterator[None]:
+def said_if_taken_over(number: int) -> Iterator[None]:
     """One line in the trial's log, not a traceback, when the study refuses a write because the
-    trial was failed as lost while this process was frozen (`_late`)."""
+    trial was failed as lost while this process was frozen (`late_outcome`)."""
     try:
         yield
     except optuna.exceptions.UpdateFinishedTrialError:
@@ -129,19 +108,7 @@ def _said_if_taken_over(number: int) -> Iterator[None]:
         raise
 
 
-def _say_if_host_gone(number: int, result: RunResult, requeued: bool) -> None:
-    """The one line a trial stopped by its host's death leaves in its log (no traceback)."""
-    if not (result.interrupted and is_host_gone()):
-        return
-    then = (
-        "it is re-queued, its checkpoints kept: the next run or worker of the study resumes it"
-        if requeued
-        else "it is not re-queued"
-    )
-    logger.warning("trial %d stopped: %s (killed, or crashed); %s", number, HOST_GONE, then)
-
-
-def _late(number: int, log_file: Path | None) -> TrialOutcome:
+def late_outcome(number: int, log_file: Path | None) -> TrialOutcome:
     """This process was frozen (SIGSTOP, a swapped-out host) past the heartbeat's grace: the
     study failed the trial as lost and queued its re-run, and now refuses its late write. The
     result is dropped (the re-run has the parameters); the process carries on."""
@@ -155,14 +122,14 @@ def _late(number: int, log_file: Path | None) -> TrialOutcome:
     )
 
 
-def _log_file(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
+def log_file_of(ctx: TrialContext, trial: optuna.Trial) -> Path | None:
     log_dir = ctx.config.settings.log_dir
     if log_dir is None:
         return None
     return trial_log_path(log_dir, ctx.config.study_name, trial.number)
 
 
-def _output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
+def output_to(path: Path | None) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext() if path is None else captured(path)
 
 
@@ -204,7 +171,7 @@ def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
         trial.set_user_attr("batch_size_fitted_from", int(batch))
 
 
-def _heartbeat(ctx: TrialContext, trial: optuna.Trial) -> contextlib.AbstractContextManager[Any]:
+def heartbeat(ctx: TrialContext, trial: optuna.Trial) -> contextlib.AbstractContextManager[Any]:
     """The trial's heartbeat, alive through a database outage (Optuna's own thread dies at the
     first error, and the trial would be failed as lost while it trains)."""
 
@@ -221,7 +188,7 @@ def run_objective(
 ) -> RunResult:
     """Draw the parameters, wait to be admitted, train; every way it can end is a RunResult."""
 
-    _placement_attrs(ctx, job, trial, log_file)
+    placement_attrs(ctx, job, trial, log_file)
     result = RunResult(optuna.trial.TrialState.FAIL)
     reset_memory(ctx)
     try:
@@ -233,12 +200,8 @@ def run_objective(
             go = channel.recv()
             if not isinstance(go, Go):
                 raise Interrupted("stopped before it was admitted")
-            _admitted(ctx, trial, go, result)
-            report = (  # holds its values while the database is away
-                reporter(trial)
-                if len(spec.all_directions) == 1
-                else unpruned_reporter(trial.number)
-            )
+            note_admission(ctx, trial, go, result)
+            report = trial_reporter(spec, trial)
             result.flush = report.flush  # run before the result is told (run/trial/spool)
             saves = spec.repeats <= 1 and takes_checkpoint(ctx.adapter.train)
             result.checkpoint = open_handle(
@@ -254,11 +217,7 @@ def run_objective(
                     result.checkpoint,
                 )
             hold_simulated(ctx, result)  # a model that never reports still held it all
-        several = several_values(value)  # an objective of several values returns a sequence
-        if several is None:
-            settle(result, value, trial.number)
-        else:
-            settle_several(result, several, trial.number)
+        settle_value(result, value, trial.number)
     except optuna.TrialPruned:
         result.state = optuna.trial.TrialState.PRUNED
     except BaseException as caught:  # every end of the objective is an outcome (see fail_with)
@@ -270,7 +229,24 @@ def run_objective(
     return result
 
 
-def _placement_attrs(
+def trial_reporter(spec: StudySpec, trial: optuna.Trial) -> Any:
+    """The trial's `report`, which holds its values while the database is away (a study of
+    several objectives: a line in its log per epoch, as Optuna keeps none and prunes none)."""
+    if len(spec.all_directions) == 1:
+        return reporter(trial)
+    return unpruned_reporter(trial.number)
+
+
+def settle_value(result: RunResult, value: Any, number: int) -> None:
+    """The objective's returned value into `result`: one number, or several (a sequence)."""
+    several = several_values(value)
+    if several is None:
+        settle(result, value, number)
+    else:
+        settle_several(result, several, number)
+
+
+def placement_attrs(
     ctx: TrialContext, job: TrialJob, trial: optuna.Trial, log_file: Path | None
 ) -> None:
     device = ctx.config.device
@@ -286,7 +262,7 @@ def _placement_attrs(
     set_user_attrs(trial, attrs)
 
 
-def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
+def note_admission(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
     """Admitted by its estimate: record it, and when. A simulated GPU now holds the trial's model
     overhead; the rest of what it really needs comes with its first report (`hold_simulated`)."""
 
@@ -306,23 +282,6 @@ def _admitted(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult)
         ctx.ledger.allocate(process_holder(), held)
 
 
-def told_attrs(result: RunResult) -> dict[str, Any]:
-    """The user attributes a trial's end sets."""
-    attrs: dict[str, Any] = {names.OOM: result.oom}
-    if result.vram_peak_mb is not None:
-        attrs[names.VRAM_PEAK_MB] = round(result.vram_peak_mb, 1)
-    if result.error:
-        attrs[names.ERROR] = result.error[:500]
-    if result.fail_reason:
-        attrs[names.FAIL_REASON] = result.fail_reason
-    return attrs
-
-
-def tell(ctx: TrialContext, trial: optuna.Trial, told: Told) -> None:
-    set_user_attrs(trial, told.attrs)
-    ctx.study.tell(trial, told.values, state=told.state)
-
-
 def settle_several(result: RunResult, values: list[float], number: int) -> None:
     """Several objectives' values: one NaN among them fails the trial, as `settle` fails one."""
     for value in values:
@@ -330,60 +289,3 @@ def settle_several(result: RunResult, values: list[float], number: int) -> None:
         if result.fail_reason:
             return
     result.value = values  # type: ignore[assignment]
-
-
-def told_values(ctx: TrialContext, trial: optuna.Trial, result: RunResult) -> tuple[Any, Any]:
-    """The state and values the study is told: the objective's value, and what was measured when
-    the study optimises it too (orchestrator.record.study.objectives; an OOM there is infeasible)."""
-
-    spec = ctx.spec
-    assert spec is not None
-    seconds = (datetime.datetime.now() - trial.datetime_start).total_seconds()
-    told = objectives.told(
-        objectives=spec.objectives,
-        directions=spec.all_directions,
-        state=result.state.name,
-        value=result.value,
-        oom=result.oom,
-        vram_peak_mb=result.vram_peak_mb,
-        seconds=seconds,
-    )
-    if told.violation is not None:
-        trial.set_constraint(objectives.CONSTRAINT, told.violation)
-    return optuna.trial.TrialState[told.state], told.values
-
-
-def publish(ctx: TrialContext, trial: optuna.Trial) -> None:
-    """Where people look: the trial's optuna-dashboard note and, when the study names one, its
-    MLflow run (neither can fail the trial: a store that is away costs a warning)."""
-
-    frozen = ctx.storage.get_trial(trial_id_of(trial))
-    write_trial_note(ctx.study, frozen, metric=ctx.metric)
-    if ctx.tracker is not None:
-        ctx.tracker.log_trial(frozen)
-
-
-def record(
-    ctx: TrialContext,
-    trial: optuna.Trial,
-    result: RunResult,
-    lock: LockTiming | None,
-) -> None:
-    device = ctx.config.device
-    records.record_trial_vram(
-        ctx.engine,
-        study_name=ctx.config.study_name,
-        trial_number=trial.number,
-        host=ctx.config.host,
-        gpu_index=device.index if device else None,
-        gpu_name=ctx.gpu_name,
-        batch_size=result.batch_size,
-        vram_planned_mb=result.planned_mb,
-        vram_peak_mb=result.vram_peak_mb,
-        concurrency=result.concurrency,
-        oom=result.oom,
-        state=result.state.name,
-        pid=os.getpid(),
-        ask_wait_ms=round(lock.wait_ms, 2) if lock else None,
-        ask_held_ms=round(lock.held_ms, 2) if lock else None,
-    )

@@ -25,6 +25,7 @@ from orchestrator.record.store.storage_failures import StorageUnreachable
 from orchestrator.record.trials.logs import keep_stdout_clean
 from orchestrator.run.messages import Recycling, TrialOutcome, WorkerConfig
 from orchestrator.run.trial.context import TrialContext, pin_device
+from orchestrator.run.trial.group import run_group
 from orchestrator.run.trial.host import HostLink, idle_name, name_process
 from orchestrator.run.trial.runner import run_trial
 from orchestrator.run.trial.signals import (
@@ -138,7 +139,9 @@ def _serve_jobs(ctx: Any, conn: HostLink, company: Any) -> None:
         if job is None:
             return
         try:
-            outcome = run_trial(ctx, job, conn, company)
+            # --fuse N: a group of up to N trials trained as one model (run/trial/group)
+            fused = ctx.config.settings.fuse > 1
+            outcome = (run_group if fused else run_trial)(ctx, job, conn, company)
             name_process(idle_name(ctx.config.study_name))
         except StorageUnreachable as error:  # its one line says it all: no traceback
             _send(
@@ -151,7 +154,7 @@ def _serve_jobs(ctx: Any, conn: HostLink, company: Any) -> None:
             _send(conn, TrialOutcome(None, "FAIL", error=_one_line(error), recycle="crashed"))
             return
         if outcome.trial_number is not None:
-            trials_done += 1
+            trials_done += 1 + len(outcome.fused)
         memory = resident_mb()
         if baseline is None and trials_done == 1:
             baseline = memory  # after one trial: imports, the adapter and its caches are in

@@ -1,0 +1,362 @@
+"""A fused group in one trial process (`--fuse N`, docs/fused.md): up to N trials of one shape
+trained as one model, each still a trial in everything the study records.
+
+The group path beside `runner.run_trial`, step by step:
+
+1. Ask up to N trials, one after the other, each by the very ask a single trial makes (under the
+   study's budget lock, so the budget stays exact); the group is what was claimed. Each member's
+   heartbeat starts as it is claimed.
+2. Draw the first member's parameters freely; the others are drawn with the first's *shape*
+   fixed: the parameters the adapter's `fuse_key` reads (`shape_of`), as Optuna fixes an
+   enqueued trial's. A member that came with parameters of its own (a re-run) keeps them; when
+   its key differs it trains in a sub-group of its own, after the others.
+3. Wait to be admitted as one, by the group's bytes: ("sized", largest batch, members).
+4. Give each member its own report (pruning it alone), checkpoint handle and section in its own
+   log, then call the adapter's `train_fused` once per sub-group.
+5. End each member as a single trial ends (`ending.end_trial`): COMPLETE, PRUNED or FAIL,
+   re-queued when interrupted, spooled, recorded. The supervisor hears one outcome, the first
+   member's, with the others in its `fused`.
+
+A group process that is killed leaves its members RUNNING: each is failed and re-queued by the
+stale-trial rule, as a single trial of a killed process is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.imports import LazyImport
+from orchestrator.record.store.optuna_private import fixed_params_of
+from orchestrator.record.trials import attr_names as names
+from orchestrator.record.trials.attrs import set_user_attrs
+from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
+from orchestrator.run.trial.checkpoints import open_handle, reporting_to, tell_host
+from orchestrator.run.trial.clock import time_limit
+from orchestrator.run.trial.ending import end_trial
+from orchestrator.run.trial.errors import fail_with
+from orchestrator.run.trial.host import name_process, trial_name
+from orchestrator.run.trial.member import Member, unfused_because
+from orchestrator.run.trial.memory import (
+    hold_simulated_mb,
+    measure_vram_peak_mb,
+    release_memory,
+    reset_memory,
+)
+from orchestrator.run.trial.result import RunResult, trial_outcome
+from orchestrator.run.trial.runner import (
+    LockTiming,
+    ask,
+    fit_fixed_batch_size,
+    heartbeat,
+    late_outcome,
+    log_file_of,
+    note_admission,
+    output_to,
+    placement_attrs,
+    run_trial,
+    said_if_taken_over,
+    settle_value,
+    trial_reporter,
+)
+from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
+from orchestrator.run.trial.spool import noted
+from samplers import sampler_kind
+
+if TYPE_CHECKING:
+    import optuna
+
+    from orchestrator.record.study.spec import StudySpec
+    from orchestrator.run.trial.context import TrialContext
+else:
+    optuna = LazyImport("optuna")
+
+FUSED_WITH = "fused_with"  # user attribute: the numbers of the group's other members
+
+
+@dataclass
+class Seat:
+    """One claimed member of the group, as the process follows it."""
+
+    trial: optuna.Trial
+    lock: LockTiming | None
+    log_file: Path | None
+    result: RunResult = field(default_factory=lambda: RunResult(optuna.trial.TrialState.FAIL))
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def run_group(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
+    """Claim up to --fuse trials and train them as one fused model; the supervisor hears the
+    first member's outcome with the others' in `fused`. A study that cannot fuse (the adapter
+    has no `train_fused`, or its settings forbid it) runs one trial, as `run_trial` does."""
+    spec = ctx.refresh_spec()
+    if unfused_because(ctx.adapter, spec) is not None:
+        return run_trial(ctx, job, channel, company)
+    ctx.study.sampler = ctx.sampler_for(job.batch_bounds, None)
+    ctx.study.pruner = ctx.pruner
+    with contextlib.ExitStack() as beating:
+        seats = claim(ctx, job, spec, channel, beating)
+        if not seats:
+            return TrialOutcome(None, "NONE")
+        first = seats[0]
+        name_process(trial_name(first.trial.number, ctx.config.study_name))
+        try:
+            with output_to(first.log_file), said_if_taken_over(first.trial.number):
+                peak = train_group(ctx, job, spec, seats, channel)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return late_outcome(first.trial.number, first.log_file)
+        with output_to(first.log_file):
+            outcomes = [end_member(ctx, job, spec, seat, company, len(seats)) for seat in seats]
+    return group_outcome(outcomes, peak)
+
+
+def claim(
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    channel: Channel,
+    beating: contextlib.ExitStack,
+) -> list[Seat]:
+    """Up to --fuse trials, each asked as a single trial is (the budget's rules, its lock).
+    The supervisor hears the first one's number once all are claimed: until then it counts
+    this process as able to take --fuse trials of the budget, and starts no other for them."""
+    seats: list[Seat] = []
+    while len(seats) < ctx.config.settings.fuse and not (seats and stop_requested()):
+        trial, lock = ask(ctx, spec)
+        if trial is None:
+            break
+        beating.enter_context(heartbeat(ctx, trial))
+        fit_fixed_batch_size(trial, job.batch_bounds)
+        seats.append(Seat(trial, lock, log_file_of(ctx, trial)))
+    if seats:
+        channel.send(("asked", seats[0].trial.number))
+    return seats
+
+
+def train_group(
+    ctx: TrialContext, job: TrialJob, spec: StudySpec, seats: list[Seat], channel: Channel
+) -> float | None:
+    """Draw, wait to be admitted, train the group once; each member's end is in its `result`.
+    The group's VRAM peak; each member's `vram_peak_mb` and `vram_planned_mb` are its shares
+    of the group's, in proportion to what its memory model says it needs alone."""
+    for seat in seats:
+        placement_attrs(ctx, job, seat.trial, seat.log_file)
+        others = [s.trial.number for s in seats if s is not seat]
+        set_user_attrs(seat.trial, {FUSED_WITH: others})
+        _section(seat, f"trains fused with trials {others} in process {os.getpid()}", seats[0])
+    reset_memory(ctx)
+    try:
+        with interruptible():  # only this part can be interrupted: the outcomes are written whole
+            draw(ctx, spec, job, seats)
+            admit(ctx, seats, channel)
+            members = [member_of(ctx, spec, seat, seats, channel) for seat in seats]
+            with time_limit(ctx.config.settings.recycling.trial_timeout):
+                entries = fused_entries(ctx, spec, seats, members)
+            hold_simulated_mb(ctx, group_planned_mb(ctx, seats))
+        for seat, entry in zip(seats, entries, strict=True):
+            settle_entry(seat, entry)
+    except BaseException as caught:  # the fused step's own end is every member's
+        for seat in seats:
+            if not fail_with(seat.result, caught, seat.trial.number):
+                release_memory(ctx)
+                raise
+    peak = measure_vram_peak_mb(ctx)
+    planned = sum(seat.result.planned_mb or 0.0 for seat in seats)
+    for seat in seats:  # each member's share of the group's peak, as of its estimate
+        part = (seat.result.planned_mb or 0.0) / planned if planned > 0 else 1 / len(seats)
+        seat.result.vram_peak_mb = None if peak is None else peak * part
+    release_memory(ctx)
+    return peak
+
+
+def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -> None:
+    """Each member's parameters: the first's drawn freely, the others' with its shape fixed
+    (what a member brought fixed, a re-run's parameters, it keeps)."""
+    kept = sampler_kind(spec.sampler).kept
+    shape: dict[str, Any] = {}
+    for seat in seats:
+        if not kept:  # Optuna's samplers: one per trial, seeded by its number (run_trial's rule)
+            ctx.study.sampler = ctx.sampler_for(job.batch_bounds, seat.trial.number)
+        fixed = fixed_params_of(seat.trial)
+        for name, value in shape.items():
+            fixed.setdefault(name, value)
+        seat.params = ctx.adapter.suggest(seat.trial, spec.options)
+        batch = seat.params.get(names.BATCH_SIZE)
+        seat.result.batch_size = None if batch is None else int(batch)
+        if seat is seats[0]:
+            shape = shape_of(ctx.adapter, seat.params)
+
+
+class _Reading(Mapping[str, Any]):
+    """Parameters that note which of them are read."""
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        self.params, self.read = params, set()
+
+    def __getitem__(self, name: str) -> Any:
+        self.read.add(name)
+        return self.params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
+def shape_of(adapter: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters the adapter's `fuse_key` reads, with these values: fixing them makes
+    every member's key this one's (an adapter without `fuse_key` fuses any members)."""
+    fuse_key = getattr(adapter, "fuse_key", None)
+    if not callable(fuse_key):
+        return {}
+    reading = _Reading(params)
+    fuse_key(reading)
+    return {name: params[name] for name in sorted(reading.read)}
+
+
+def admit(ctx: TrialContext, seats: list[Seat], channel: Channel) -> None:
+    """Wait until the supervisor admits the group as one, by its members' bytes at the
+    group's largest batch size."""
+    batches = [s.result.batch_size for s in seats if s.result.batch_size is not None]
+    channel.send(("sized", max(batches) if batches else None, len(seats)))
+    go = channel.recv()
+    if not isinstance(go, Go):
+        raise Interrupted("stopped before it was admitted")
+    planned = [ctx.memory.planned_mb(seat.result.batch_size or 0) for seat in seats]
+    for seat, own in zip(seats, planned, strict=True):
+        # Each member's estimate is its share of the group's, by what it needs alone.
+        share = go.planned_mb * own / sum(planned) if sum(planned) > 0 else 0.0
+        note_admission(ctx, seat.trial, dataclasses.replace(go, planned_mb=share), seat.result)
+
+
+def member_of(
+    ctx: TrialContext, spec: StudySpec, seat: Seat, seats: list[Seat], channel: Channel
+) -> Member:
+    """The member the adapter trains: its parameters, its own report (noted for the spool, the
+    group's memory told each epoch, its checkpoints due) and its own checkpoint handle."""
+    report = trial_reporter(spec, seat.trial)
+    seat.result.flush = report.flush  # run before the result is told (run/trial/spool)
+    handle = open_handle(ctx.study, seat.trial, spec, ctx.config.storage, True, tell_host(channel))
+    seat.result.checkpoint = handle
+    watched = group_memory(ctx, seats, channel, noted(seat.result, report))
+    return Member(seat.params, reporting_to(handle, watched, True), handle)
+
+
+def group_memory(ctx: TrialContext, seats: list[Seat], channel: Channel, report: Any) -> Any:
+    """`report`, which first tells the supervisor what the group holds (its peak so far); on a
+    simulated GPU the group takes all its members need at their first report."""
+    if ctx.ledger is None and not ctx.on_cuda:
+        return report
+
+    def reporting(epoch: int, value: float) -> None:
+        hold_simulated_mb(ctx, group_planned_mb(ctx, seats))
+        peak = measure_vram_peak_mb(ctx)
+        if peak is not None:
+            channel.send(("vram_peak_mb", peak))
+        report(epoch, value)
+
+    return reporting
+
+
+def group_planned_mb(ctx: TrialContext, seats: list[Seat]) -> float:
+    return sum(ctx.memory.planned_mb(seat.result.batch_size or 0) for seat in seats)
+
+
+def fused_entries(
+    ctx: TrialContext, spec: StudySpec, seats: list[Seat], members: list[Member]
+) -> list[Any]:
+    """One entry per member, in order: `train_fused`'s, called once for each set of members
+    with one key (one set, unless a re-run brought a shape of its own)."""
+    entries: list[Any] = [None] * len(seats)
+    for indices in _by_key(ctx.adapter, seats):
+        got = list(
+            ctx.adapter.train_fused(
+                [members[i] for i in indices],
+                epochs=spec.epochs,
+                device=ctx.training_device(),
+                options=spec.options,
+            )
+        )
+        if len(got) != len(indices):
+            raise RuntimeError(
+                f"train_fused returned {len(got)} entries for {len(indices)} members"
+            )
+        for index, entry in zip(indices, got, strict=True):
+            entries[index] = entry
+    return entries
+
+
+def _by_key(adapter: Any, seats: list[Seat]) -> list[list[int]]:
+    """The members' indices, in sets of one `fuse_key` each, in the order they first appear."""
+    fuse_key = getattr(adapter, "fuse_key", None)
+    sets: dict[Any, list[int]] = {}
+    for index, seat in enumerate(seats):
+        key = fuse_key(seat.params) if callable(fuse_key) else None
+        sets.setdefault(key, []).append(index)
+    return list(sets.values())
+
+
+def settle_entry(seat: Seat, entry: Any) -> None:
+    """A member's entry into its result: its value, or what ended it (pruned, an error)."""
+    result, number = seat.result, seat.trial.number
+    if isinstance(entry, optuna.TrialPruned):
+        result.state = optuna.trial.TrialState.PRUNED
+    elif isinstance(entry, BaseException):
+        try:  # raised here so that its traceback goes to the log as a single trial's does
+            raise entry
+        except BaseException as caught:
+            if not fail_with(result, caught, number):
+                raise
+    else:
+        settle_value(result, entry, number)
+
+
+def end_member(
+    ctx: TrialContext, job: TrialJob, spec: StudySpec, seat: Seat, company: Any, size: int
+) -> TrialOutcome:
+    """End one member as a single trial ends. An OOM lowers the GPU's batch limit only for a
+    member alone: in a group, the group's size needed the memory, not a batch size."""
+    trial, result = seat.trial, seat.result
+    alone = result.oom and size == 1 and not company.value
+    try:
+        with said_if_taken_over(trial.number):
+            requeued = end_trial(ctx, job, spec, trial, result, seat.lock, alone=alone)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return late_outcome(trial.number, seat.log_file)
+    ended = result.state.name + (f" {result.value}" if result.value is not None else "")
+    _section(seat, ended + (f": {result.error}" if result.error else ""))
+    log = None if seat.log_file is None else str(seat.log_file)
+    return trial_outcome(result, trial.number, alone=alone, requeued=requeued, log_file=log)
+
+
+def group_outcome(outcomes: list[TrialOutcome], peak: float | None) -> TrialOutcome:
+    """What the supervisor hears: the first member's outcome with the group's VRAM peak and
+    whatever ends the process's turn for any member (its memory, its context, a stop)."""
+    first = outcomes[0]
+    return dataclasses.replace(
+        first,
+        oom=any(o.oom for o in outcomes),
+        cuda_error=any(o.cuda_error for o in outcomes),
+        interrupted=any(o.interrupted for o in outcomes),
+        timed_out=any(o.timed_out for o in outcomes),
+        vram_peak_mb=peak,
+        fused=tuple(outcomes[1:]),
+    )
+
+
+def _section(seat: Seat, line: str, output_of: Seat | None = None) -> None:
+    """A line of this member's section in its own log (the group's output goes to the first
+    member's log, which `output_of` names)."""
+    if seat.log_file is None:
+        return
+    where = ""
+    if output_of is not None and output_of is not seat and output_of.log_file is not None:
+        where = f"; the group's output is in {output_of.log_file}"
+    with contextlib.suppress(OSError), open(seat.log_file, "a") as log:
+        log.write(f"trial {seat.trial.number}: {line}{where}\n")

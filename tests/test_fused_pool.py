@@ -1,0 +1,192 @@
+"""`--fuse N` with real processes: trials of one shape trained as one fused model by one trial
+process (docs/fused.md), each still a trial of its own in the study.
+
+The synthetic adapter's `train_fused` trains its members one epoch at a time together; its
+`fuse_key` is the activation, so every member of a group has its first member's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+import orchestrator
+from adapters.synthetic import synthetic_value
+from orchestrator.record.study.spec import load_spec
+from tests.api_objective import objective
+from tests.cli_helpers import run_cli, start_cli
+from tests.waiting import stored_study, wait_for
+
+QUICK = ("--option", "trial_seconds=0.6", "--pruner", "none", "--sampler", "random")
+
+
+def _groups(study: optuna.Study) -> dict[int, list[optuna.trial.FrozenTrial]]:
+    """The trials of each trial process, by its pid."""
+    groups: dict[int, list[optuna.trial.FrozenTrial]] = defaultdict(list)
+    for trial in study.trials:
+        groups[trial.user_attrs["pid"]].append(trial)
+    return groups
+
+
+def _assert_fused(group: list[optuna.trial.FrozenTrial]) -> None:
+    """One group: each member names the others, and all share the first's shape."""
+    numbers = {t.number for t in group}
+    for trial in group:
+        assert set(trial.user_attrs["fused_with"]) == numbers - {trial.number}, trial.user_attrs
+    assert len({t.params["activation"] for t in group}) == 1, [t.params for t in group]
+
+
+def test_eight_trials_run_fused_four_at_a_time_within_the_budget(storage_url):
+    """On SQLite and on PostgreSQL: each claim is a single ask's, under the budget lock."""
+    done = run_cli(
+        "run", "synthetic", "--fuse", "4", "--trials", "8", "--epochs", "3", *QUICK,
+        "--gpus", "sim:24576", "--storage", storage_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    study = stored_study(storage_url, "synthetic")
+    assert len(study.trials) == 8  # the budget exact: no trial claimed past it
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    for trial in study.trials:
+        assert "fused_with" in trial.user_attrs
+        assert trial.value == pytest.approx(synthetic_value(trial.params))
+        assert sorted(trial.intermediate_values) == [0, 1, 2]  # its own report, every epoch
+        assert trial.user_attrs["vram_peak_mb"] > 0  # its share of the group's
+    groups = _groups(study)
+    assert all(len(group) <= 4 for group in groups.values())
+    assert max(len(group) for group in groups.values()) > 1, groups
+    for group in groups.values():
+        _assert_fused(group)
+    assert load_spec(study).fuse == 4  # stored: a worker joining the study reads it
+
+
+def test_a_pruned_member_leaves_its_group_while_the_others_complete(tmp_path):
+    # Four members of one activation, the first at the optimum: successive halving keeps only
+    # the best third at its first rung, so the other three are pruned there.
+    queue = tmp_path / "queue.yaml"
+    queue.write_text(
+        "- {x: 1.0, y: -2.0, learning_rate: 0.001, batch_size: 512, activation: gelu}\n"
+        "- {x: 3.0, y: -2.0, learning_rate: 0.001, batch_size: 512, activation: gelu}\n"
+        "- {x: 1.0, y: 2.0, learning_rate: 0.001, batch_size: 512, activation: gelu}\n"
+        "- {x: -4.0, y: 0.0, learning_rate: 0.001, batch_size: 512, activation: gelu}\n"
+    )
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    done = run_cli(
+        "run", "synthetic", "--fuse", "4", "--trials", "4", "--epochs", "6", "--enqueue",
+        str(queue), "--option", "trial_seconds=1.2", "--pruner", "halving", "--gpus", "none",
+        "--storage", url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    study = stored_study(url, "synthetic")
+    (group,) = _groups(study).values()  # one process trained all four
+    _assert_fused(group)
+    best, *others = sorted(study.trials, key=lambda t: t.number)
+    assert best.state == TrialState.COMPLETE and best.value == pytest.approx(0.0)
+    assert sorted(best.intermediate_values) == list(range(6))
+    for trial in others:
+        assert trial.state == TrialState.PRUNED, trial
+        assert len(trial.intermediate_values) < 6  # it left; the best trained on
+        log = Path(trial.user_attrs["log_file"]).read_text()
+        assert f"trial {trial.number}: PRUNED" in log, log
+
+
+def test_fuse_1_is_a_process_per_trial_and_a_resume_may_fuse(sqlite_url):
+    first = run_cli(
+        "run", "synthetic", "--fuse", "1", "--trials", "2", "--epochs", "2", *QUICK,
+        "--concurrency", "1", "--gpus", "none", "--storage", sqlite_url,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    study = stored_study(sqlite_url, "synthetic")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert not any("fused_with" in t.user_attrs for t in study.trials)
+    assert load_spec(study).fuse == 1
+    # How trials run, not what they mean: a resume changes it without --update-settings.
+    again = run_cli(
+        "run", "synthetic", "--fuse", "2", "--trials", "4", *QUICK, "--gpus", "none",
+        "--storage", sqlite_url,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    study = stored_study(sqlite_url, "synthetic")
+    assert len(study.trials) == 4 and load_spec(study).fuse == 2
+    assert all(t.state == TrialState.COMPLETE for t in study.trials)
+    assert all("fused_with" in t.user_attrs for t in study.trials[2:])
+
+
+def test_an_objective_without_train_fused_runs_unfused_and_says_so_once(sqlite_url, caplog):
+    """`optimize(..., fuse=4)` takes the host's setting as `run` does; a plain objective has no
+    `train_fused`, so its trials run a process each, with one line saying why."""
+    caplog.set_level(logging.WARNING, logger="orchestrator")
+    study = orchestrator.optimize(
+        objective, n_trials=2, storage=sqlite_url, gpus="none", epochs=2, pruner="none", fuse=4
+    )
+    said = [r.getMessage() for r in caplog.records if "--fuse 4" in r.getMessage()]
+    assert len(said) == 1 and "has no train_fused" in said[0], said
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 2
+    assert not any("fused_with" in t.user_attrs for t in study.trials)
+    assert load_spec(study).fuse == 4  # stored with the study, as `run --fuse` stores it
+
+
+def test_a_killed_group_process_leaves_its_members_re_run_to_completion(sqlite_url):
+    runner = start_cli(
+        "run", "synthetic", "--fuse", "4", "--trials", "4", "--epochs", "6", "--option",
+        "trial_seconds=6", "--pruner", "none", "--sampler", "random", "--gpus", "sim:24576",
+        "--storage", sqlite_url,
+    )  # fmt: skip
+
+    def group_saved():
+        trials = stored_study(sqlite_url, "synthetic").trials
+        saved = [t.user_attrs.get("checkpoint", {}).get("epoch", -1) for t in trials]
+        return trials if len(trials) == 4 and min(saved) >= 1 else None
+
+    tolerate = (KeyError, IndexError, optuna.exceptions.StorageInternalError)
+    group = wait_for(
+        group_saved, "a group with two checkpoints each", timeout=120, tolerate=tolerate
+    )
+    (pid,) = {t.user_attrs["pid"] for t in group}  # one process holds the whole group
+    os.kill(pid, signal.SIGKILL)
+    _, stderr = runner.communicate(timeout=240)
+    assert runner.returncode == 0, stderr
+    study = stored_study(sqlite_url, "synthetic")
+    killed = [t for t in study.trials if t.number < 4]
+    assert all(t.state == TrialState.FAIL for t in killed), [t.state for t in killed]
+    reruns = [t for t in study.trials if t.number >= 4]
+    assert sorted(t.user_attrs["retry_of"] for t in reruns) == [0, 1, 2, 3]
+    assert all(t.state == TrialState.COMPLETE for t in reruns), [t.state for t in reruns]
+    for rerun in reruns:  # each from its own checkpoint, its curve whole
+        assert rerun.user_attrs["resumed_from_epoch"] >= 1
+        assert sorted(rerun.intermediate_values) == list(range(6))
+
+
+def test_a_stopped_group_re_queues_every_member(sqlite_url):
+    """SIGTERM past --grace stops the group's one training call: each member is failed and
+    queued again, as a single trial stopped mid-training is."""
+    runner = start_cli(
+        "run", "synthetic", "--fuse", "3", "--trials", "3", "--epochs", "10", "--option",
+        "trial_seconds=30", "--pruner", "none", "--sampler", "random", "--grace", "0",
+        "--gpus", "sim:24576", "--storage", sqlite_url,
+    )  # fmt: skip
+
+    def group_training():
+        trials = stored_study(sqlite_url, "synthetic").trials
+        return len(trials) == 3 and all(t.intermediate_values for t in trials)
+
+    tolerate = (KeyError, IndexError, optuna.exceptions.StorageInternalError)
+    try:
+        wait_for(group_training, "a group of three training", timeout=120, tolerate=tolerate)
+        runner.send_signal(signal.SIGTERM)
+        _, stderr = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+    assert runner.returncode == 143, stderr
+    study = stored_study(sqlite_url, "synthetic")
+    stopped = [t for t in study.trials if t.number < 3]
+    assert all(t.state == TrialState.FAIL for t in stopped), [t.state for t in stopped]
+    queued = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert sorted(t.user_attrs["retry_of"] for t in queued) == [0, 1, 2]
