@@ -23,6 +23,7 @@ from adapters import dqn
 from adapters._rl import fused, fused_dqn, fused_group
 from adapters.base import Member
 from orchestrator.record.checkpoints import files as stored
+from orchestrator.run.trial.group import shape_of
 
 CPU = torch.device("cpu")
 STEPS = (
@@ -367,15 +368,8 @@ def test_fuse_key_is_the_hidden_width_and_the_batch_band():
     two = [Member({**BASE, "batch_size": 64}, lambda e, v: None, None) for _ in range(2)]
     entries = dqn.adapter.train_fused(two, epochs=1, device=CPU, options=bad)
     assert [type(e).__name__ for e in entries] == ["UserError"] * 2  # as `train` raises it
-    read: list[str] = []
-
-    class Reading(dict):  # what the pool's group path sees of a key: the parameters it reads
-        def __getitem__(self, name: str) -> Any:
-            read.append(name)
-            return super().__getitem__(name)
-
-    key(Reading(THREE[0]))
-    assert sorted(read) == ["batch_size", "hidden_size"]
+    # The pool's group path fixes, for a group's other members, what the first's key reads.
+    assert shape_of(dqn.adapter, THREE[0]) == {"batch_size": 64, "hidden_size": 64}
     with pytest.raises(ValueError, match="one fuse_key"):
         dqn.adapter.train_fused(
             [Member({**BASE, "batch_size": b}, lambda e, v: None, None) for b in (64, 128)],
