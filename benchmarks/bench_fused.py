@@ -466,6 +466,11 @@ def main() -> None:
     )
     parser.add_argument("--groups", default="1,2,4,8", help="end-to-end: group sizes")
     parser.add_argument(
+        "--fixed-batch",
+        action="store_true",
+        help="end-to-end: every member with the first's batch size, as the pool asks a group",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="end-to-end: where one group of 8's time goes"
     )
     args = parser.parse_args()
@@ -551,10 +556,11 @@ def losses_alone_step(member: Member) -> tuple[float, torch.Tensor]:
     return loss, member.learner.q_net.grad.clone()
 
 
-def drawn_members(count: int, seed: int) -> list[dict[str, Any]]:
+def drawn_members(count: int, seed: int, *, fixed_batch: bool = False) -> list[dict[str, Any]]:
     """`count` DQN trials' parameters from the study's default search space on CartPole-v1:
     the first drawn freely, the others with its hidden width and a batch size drawn
-    log-uniformly inside its band (`fused_dqn.batch_band`), as a fused group is asked."""
+    log-uniformly inside its band (`fused_dqn.batch_band`), or with its very batch size
+    (`fixed_batch`: what the pool's group path asks, fixing what `fuse_key` reads)."""
     import optuna
 
     from adapters._rl import fused_dqn
@@ -571,6 +577,8 @@ def drawn_members(count: int, seed: int) -> list[dict[str, Any]]:
     for params in draws[1:]:
         params["hidden_size"] = first["hidden_size"]
         params["batch_size"] = round(math.exp(draw.uniform(math.log(low), math.log(high))))
+        if fixed_batch:
+            params["batch_size"] = first["batch_size"]
     return draws
 
 
@@ -578,7 +586,7 @@ def end_to_end(args: argparse.Namespace, device: torch.device) -> None:
     """8 members trained in groups of N, one group after another; a table per N."""
     from adapters.base import Member
 
-    params = drawn_members(8, args.draw_seed)
+    params = drawn_members(8, args.draw_seed, fixed_batch=args.fixed_batch)
     options = {**dqn.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
     print(
         f"8 members: hidden {params[0]['hidden_size']}, batch sizes "
@@ -617,7 +625,7 @@ def end_to_end(args: argparse.Namespace, device: torch.device) -> None:
     lines = [
         f"Machine: {machine}, {args.device}; one torch thread. Load at the end: `{load}`",
         f"8 DQN members on CartPole-v1, {args.epochs} epochs of {args.steps_per_epoch} steps, "
-        f"drawn with seed {args.draw_seed}: hidden {params[0]['hidden_size']}, batch sizes "
+        f"drawn with seed {args.draw_seed}{', one batch size' if args.fixed_batch else ''}: hidden {params[0]['hidden_size']}, batch sizes "
         f"{', '.join(str(p['batch_size']) for p in params)}",
         "",
         "| members per group | wall s | CPU s | x groups of 1 (CPU) | values as alone |",
@@ -633,7 +641,9 @@ def end_to_end(args: argparse.Namespace, device: torch.device) -> None:
     print("\n".join(lines))
     result = {"command": " ".join(sys.argv), "machine": machine, "uptime": load, "rows": rows}
     result["params"] = params
-    out = Path(args.out or RESULTS / f"fused_end_to_end_{args.device}_draw{args.draw_seed}.json")
+    fixed = "_fixed_batch" if args.fixed_batch else ""
+    name = f"fused_end_to_end_{args.device}_draw{args.draw_seed}{fixed}.json"
+    out = Path(args.out or RESULTS / name)
     out.write_text(json.dumps(result, indent=1) + "\n")
 
 
@@ -657,7 +667,7 @@ def profile_group(args: argparse.Namespace, device: torch.device) -> None:
     from adapters._rl import fused_envs, fused_group
     from adapters.base import Member
 
-    params = drawn_members(8, args.draw_seed)
+    params = drawn_members(8, args.draw_seed, fixed_batch=args.fixed_batch)
     options = {**dqn.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
     owners = {"fused_group": fused_group, "fused_envs": fused_envs, "fused": fused, "dqn": dqn}
     owners["torch"] = torch
