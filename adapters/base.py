@@ -6,6 +6,11 @@ convenience, not a requirement. The orchestrator calls `suggest` to draw a trial
 device. `train` calls `report(epoch, value)` once per epoch, which may raise `optuna.TrialPruned`,
 and returns the value to optimise. Nothing between `suggest` and `train` changes `batch_size`.
 A `train` that also takes `checkpoint` gets the trial's `Checkpoint` handle (docs/checkpoints.md).
+
+Optional (docs/fused.md): `train_fused(members, *, epochs, device, options)` trains several
+trials of one shape as one fused model, each given as a `Member`, and returns one entry per
+member, in order: its value, or what ended it (optuna.TrialPruned, an error); `fuse_key(params)`
+beside it says which trials may share a group (those whose keys are equal).
 """
 
 from __future__ import annotations
@@ -127,6 +132,15 @@ class Checkpoint(Protocol):
     def save(self, epoch: int, state: dict[str, Any]) -> None: ...
 
     def due(self, epoch: int) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Member:
+    """One trial of a fused group, as `train_fused` gets it (docs/fused.md)."""
+
+    params: Mapping[str, Any]  # the trial's drawn parameters, as `train` gets them
+    report: Report  # the trial's own: may raise optuna.TrialPruned
+    checkpoint: Checkpoint | None  # the trial's own handle
 
 
 @runtime_checkable

@@ -31,13 +31,13 @@ from __future__ import annotations
 import functools
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters._rl import checkpoint as _rl_checkpoint
 from adapters._rl import frame as _rl
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Report
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Member, Report
 from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
@@ -366,6 +366,34 @@ class DQNAdapter(_rl.RLAdapter):
             "hidden_size": trial.suggest_categorical("hidden_size", [64, 128, 256]),
         }
         return {**params, **_rl.suggest_trading(trial, options)}
+
+    def train_fused(
+        self,
+        members: Sequence[Member],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+    ) -> list[float | BaseException]:
+        """Trials of one `fuse_key` trained as one fused group (adapters/_rl/fused_dqn.py)."""
+        from adapters._rl import fused_dqn
+
+        algorithm = fused_dqn.Algorithm(DQNConfig, q_network, PrioritizedReplay)
+        return fused_dqn.train_fused(
+            self, algorithm, members, epochs=epochs, device=device, options=options
+        )
+
+    def fuse_key(self, params: Mapping[str, Any]) -> Hashable:
+        """Which trials may share a fused group: hidden width and batch band. It reads only
+        those two parameters (a fused group's other members are asked with the ones it reads
+        fixed: orchestrator/run/trial/group.py)."""
+        from adapters._rl import fused_dqn
+
+        present = set(params)  # iterating reads no parameter
+        config = DQNConfig()
+        hidden = params["hidden_size"] if "hidden_size" in present else config.hidden_size
+        batch = params["batch_size"] if "batch_size" in present else config.batch_size
+        return fused_dqn.fuse_key(hidden, batch)
 
 
 adapter = DQNAdapter()

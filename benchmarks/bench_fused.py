@@ -29,8 +29,18 @@ for "separate", its real `Learner.gradient_step`. For N = 1, 2, 4, 8, 16 members
 Times are CPU seconds of this process (one torch thread, as a trial process runs), the median
 of `--reps` repetitions: the machine is shared, and wall time would count other work too.
 
+`--end-to-end`: the real thing, `adapters.dqn.adapter.train_fused` against `train`. 8 DQN
+members drawn from the study's default search space on CartPole-v1 (the first draw free, the
+other 7 with its hidden width and a batch size in its band, as a group is asked), trained for
+`--epochs` of `--steps-per-epoch`: in groups of N = 1 (each member alone with `train`), 2, 4, 8,
+one group after another. Wall and CPU seconds of all 8, and how many members' values are the
+ones they get alone. `--profile` instead trains the 8 in one group with a timer around each
+part of the loop (where the time goes), then alone.
+
     python benchmarks/bench_fused.py                  # CPU; writes benchmarks/results/fused.json
     python benchmarks/bench_fused.py --device cuda    # a GPU (wall time, synchronised)
+    python benchmarks/bench_fused.py --end-to-end     # train_fused against train, N = 1, 2, 4, 8
+    python benchmarks/bench_fused.py --end-to-end --profile --draw-seed 2
 """
 
 from __future__ import annotations
@@ -445,10 +455,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="rounds timed per repetition")
     parser.add_argument("--reps", type=int, default=3, help="repetitions; the median is kept")
     parser.add_argument("--skip-loop", action="store_true", help="learner and equivalence only")
-    parser.add_argument("--out", default=str(RESULTS / "fused.json"))
+    parser.add_argument("--out", default=None, help="the JSON file (default: results/)")
+    parser.add_argument(
+        "--end-to-end", action="store_true", help="train_fused against train (DQN, CartPole-v1)"
+    )
+    parser.add_argument("--draw-seed", type=int, default=0, help="end-to-end: the draws' seed")
+    parser.add_argument("--epochs", type=int, default=2, help="end-to-end: epochs")
+    parser.add_argument(
+        "--steps-per-epoch", type=int, default=4000, help="end-to-end: environment steps an epoch"
+    )
+    parser.add_argument("--groups", default="1,2,4,8", help="end-to-end: group sizes")
+    parser.add_argument(
+        "--fixed-batch",
+        action="store_true",
+        help="end-to-end: every member with the first's batch size, as the pool asks a group",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="end-to-end: where one group of 8's time goes"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
+    if args.end_to_end and args.profile:
+        profile_group(args, device)
+        return
+    if args.end_to_end:
+        end_to_end(args, device)
+        return
+    args.out = args.out or str(RESULTS / "fused.json")
     rows: list[dict] = []
     for n in (int(x) for x in args.members.split(",")):
         rows += learner_rows(n, args, device)
@@ -520,6 +554,170 @@ def losses_alone_step(member: Member) -> tuple[float, torch.Tensor]:
     """One real gradient step: its loss and the clipped gradient it stepped with."""
     loss = losses_alone(member, 1, refresh=False)[0]
     return loss, member.learner.q_net.grad.clone()
+
+
+def drawn_members(count: int, seed: int, *, fixed_batch: bool = False) -> list[dict[str, Any]]:
+    """`count` DQN trials' parameters from the study's default search space on CartPole-v1:
+    the first drawn freely, the others with its hidden width and a batch size drawn
+    log-uniformly inside its band (`fused_dqn.batch_band`), or with its very batch size
+    (`fixed_batch`: what the pool's group path asks, fixing what `fuse_key` reads)."""
+    import optuna
+
+    from adapters._rl import fused_dqn
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    options = {**dqn.adapter.options, "env": "CartPole-v1"}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    draws = [dqn.adapter.suggest(study.ask(), options) for _ in range(count)]
+    first = draws[0]
+    band = fused_dqn.batch_band(first["batch_size"])
+    low = dqn.BATCH_SIZE_MIN * 2**band
+    high = dqn.BATCH_SIZE_MAX if band == fused_dqn.BANDS - 1 else 2 * low - 1
+    draw = random.Random(seed)
+    for params in draws[1:]:
+        params["hidden_size"] = first["hidden_size"]
+        params["batch_size"] = round(math.exp(draw.uniform(math.log(low), math.log(high))))
+        if fixed_batch:
+            params["batch_size"] = first["batch_size"]
+    return draws
+
+
+def end_to_end(args: argparse.Namespace, device: torch.device) -> None:
+    """8 members trained in groups of N, one group after another; a table per N."""
+    from adapters.base import Member
+
+    params = drawn_members(8, args.draw_seed, fixed_batch=args.fixed_batch)
+    options = {**dqn.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
+    print(
+        f"8 members: hidden {params[0]['hidden_size']}, batch sizes "
+        f"{[p['batch_size'] for p in params]}, per_alpha "
+        f"{[round(p['per_alpha'], 2) for p in params]}",
+        file=sys.stderr,
+    )
+    rows: list[dict[str, Any]] = []
+    values: dict[int, list[float]] = {}
+    for n in (int(x) for x in args.groups.split(",")):
+        wall, cpu, got = time.perf_counter(), time.process_time(), []
+        for start in range(0, len(params), n):
+            members = [
+                Member(p, lambda epoch, value: None, None) for p in params[start : start + n]
+            ]
+            entries = dqn.adapter.train_fused(
+                members, epochs=args.epochs, device=device, options=options
+            )
+            for entry in entries:
+                if isinstance(entry, BaseException):
+                    raise entry
+            got += entries
+        values[n] = got
+        rows.append(
+            {
+                "members_per_group": n,
+                "wall_s": time.perf_counter() - wall,
+                "cpu_s": time.process_time() - cpu,
+                "values": got,
+            }
+        )
+        print(f"groups of {n}: {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}"
+    base = rows[0]
+    lines = [
+        f"Machine: {machine}, {args.device}; one torch thread. Load at the end: `{load}`",
+        f"8 DQN members on CartPole-v1, {args.epochs} epochs of {args.steps_per_epoch} steps, "
+        f"drawn with seed {args.draw_seed}{', one batch size' if args.fixed_batch else ''}: hidden {params[0]['hidden_size']}, batch sizes "
+        f"{', '.join(str(p['batch_size']) for p in params)}",
+        "",
+        "| members per group | wall s | CPU s | x groups of 1 (CPU) | values as alone |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        own = values[base["members_per_group"]]
+        same = sum(a == b for a, b in zip(r["values"], own, strict=True))
+        lines.append(
+            f"| {r['members_per_group']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{base['cpu_s'] / r['cpu_s']:.2f} | {same} of {len(own)} |"
+        )
+    print("\n".join(lines))
+    result = {"command": " ".join(sys.argv), "machine": machine, "uptime": load, "rows": rows}
+    result["params"] = params
+    fixed = "_fixed_batch" if args.fixed_batch else ""
+    name = f"fused_end_to_end_{args.device}_draw{args.draw_seed}{fixed}.json"
+    out = Path(args.out or RESULTS / name)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+PROFILED = [  # (label, owner, attribute): the parts of a group's run, timed where they are called
+    ("gradient step", "fused_group.GroupRun", "_gradient_step"),
+    ("- forward (3 passes and the loss)", "fused", "dqn_losses"),
+    ("- backward", "torch.Tensor", "backward"),
+    ("- sampling the members' replays", "dqn.PrioritizedReplay", "sample"),
+    ("- prioritised replay's priority updates", "dqn.PrioritizedReplay", "update"),
+    ("- Adam, per member", "fused.FusedAdam", "step_rows"),
+    ("environments", "fused_envs.GymGroupEnv", "step"),
+    ("evaluation", "fused_envs", "scores"),
+    ("n-step window", "fused_envs.GroupWindow", "push"),
+    ("replay adds", "fused_envs", "put"),
+]
+
+
+def profile_group(args: argparse.Namespace, device: torch.device) -> None:
+    """One group of the 8 drawn members, with a timer (CPU seconds) around each part, and the
+    same 8 trained alone with `train`, one after another."""
+    from adapters._rl import fused_envs, fused_group
+    from adapters.base import Member
+
+    params = drawn_members(8, args.draw_seed, fixed_batch=args.fixed_batch)
+    options = {**dqn.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
+    owners = {"fused_group": fused_group, "fused_envs": fused_envs, "fused": fused, "dqn": dqn}
+    owners["torch"] = torch
+    spent: dict[str, float] = dict.fromkeys([label for label, _, _ in PROFILED], 0.0)
+    steps = {"fused": 0, "member": 0}
+    originals = []
+    for label, owner_name, attribute in PROFILED:
+        first, *rest = owner_name.split(".")
+        owner = owners[first]
+        for part in rest:
+            owner = getattr(owner, part)
+        real = getattr(owner, attribute)
+        originals.append((owner, attribute, real))
+
+        def timed(*a: Any, _real: Any = real, _label: str = label, **k: Any) -> Any:
+            started = time.process_time()
+            try:
+                return _real(*a, **k)
+            finally:
+                spent[_label] += time.process_time() - started
+                if _label == "gradient step":
+                    steps["fused"] += 1
+                    steps["member"] += len(a[3])  # the members that owed the step
+
+        setattr(owner, attribute, timed)
+    members = [Member(p, lambda epoch, value: None, None) for p in params]
+    started = time.process_time()
+    try:
+        dqn.adapter.train_fused(members, epochs=args.epochs, device=device, options=options)
+    finally:
+        for owner, attribute, real in originals:
+            setattr(owner, attribute, real)
+    group = time.process_time() - started
+    started = time.process_time()
+    for p in params:
+        dqn.adapter.train(
+            p, epochs=args.epochs, device=device, options=options, report=lambda e, v: None
+        )
+    alone = time.process_time() - started
+    batches = [p["batch_size"] for p in params]
+    print(
+        f"8 members drawn with seed {args.draw_seed}: hidden {params[0]['hidden_size']}, "
+        f"batch {min(batches)}..{max(batches)}, {sum(p['per_alpha'] > 0 for p in params)} "
+        f"prioritised; {steps['fused']:,} fused steps for {steps['member']:,} member steps\n"
+    )
+    print("| part | CPU s |\n|---|---:|")
+    print(f"| the 8 alone (`train`, one after another) | {alone:.2f} |")
+    print(f"| the group (timers included) | {group:.2f} |")
+    for label, _, _ in PROFILED:
+        print(f"| {label} | {spent[label]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -221,11 +221,72 @@ class FusedAdam:
             self.params.sub_(torch.where(rows, update, 0.0))
         self.steps = steps
 
+    @torch.no_grad()
+    def step_rows(
+        self, rows: Sequence[int], grads: torch.Tensor, lrs: Sequence[float], eps: float = 1e-8
+    ) -> None:
+        """One Adam step of the members at `rows` (grads[k] is row rows[k]'s gradient), each
+        with its own learning rate, by the very kernel a trial's `torch.optim.Adam(fused=True)`
+        runs: a member's step is bit for bit the one it takes alone. The other rows keep their
+        parameters, moments and step count. On a CPU this costs less than `step`'s operations
+        over the whole stack (one pass over each member's row instead of about ten over all of
+        them); where torch has no fused Adam for the tensors, it is `step` with `active`."""
+        fused_kernel = self.params.device.type in ("cpu", "cuda") and hasattr(torch, "_fused_adam_")
+        if not fused_kernel:
+            full = torch.zeros_like(self.params)
+            full[list(rows)] = grads
+            active = torch.zeros(len(self.params), dtype=torch.bool, device=self.params.device)
+            active[list(rows)] = True
+            lr = torch.zeros(len(self.params), device=self.params.device)
+            lr[list(rows)] = torch.tensor(list(lrs), device=lr.device)
+            self.step(full, lr, eps, active=active)
+            return
+        steps = [self.steps[row] for row in rows]
+        torch._foreach_add_(steps, 1)  # as torch's Adam counts before it steps
+        for k, row in enumerate(rows):
+            torch._fused_adam_(
+                [self.params[row]],
+                [grads[k]],
+                [self.exp_avg[row]],
+                [self.exp_avg_sq[row]],
+                [],
+                [steps[k]],
+                amsgrad=False,
+                lr=float(lrs[k]),
+                beta1=self.beta1,
+                beta2=self.beta2,
+                weight_decay=0.0,
+                eps=eps,
+                maximize=False,
+                grad_scale=None,
+                found_inf=None,
+            )
+
+    def keep(self, rows: Sequence[int], params: torch.Tensor) -> FusedAdam:
+        """This Adam's state of the members at `rows` only, for `params` (those rows' stack)."""
+        kept = FusedAdam.__new__(FusedAdam)
+        index = torch.tensor(list(rows), dtype=torch.long, device=params.device)
+        kept.params, kept.beta1, kept.beta2 = params, self.beta1, self.beta2
+        kept.exp_avg = self.exp_avg.index_select(0, index)
+        kept.exp_avg_sq = self.exp_avg_sq.index_select(0, index)
+        kept.steps = self.steps.index_select(0, index)
+        return kept
+
     def load_member(self, index: int, state: Mapping[str, Any]) -> None:
         """Row `index` from one trial's `torch.optim.Adam` state (one flat parameter)."""
         self.exp_avg[index] = state["exp_avg"]
         self.exp_avg_sq[index] = state["exp_avg_sq"]
         self.steps[index] = float(state["step"])
+
+    def member_state(self, index: int) -> dict[str, torch.Tensor] | None:
+        """Row `index` as one trial's `torch.optim.Adam` keeps its state (None before a step)."""
+        if float(self.steps[index]) == 0:
+            return None
+        return {
+            "step": self.steps[index].clone(),
+            "exp_avg": self.exp_avg[index].clone(),
+            "exp_avg_sq": self.exp_avg_sq[index].clone(),
+        }
 
 
 @dataclass

@@ -104,22 +104,52 @@ def period_sharpes(
 
 def mean_eval_return(env_id: str, policy: Policy, device: torch.device, *, seed: int) -> float:
     """Mean return of the first episode of each of `EVAL_EPISODES` copies, run side by side."""
-    env = GymVecEnv(env_id, num_envs=EVAL_EPISODES, device=device, seed=seed)
+    return mean_eval_returns(env_id, lambda obs, members: policy(obs), 1, device, seed=seed)[0]
+
+
+def mean_eval_returns(
+    env_id: str,
+    policy: Callable[[torch.Tensor, list[int]], torch.Tensor],
+    members: int,
+    device: torch.device,
+    *,
+    seed: int,
+) -> list[float]:
+    """`mean_eval_return` of each of a fused group's members at once: one vector env of
+    `members` x `EVAL_EPISODES` copies, member k's copies seeded as its own trial's (so each
+    member plays the episodes it plays alone). `policy(obs, members)` acts for the members
+    still playing, `EVAL_EPISODES` rows each in that order: a member whose episodes have all
+    ended leaves the vector env, so a long episode of one member does not step the others'."""
+    seeds = [seed + episode for episode in range(EVAL_EPISODES)] * members
+    env = GymVecEnv(env_id, num_envs=members * EVAL_EPISODES, device=device, seed=seeds)
+    playing = list(range(members))
     try:
         obs = env.reset()
-        returns = torch.zeros(EVAL_EPISODES, dtype=torch.float64)
-        running = torch.ones(EVAL_EPISODES, dtype=torch.bool)
+        returns = torch.zeros(members, EVAL_EPISODES, dtype=torch.float64)
+        running = torch.ones(members, EVAL_EPISODES, dtype=torch.bool)
         with torch.inference_mode():
             for _ in range(EVAL_MAX_STEPS):
-                step = env.step(policy(obs))
-                returns += step.reward.double().cpu() * running
-                running &= ~(step.terminated | step.truncated).cpu()
-                if not bool(running.any()):
+                step = env.step(policy(obs, playing))
+                index = torch.tensor(playing)
+                shape = (len(playing), EVAL_EPISODES)
+                reward = step.reward.double().cpu().view(shape) * running[index]
+                returns[index] += reward
+                running[index] &= ~(step.terminated | step.truncated).cpu().view(shape)
+                still = [m for m in playing if bool(running[m].any())]
+                if not still:
                     break
                 obs = step.obs
+                if len(still) < len(playing):
+                    keep = [playing.index(m) for m in still]
+                    env.keep([k * EVAL_EPISODES + e for k in keep for e in range(EVAL_EPISODES)])
+                    rows = torch.tensor(
+                        [k * EVAL_EPISODES + e for k in keep for e in range(EVAL_EPISODES)]
+                    )
+                    obs = obs.index_select(0, rows.to(obs.device))
+                    playing = still
     finally:
         env.close()
-    return float(returns.mean())
+    return returns.mean(dim=1).tolist()
 
 
 def random_policy(n_actions: int, seed: int) -> Policy:

@@ -7,6 +7,7 @@ autoreset); this wrapper only converts arrays to tensors on the agent's device, 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters.envs.base import StepResult
@@ -50,7 +51,10 @@ def check_gym_id(env_id: str) -> None:
 
 
 class GymVecEnv:
-    """`num_envs` copies of a Gymnasium environment, stepped by Gymnasium's vector API."""
+    """`num_envs` copies of a Gymnasium environment, stepped by Gymnasium's vector API.
+
+    `seed` seeds copy i with seed + i; a list seeds each copy with its own (a fused group's
+    members each play the episodes their own trial plays alone: docs/fused.md)."""
 
     def __init__(
         self,
@@ -58,7 +62,7 @@ class GymVecEnv:
         *,
         num_envs: int = 1,
         device: torch.device | str = "cpu",
-        seed: int = 0,
+        seed: int | Sequence[int] = 0,
     ) -> None:
         self.env = gym.make_vec(
             env_id,
@@ -68,8 +72,8 @@ class GymVecEnv:
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": True},
             disable_env_checker=True,
         )
-        self.env.action_space.seed(seed)
-        self.seed = seed
+        self.env.action_space.seed(seed if isinstance(seed, int) else seed[0])
+        self.seed: int | list[int] = seed if isinstance(seed, int) else list(seed)
         self.device = torch.device(device)
         self.num_envs = num_envs
         self.obs_dim = int(self.env.single_observation_space.shape[0])
@@ -107,6 +111,27 @@ class GymVecEnv:
             self._tensor(truncated),
             final_tensor,
         )
+
+    def keep(self, copies: Sequence[int]) -> None:
+        """Go on with only these copies (by index), each where it is; the others are closed."""
+        kept = set(copies)
+        for index, env in enumerate(self.env.envs):
+            if index not in kept:
+                env.close()
+        envs = [self.env.envs[i] for i in copies]
+        self.env = gym.vector.SyncVectorEnv(
+            [lambda env=env: env for env in envs],
+            copy=True,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+        seeds = (
+            self.seed
+            if isinstance(self.seed, list)
+            else [self.seed + i for i in range(self.num_envs)]
+        )
+        self.seed = [seeds[i] for i in copies]
+        self.episode_return = self.episode_return[list(copies)]
+        self.num_envs = len(envs)
 
     def close(self) -> None:
         self.env.close()
