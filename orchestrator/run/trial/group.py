@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters.base import Member
 from orchestrator.imports import LazyImport
 from orchestrator.record.store.optuna_private import fixed_params_of
 from orchestrator.record.trials import attr_names as names
@@ -41,7 +42,7 @@ from orchestrator.run.trial.clock import time_limit
 from orchestrator.run.trial.ending import end_trial
 from orchestrator.run.trial.errors import fail_with
 from orchestrator.run.trial.host import name_process, trial_name
-from orchestrator.run.trial.member import Member, unfused_because
+from orchestrator.run.trial.member import unfused_because
 from orchestrator.run.trial.memory import (
     hold_simulated_mb,
     measure_vram_peak_mb,
