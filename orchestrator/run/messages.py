@@ -60,6 +60,10 @@ class TrialJob:
     """What the supervisor says about the next trial, picklable."""
 
     batch_bounds: tuple[int, int]  # the batch sizes that fit this GPU alone, now
+    # --fuse: the most trials this process claims for one fused group (docs/fused.md). The pool
+    # spreads what is left of the budget over the processes it can start, so a short study's
+    # groups fill every slot instead of one.
+    members: int = 1
 
 
 @dataclass(frozen=True)

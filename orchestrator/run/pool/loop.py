@@ -17,6 +17,7 @@ the progress display's snapshot (`orchestrator.run.pool.snapshot`) and the stop 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -266,13 +267,14 @@ class Pool:
     def _fill(self, count: BudgetCount) -> None:
         # Each ask takes a waiting trial or a new one: the room is what is neither counted nor
         # running, less our trials that started but have not asked yet.
-        not_asked = sum(1 for s in self.supervisors for t in s.running.values() if t.number is None)
-        room = self.study.budget - count.counted - count.running - not_asked * self.fuse
+        not_asked = [t for s in self.supervisors for t in s.running.values() if t.number is None]
+        room = self.study.budget - count.counted - count.running - sum(t.members for t in not_asked)
         if room <= 0:
             return
+        members = self._members(room)
         # Free memory is read once a pass; trials started in it count against it by estimate.
         free = {s.index: self._free_mb(s) for s in self.supervisors}
-        starting = not_asked
+        starting = len(not_asked)
         while room > 0:
             if self.starting_limit is not None and starting >= self.starting_limit:
                 return  # the rest start as these ask (the loop comes back at once)
@@ -280,18 +282,28 @@ class Pool:
             placed = place(loads, self.placement)
             if placed.index is None:
                 return
-            self._start(self.supervisors[placed.index])
-            room, starting = room - self.fuse, starting + 1
+            self._start(self.supervisors[placed.index], min(members, room))
+            room, starting = room - members, starting + 1
+
+    def _members(self, room: int) -> int:
+        """The most trials the next process claims for its fused group: --fuse on a GPU (one
+        process of many members is what fusing is for there). Without a GPU each process is a
+        core: the room is shared over the cores free now, so a short study's groups keep every
+        core busy instead of one."""
+        if self.fuse == 1 or any(s.device is not None for s in self.supervisors):
+            return self.fuse
+        cores = sum(max(0, s.budget.max_trials - len(s.running)) for s in self.supervisors)
+        return min(self.fuse, max(1, math.ceil(room / max(1, cores))))
 
     def _free_mb(self, supervisor: Supervisor) -> float | None:
         if supervisor.device is None or len(self.supervisors) == 1:
             return None  # nothing to choose between: no probe call
         return self.probe.free_mb(supervisor.device)
 
-    def _start(self, supervisor: Supervisor) -> None:
-        job = TrialJob(batch_bounds=self.batch_bounds(supervisor))
+    def _start(self, supervisor: Supervisor, members: int = 1) -> None:
+        job = TrialJob(batch_bounds=self.batch_bounds(supervisor), members=members)
         handle = self.backend.start(supervisor.index, job)
-        supervisor.running[handle] = RunningTrial(handle)
+        supervisor.running[handle] = RunningTrial(handle, members=members)
         self.trials_run += 1
 
     def _admit_waiting(self) -> None:

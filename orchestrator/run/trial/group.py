@@ -127,7 +127,8 @@ def claim(
     The supervisor hears the first one's number once all are claimed: until then it counts
     this process as able to take --fuse trials of the budget, and starts no other for them."""
     seats: list[Seat] = []
-    while len(seats) < ctx.config.settings.fuse and not (seats and stop_requested()):
+    most = min(ctx.config.settings.fuse, job.members)
+    while len(seats) < most and not (seats and stop_requested()):
         trial, lock = ask(ctx, spec)
         if trial is None:
             break
