@@ -21,7 +21,8 @@ from tests.pg_cluster import PgCluster
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-TRIALS = 20
+# Three waves of 4 trials: one finished before the outage, one in flight through it, one after.
+TRIALS = 12
 RUN = (
     "run", "synthetic", "--trials", str(TRIALS), "--option", "trial_seconds=2", "--epochs", "4",
     "--gpus", "sim:24576", "--concurrency", "4", "--pruner", "none",
