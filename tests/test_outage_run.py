@@ -8,6 +8,7 @@ The cluster is the test's own (tests/pg_cluster.py), never the shared server.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 
@@ -29,10 +30,20 @@ RUN = (
 )  # fmt: skip
 
 
-@pytest.fixture
-def cluster():
+@pytest.fixture(scope="module")
+def _one_cluster():
+    """One cluster for the module (an initdb and a shutdown each test saved); each test its own
+    database in it."""
     with PgCluster.create() as made:
         yield made
+
+
+@pytest.fixture
+def cluster(_one_cluster):
+    yield _one_cluster
+    # Up again for the next test, where this one failed mid-outage (already up: pg_ctl says so).
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _one_cluster.start()
 
 
 def _states(url: str) -> list[TrialState]:
