@@ -204,9 +204,10 @@ def test_a_worker_killed_alone_leaves_its_trials_to_the_study(postgres_url, tmp_
 
 
 def test_a_trial_woken_after_it_was_taken_over_says_so_in_one_line(sqlite_url):
+    # 2 s an epoch: frozen once it has reported its first, 10 s before it would end.
     runner = start_cli(
         "run", "synthetic", "--trials", "1", "--epochs", str(EPOCHS), "--option",
-        "trial_seconds=18", "--concurrency", "1", "--pruner", "none", "--sampler", "random",
+        "trial_seconds=12", "--concurrency", "1", "--pruner", "none", "--sampler", "random",
         "--gpus", "sim:24576", "--storage", sqlite_url,
     )  # fmt: skip
 
