@@ -98,10 +98,12 @@ def _assert_stopped_and_resumed(url: str, name: str, stopped_numbers: list[int])
         assert "re-queued" in log and "checkpoint" in log, log
 
 
+# 3 s an epoch: under load the trials' starts lie seconds apart, and each must have saved twice
+# (6 s) while none has ended (18 s) when the host is killed.
 def _run_args(url: str, *extra: str) -> tuple[str, ...]:
     return (
         "run", "synthetic", "--trials", "4", "--epochs", str(EPOCHS), "--option",
-        "trial_seconds=24", "--pruner", "none", "--sampler", "random",
+        "trial_seconds=18", "--pruner", "none", "--sampler", "random",
         "--gpus", "sim:24576", "--storage", url, *extra,
     )  # fmt: skip
 
@@ -202,9 +204,10 @@ def test_a_worker_killed_alone_leaves_its_trials_to_the_study(postgres_url, tmp_
 
 
 def test_a_trial_woken_after_it_was_taken_over_says_so_in_one_line(sqlite_url):
+    # 2 s an epoch: frozen once it has reported its first, 10 s before it would end.
     runner = start_cli(
         "run", "synthetic", "--trials", "1", "--epochs", str(EPOCHS), "--option",
-        "trial_seconds=30", "--concurrency", "1", "--pruner", "none", "--sampler", "random",
+        "trial_seconds=12", "--concurrency", "1", "--pruner", "none", "--sampler", "random",
         "--gpus", "sim:24576", "--storage", sqlite_url,
     )  # fmt: skip
 

@@ -8,6 +8,7 @@ The cluster is the test's own (tests/pg_cluster.py), never the shared server.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 
@@ -21,17 +22,28 @@ from tests.pg_cluster import PgCluster
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
-TRIALS = 20
+# Three waves of 4 trials: one finished before the outage, one in flight through it, one after.
+TRIALS = 12
 RUN = (
     "run", "synthetic", "--trials", str(TRIALS), "--option", "trial_seconds=2", "--epochs", "4",
     "--gpus", "sim:24576", "--concurrency", "4", "--pruner", "none",
 )  # fmt: skip
 
 
-@pytest.fixture
-def cluster():
+@pytest.fixture(scope="module")
+def _one_cluster():
+    """One cluster for the module (an initdb and a shutdown each test saved); each test its own
+    database in it."""
     with PgCluster.create() as made:
         yield made
+
+
+@pytest.fixture
+def cluster(_one_cluster):
+    yield _one_cluster
+    # Up again for the next test, where this one failed mid-outage (already up: pg_ctl says so).
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _one_cluster.start()
 
 
 def _states(url: str) -> list[TrialState]:

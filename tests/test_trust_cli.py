@@ -19,12 +19,16 @@ from optuna.trial import TrialState
 
 import orchestrator
 from orchestrator.record.store.location import StorageLocation
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import cli_env, run_cli
 
 TINY = (
     "--trials", "2", "--epochs", "2", "--option", "steps_per_epoch=200",
     "--gpus", "sim:24576", "--pruner", "none", "--sampler", "random", "--seed", "3",
 )  # fmt: skip
+# The end of a study (confirmation, test, baselines) trains in the command's own process, with a
+# torch thread per core. Beside the suite's other files (two cores, three files at once) two
+# threads spinning for each other took up to twice the time and three times the CPU of one.
+ONE_THREAD = cli_env(OMP_NUM_THREADS="1")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def ran(url):
     """One study of two trials, each trained on 2 seeds; the top 2 confirmed on 3 seeds."""
     done = run_cli(
         "run", "dqn", "--storage", url, *TINY, "--repeats", "2", "--confirm", "2",
-        "--confirm-seeds", "3", "--quiet", timeout=1200,
+        "--confirm-seeds", "3", "--quiet", timeout=1200, env=ONE_THREAD,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     study = optuna.load_study(study_name="dqn", storage=StorageLocation.parse(url).url)
@@ -157,7 +161,9 @@ def test_a_run_that_finds_the_budget_used_keeps_the_stored_scores(ran):
 def test_best_confirm_scores_the_selection_again_and_stores_it(ran):
     study = ran["study"]
     study.set_user_attr("final_scores", None)
-    done = run_cli("best", "--storage", ran["url"], "--confirm", "0", "--format", "text")
+    done = run_cli(
+        "best", "--storage", ran["url"], "--confirm", "0", "--format", "text", env=ONE_THREAD
+    )
     assert done.returncode == 0, done.stderr
     fresh = optuna.load_study(study_name="dqn", storage=StorageLocation.parse(ran["url"]).url)
     scores = fresh.user_attrs["final_scores"]
@@ -218,7 +224,7 @@ def test_a_gymnasium_study_ends_with_the_random_policy_beside_it(sqlite_url):
     done = run_cli(
         "run", "ppo", "--env", "CartPole-v1", "--storage", sqlite_url, "--gpus", "sim:24576",
         "--trials", "1", "--epochs", "1", "--option", "steps_per_epoch=512", "--quiet",
-        timeout=900,
+        timeout=900, env=ONE_THREAD,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     scores = optuna.load_study(study_name="ppo", storage=sqlite_url).user_attrs["final_scores"]
