@@ -8,7 +8,9 @@ The synthetic adapter's `train_fused` trains its members one epoch at a time tog
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
 import signal
 from collections import defaultdict
 from pathlib import Path
@@ -35,12 +37,13 @@ def _groups(study: optuna.Study) -> dict[int, list[optuna.trial.FrozenTrial]]:
     return groups
 
 
-def _assert_fused(group: list[optuna.trial.FrozenTrial]) -> None:
-    """One group: each member names the others, and all share the first's shape."""
+def _assert_fused(group: list[optuna.trial.FrozenTrial], shape=("activation",)) -> None:
+    """One group: each member names the others, and all share the first's `shape` params."""
     numbers = {t.number for t in group}
     for trial in group:
         assert set(trial.user_attrs["fused_with"]) == numbers - {trial.number}, trial.user_attrs
-    assert len({t.params["activation"] for t in group}) == 1, [t.params for t in group]
+    for name in shape:
+        assert len({t.params[name] for t in group}) == 1, [t.params for t in group]
 
 
 def test_eight_trials_run_fused_four_at_a_time_within_the_budget(storage_url):
@@ -64,6 +67,33 @@ def test_eight_trials_run_fused_four_at_a_time_within_the_budget(storage_url):
     for group in groups.values():
         _assert_fused(group)
     assert load_spec(study).fuse == 4  # stored: a worker joining the study reads it
+
+
+def test_without_a_gpu_the_groups_share_the_budget_over_the_cores(sqlite_url):
+    """8 DQN trials, --fuse 8, no GPU: a group per core the plan gives (two here), each with its
+    share of the budget, not one group of 8 on one core while the others idle."""
+    done = run_cli(
+        "run", "dqn", "--env", "CartPole-v1", "--fuse", "8", "--trials", "8", "--epochs", "1",
+        "--option", "steps_per_epoch=300", "--gpus", "none", "--seed", "1",
+        "--storage", sqlite_url, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    slots = _cpu_slots(done.stderr)
+    study = stored_study(sqlite_url, "dqn")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 8
+    sizes = sorted(len(group) for group in _groups(study).values())
+    share = math.ceil(8 / slots)
+    assert max(sizes) <= share and len(sizes) == math.ceil(8 / share), (slots, sizes)
+    for group in _groups(study).values():
+        _assert_fused(group, shape=("hidden_size", "batch_size"))
+        assert len({t.params["learning_rate"] for t in group}) == len(group)  # the rest drawn
+
+
+def _cpu_slots(stderr: str) -> int:
+    """How many trials at once the host's plan gives its CPU, as its first line says."""
+    found = re.search(r"no GPU \(CPU only\): (?:up to )?(\d+) trials? at", stderr)
+    assert found, stderr
+    return int(found[1])
 
 
 def test_a_pruned_member_leaves_its_group_while_the_others_complete(tmp_path):

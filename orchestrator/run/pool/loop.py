@@ -292,7 +292,8 @@ class Pool:
         core busy instead of one."""
         if self.fuse == 1 or any(s.device is not None for s in self.supervisors):
             return self.fuse
-        cores = sum(max(0, s.budget.max_trials - len(s.running)) for s in self.supervisors)
+        # The plan's slots, not the ramp's: a CPU's trials cost no memory that a ramp guards.
+        cores = sum(max(0, s.plan.slots - len(s.running)) for s in self.supervisors)
         return min(self.fuse, max(1, math.ceil(room / max(1, cores))))
 
     def _free_mb(self, supervisor: Supervisor) -> float | None:
