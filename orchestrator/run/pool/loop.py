@@ -17,7 +17,6 @@ the progress display's snapshot (`orchestrator.run.pool.snapshot`) and the stop 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -36,7 +35,7 @@ from orchestrator.run.pool.allowance_changes import (
     slots_either_side,
     start_change,
 )
-from orchestrator.run.pool.placement import Policy, load_of, place
+from orchestrator.run.pool.placement import Policy, group_size, load_of, place
 from orchestrator.run.pool.processes import WarmProcesses
 from orchestrator.run.pool.signals import StopSignals
 from orchestrator.run.pool.snapshot import PoolSnapshot, gpu_snapshot, pool_snapshot
@@ -271,7 +270,7 @@ class Pool:
         room = self.study.budget - count.counted - count.running - sum(t.members for t in not_asked)
         if room <= 0:
             return
-        members = self._members(room)
+        members = group_size(self.fuse, self.supervisors, room)
         # Free memory is read once a pass; trials started in it count against it by estimate.
         free = {s.index: self._free_mb(s) for s in self.supervisors}
         starting = len(not_asked)
@@ -284,17 +283,6 @@ class Pool:
                 return
             self._start(self.supervisors[placed.index], min(members, room))
             room, starting = room - members, starting + 1
-
-    def _members(self, room: int) -> int:
-        """The most trials the next process claims for its fused group: --fuse on a GPU (one
-        process of many members is what fusing is for there). Without a GPU each process is a
-        core: the room is shared over the cores free now, so a short study's groups keep every
-        core busy instead of one."""
-        if self.fuse == 1 or any(s.device is not None for s in self.supervisors):
-            return self.fuse
-        # The plan's slots, not the ramp's: a CPU's trials cost no memory that a ramp guards.
-        cores = sum(max(0, s.plan.slots - len(s.running)) for s in self.supervisors)
-        return min(self.fuse, max(1, math.ceil(room / max(1, cores))))
 
     def _free_mb(self, supervisor: Supervisor) -> float | None:
         if supervisor.device is None or len(self.supervisors) == 1:

@@ -72,3 +72,14 @@ def load_of(supervisor: Supervisor, free_mb: float | None) -> GpuLoad:
         if trial.vram_peak_mb is None:
             free -= trial.planned_mb if trial.admitted else supervisor.typical_mb()
     return GpuLoad(supervisor.index, supervisor.wants_another(), len(supervisor.running), free)
+
+
+def group_size(fuse: int, supervisors: Sequence[Supervisor], room: int) -> int:
+    """The most trials the next process claims for its fused group (--fuse, docs/fused.md):
+    --fuse on a GPU (one process of many members is what fusing is for there). Without a GPU
+    each process is a core: the room is shared over the plan's cores free now, so a short
+    study's groups keep every core busy instead of one."""
+    if fuse == 1 or any(s.device is not None for s in supervisors):
+        return fuse
+    cores = sum(max(0, s.plan.slots - len(s.running)) for s in supervisors)
+    return min(fuse, max(1, math.ceil(room / max(1, cores))))
