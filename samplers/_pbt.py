@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import math
 import secrets
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import StudyDirection
 from optuna.trial import TrialState
 
-from orchestrator.record.budget.claim import AskStopped, ask_stopped, wait_in_ask
+from orchestrator.record.budget.claim import AskStopped, ask_stopped
 from orchestrator.record.checkpoints import lineage as names
 from orchestrator.record.store.optuna_private import (
     distribution_contains,
@@ -243,7 +244,7 @@ class PBTSampler(BaseSampler):
                 if ask_stopped():  # its process is stopping (its host gone): no member comes
                     raise AskStopped(trial_id_of(trial))
                 _keep_alive(storage, trial)
-                wait_in_ask(self._wait)
+                time.sleep(self._wait)
                 lost.clear()  # the population has moved on: every member may be free again
                 continue
             rng = np.random.default_rng([entropy, trial.number, attempt])
@@ -258,7 +259,7 @@ class PBTSampler(BaseSampler):
                 return plan
             storage.set_trial_system_attr(trial_id_of(trial), PLAN_KEY, None)
             lost.add(member)
-            wait_in_ask(float(rng.random()) * self._wait * 0.2)  # apart from the other claimer
+            time.sleep(float(rng.random()) * self._wait * 0.2)  # apart from the other claimer
         raise AssertionError("unreachable")
 
     def _contested(self, study: Study, number: int, member: int, known: set[int]) -> bool:

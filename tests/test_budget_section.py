@@ -93,34 +93,3 @@ def test_the_lock_goes_at_the_claim_and_the_process_holds_one_connection(postgre
     assert storage.engine.pool.checkedout() == 0, "no connection held between calls"
     study.tell(trial, 1.0)
     assert study.trials[0].state == TrialState.COMPLETE
-
-
-def _take_the_lock(url: str, name: str, took) -> None:
-    from orchestrator.record.store.locks import locked
-
-    locked(StorageLocation.parse(url), f"budget:{name}", took.set, what="take the lock")
-
-
-def test_an_ask_that_waits_for_other_processes_lets_the_sqlite_lock_go(tmp_path):
-    """A sampler waiting inside an ask (population-based training's free member) on SQLite: the
-    file lock goes while it waits, so the process it waits for can take it; then it comes back."""
-    from orchestrator.record.budget.claim import wait_in_ask
-
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    location = StorageLocation.parse(url)
-    context = multiprocessing.get_context("spawn")
-    took = context.Event()
-    other = context.Process(target=_take_the_lock, args=(url, "s", took))
-
-    def section() -> bool:
-        other.start()
-        assert not took.wait(3), "the lock was not held"
-        for _ in range(300):  # a process blocked on the lock gets it within a wait or a few
-            wait_in_ask(0.1)
-            if took.is_set():
-                return True
-        return False
-
-    assert under_budget_lock(location, "s", section, what="ask"), "the lock never went"
-    other.join(30)
-    assert other.exitcode == 0

@@ -38,7 +38,7 @@ from orchestrator.record.budget import section as budget_section
 from orchestrator.record.budget.counts import stored_count
 from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.outages.storage import ASK_MARK
-from orchestrator.record.store.locks import file_locks_let_go, lock_key, under_budget_lock
+from orchestrator.record.store.locks import lock_key, under_budget_lock
 from orchestrator.record.store.optuna_private import (
     add_to_trial_cache,
     forget_cached_trials,
@@ -166,13 +166,6 @@ def ask_stopped() -> bool:
     process whose host is gone waits for ever (and on SQLite holds the budget lock)."""
     stop = getattr(_last, "stop", None)
     return bool(stop is not None and stop())
-
-
-def wait_in_ask(seconds: float) -> None:
-    """Sleep inside an ask whose trial is claimed already (a sampler's `before_trial`), the
-    study's lock let go meanwhile: what the ask waits for, other processes need the lock to do."""
-    with file_locks_let_go():
-        time.sleep(seconds)
 
 
 def last_claim() -> Claim | None:

@@ -26,7 +26,7 @@ import fcntl
 import threading
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.imports import LazyImport
 from orchestrator.record.budget import section as budget_section
@@ -58,11 +58,9 @@ def storage_lock(location: StorageLocation, name: str) -> Iterator[None]:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{path}.lock", "a+") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
-            _file_locks().append(handle)
             try:
                 yield
             finally:
-                _file_locks().remove(handle)
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
     if location.is_sqlite:
@@ -81,30 +79,6 @@ def storage_lock(location: StorageLocation, name: str) -> Iterator[None]:
                 _unlock(conn)
     finally:
         engine.dispose()
-
-
-@contextlib.contextmanager
-def file_locks_let_go() -> Iterator[None]:
-    """This thread's SQLite file locks let go while it waits for other processes, and taken
-    back after. Only for a wait after the section's claim landed: a PostgreSQL section's lock
-    goes at the claim (`budget_section`); an SQLite section holds its file lock to its end, and
-    a sampler that waits inside the ask for what another process does (population-based
-    training's free member) would otherwise wait on a process that waits on this lock."""
-    held = list(_file_locks())
-    for handle in held:
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    try:
-        yield
-    finally:
-        for handle in held:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-
-
-def _file_locks() -> list[Any]:
-    """The lock files this thread holds through `storage_lock`, innermost last."""
-    if not hasattr(_held, "files"):
-        _held.files = []
-    return _held.files
 
 
 def _unlock(conn: Connection) -> None:
