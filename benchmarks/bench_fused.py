@@ -46,6 +46,7 @@ part of the loop (where the time goes), then alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -54,7 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -365,8 +366,9 @@ def equivalence_configs(n: int, hidden: int, per_alpha: float = 0.0) -> list[dqn
     ]
 
 
-def losses_alone(member: Member, steps: int, *, refresh: bool = True) -> list[float]:
-    """The losses the real `Learner.gradient_step` back-propagates, one per step."""
+@contextlib.contextmanager
+def backpropagated() -> Iterator[list[float]]:
+    """The losses back-propagated meanwhile (a trial's one per gradient step), in order."""
     losses: list[float] = []
     backward = torch.Tensor.backward
 
@@ -376,12 +378,18 @@ def losses_alone(member: Member, steps: int, *, refresh: bool = True) -> list[fl
 
     torch.Tensor.backward = recording  # type: ignore[method-assign]
     try:
+        yield losses
+    finally:
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+
+def losses_alone(member: Member, steps: int, *, refresh: bool = True) -> list[float]:
+    """The losses the real `Learner.gradient_step` back-propagates, one per step."""
+    with backpropagated() as losses:
         for step in range(1, steps + 1):
             member.learner.gradient_step(member.config, 0.4)
             if refresh and step % member.config.target_update_period == 0:
                 member.learner.target_net.flat.copy_(member.learner.q_net.flat)
-    finally:
-        torch.Tensor.backward = backward  # type: ignore[method-assign]
     return losses
 
 

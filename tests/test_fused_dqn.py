@@ -9,10 +9,8 @@ inside a real group of 8 with different batch sizes, replay kinds and hyperparam
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import optuna
@@ -22,6 +20,7 @@ import torch
 from adapters import dqn
 from adapters._rl import fused, fused_dqn, fused_group
 from adapters.base import Member
+from benchmarks.bench_fused import backpropagated
 from orchestrator.record.checkpoints import files as stored
 from orchestrator.run.trial.group import shape_of
 
@@ -269,23 +268,6 @@ def own_step(member: Any, stack: Any, row: int, beta: float) -> tuple[float, tor
     with backpropagated() as losses:
         learner.gradient_step(config, beta)
     return losses[0], q_net.grad.clone()
-
-
-@contextlib.contextmanager
-def backpropagated() -> Iterator[list[float]]:
-    """The losses back-propagated meanwhile (a trial's one per gradient step), in order."""
-    losses: list[float] = []
-    backward = torch.Tensor.backward
-
-    def recording(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        losses.append(float(self.detach()))
-        return backward(self, *args, **kwargs)
-
-    torch.Tensor.backward = recording  # type: ignore[method-assign]
-    try:
-        yield losses
-    finally:
-        torch.Tensor.backward = backward  # type: ignore[method-assign]
 
 
 def test_with_uniform_replay_a_member_alone_and_in_a_group_of_8_agree_for_100_steps():
