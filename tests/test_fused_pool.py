@@ -7,6 +7,7 @@ The synthetic adapter's `train_fused` trains its members one epoch at a time tog
 
 from __future__ import annotations
 
+import datetime
 import logging
 import math
 import os
@@ -119,9 +120,12 @@ def test_a_pruned_member_leaves_its_group_while_the_others_complete(tmp_path):
     best, *others = sorted(study.trials, key=lambda t: t.number)
     assert best.state == TrialState.COMPLETE and best.value == pytest.approx(0.0)
     assert sorted(best.intermediate_values) == list(range(6))
+    epoch = datetime.timedelta(seconds=1.2 / 6)
     for trial in others:
         assert trial.state == TrialState.PRUNED, trial
         assert len(trial.intermediate_values) < 6  # it left; the best trained on
+        # Told PRUNED at its rung, not with the group: the best slept through 3 epochs more.
+        assert trial.datetime_complete <= best.datetime_complete - 3 * epoch, (trial, best)
         log = Path(trial.user_attrs["log_file"]).read_text()
         assert f"trial {trial.number}: PRUNED" in log, log
 

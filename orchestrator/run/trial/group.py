@@ -14,8 +14,9 @@ The group path beside `runner.run_trial`, step by step:
 4. Give each member its own report (pruning it alone), checkpoint handle and section in its own
    log, then call the adapter's `train_fused` once per sub-group.
 5. End each member as a single trial ends (`ending.end_trial`): COMPLETE, PRUNED or FAIL,
-   re-queued when interrupted, spooled, recorded. The supervisor hears one outcome, the first
-   member's, with the others in its `fused`.
+   re-queued when interrupted, spooled, recorded. A member pruned at an epoch is ended there,
+   while the others train on; the rest when the group ends. The supervisor hears one outcome,
+   the first member's, with the others in its `fused`.
 
 A group process that is killed leaves its members RUNNING: each is failed and re-queued by the
 stale-trial rule, as a single trial of a killed process is.
@@ -65,7 +66,7 @@ from orchestrator.run.trial.runner import (
     settle_value,
     trial_reporter,
 )
-from orchestrator.run.trial.signals import Interrupted, interruptible, stop_requested
+from orchestrator.run.trial.signals import Interrupted, held, interruptible, stop_requested
 from orchestrator.run.trial.spool import noted
 from samplers import sampler_kind
 
@@ -89,6 +90,7 @@ class Seat:
     log_file: Path | None
     result: RunResult = field(default_factory=lambda: RunResult(optuna.trial.TrialState.FAIL))
     params: dict[str, Any] = field(default_factory=dict)
+    outcome: TrialOutcome | None = None  # once it is ended (a member pruned mid-group)
 
 
 def run_group(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
@@ -108,11 +110,14 @@ def run_group(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
         name_process(trial_name(first.trial.number, ctx.config.study_name))
         try:
             with output_to(first.log_file), said_if_taken_over(first.trial.number):
-                peak = train_group(ctx, job, spec, seats, channel)
+                peak = train_group(ctx, job, spec, seats, channel, company)
         except optuna.exceptions.UpdateFinishedTrialError:
             return late_outcome(first.trial.number, first.log_file)
         with output_to(first.log_file):
-            outcomes = [end_member(ctx, job, spec, seat, company, len(seats)) for seat in seats]
+            outcomes = [
+                seat.outcome or end_member(ctx, job, spec, seat, company, len(seats))
+                for seat in seats
+            ]
     return group_outcome(outcomes, peak)
 
 
@@ -141,7 +146,12 @@ def claim(
 
 
 def train_group(
-    ctx: TrialContext, job: TrialJob, spec: StudySpec, seats: list[Seat], channel: Channel
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    seats: list[Seat],
+    channel: Channel,
+    company: Any,
 ) -> float | None:
     """Draw, wait to be admitted, train the group once; each member's end is in its `result`.
     The group's VRAM peak; each member's `vram_peak_mb` and `vram_planned_mb` are its shares
@@ -156,24 +166,31 @@ def train_group(
         with interruptible():  # only this part can be interrupted: the outcomes are written whole
             draw(ctx, spec, job, seats)
             admit(ctx, seats, channel)
-            members = [member_of(ctx, spec, seat, seats, channel) for seat in seats]
+            members = [member_of(ctx, job, spec, seat, seats, channel, company) for seat in seats]
             with time_limit(ctx.config.settings.recycling.trial_timeout):
                 entries = fused_entries(ctx, spec, seats, members)
             hold_simulated_mb(ctx, group_planned_mb(ctx, seats))
         for seat, entry in zip(seats, entries, strict=True):
-            settle_entry(seat, entry)
+            if seat.outcome is None:
+                settle_entry(seat, entry)
     except BaseException as caught:  # the fused step's own end is every member's
         for seat in seats:
-            if not fail_with(seat.result, caught, seat.trial.number):
+            if seat.outcome is None and not fail_with(seat.result, caught, seat.trial.number):
                 release_memory(ctx)
                 raise
     peak = measure_vram_peak_mb(ctx)
-    planned = sum(seat.result.planned_mb or 0.0 for seat in seats)
-    for seat in seats:  # each member's share of the group's peak, as of its estimate
-        part = (seat.result.planned_mb or 0.0) / planned if planned > 0 else 1 / len(seats)
-        seat.result.vram_peak_mb = None if peak is None else peak * part
+    for seat in seats:
+        if seat.outcome is None:
+            seat.result.vram_peak_mb = share_of(peak, seat, seats)
     release_memory(ctx)
     return peak
+
+
+def share_of(peak: float | None, seat: Seat, seats: list[Seat]) -> float | None:
+    """A member's share of the group's VRAM peak, in proportion to its own estimate."""
+    planned = sum(s.result.planned_mb or 0.0 for s in seats)
+    part = (seat.result.planned_mb or 0.0) / planned if planned > 0 else 1 / len(seats)
+    return None if peak is None else peak * part
 
 
 def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -> None:
@@ -238,16 +255,47 @@ def admit(ctx: TrialContext, seats: list[Seat], channel: Channel) -> None:
 
 
 def member_of(
-    ctx: TrialContext, spec: StudySpec, seat: Seat, seats: list[Seat], channel: Channel
+    ctx: TrialContext,
+    job: TrialJob,
+    spec: StudySpec,
+    seat: Seat,
+    seats: list[Seat],
+    channel: Channel,
+    company: Any,
 ) -> Member:
     """The member the adapter trains: its parameters, its own report (noted for the spool, the
-    group's memory told each epoch, its checkpoints due) and its own checkpoint handle."""
+    group's memory told each epoch, its checkpoints due, ended at once when pruned) and its own
+    checkpoint handle."""
     report = trial_reporter(spec, seat.trial)
     seat.result.flush = report.flush  # run before the result is told (run/trial/spool)
     handle = open_handle(ctx.study, seat.trial, spec, ctx.config.storage, True, tell_host(channel))
     seat.result.checkpoint = handle
     watched = group_memory(ctx, seats, channel, noted(seat.result, report))
-    return Member(seat.params, reporting_to(handle, watched, True), handle)
+
+    def end_pruned() -> None:
+        with held():  # a stop waits for the member's end to be written whole
+            seat.result.state = optuna.trial.TrialState.PRUNED
+            seat.result.vram_peak_mb = share_of(measure_vram_peak_mb(ctx), seat, seats)
+            seat.outcome = end_member(ctx, job, spec, seat, company, len(seats))
+
+    return Member(
+        seat.params, ended_when_pruned(reporting_to(handle, watched, True), end_pruned), handle
+    )
+
+
+def ended_when_pruned(report: Any, end: Any) -> Any:
+    """`report`, which ends its member as soon as it is pruned: the study hears PRUNED at the
+    epoch the pruner judged (the dashboard, `status` and the pruner's next judgements of the
+    others see it then), not when the group's last member is done."""
+
+    def report_epoch(epoch: int, value: float) -> None:
+        try:
+            report(epoch, value)
+        except optuna.TrialPruned:
+            end()
+            raise
+
+    return report_epoch
 
 
 def group_memory(ctx: TrialContext, seats: list[Seat], channel: Channel, report: Any) -> Any:

@@ -117,6 +117,20 @@ def hold_stop() -> None:
         _Stop.armed, _Stop.holding = False, True
 
 
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A part a SIGTERM must not cut inside an interruptible block (a fused member's end, told
+    while the others train on): a stop that comes meanwhile is raised after it. A hold already
+    in force (an epoch not yet saved) stays: only the hold taken here is released."""
+    mine = _Stop.armed
+    hold_stop()
+    try:
+        yield
+    finally:
+        if mine:
+            release_stop()
+
+
 def release_stop() -> None:
     if not _Stop.holding:
         return
