@@ -197,6 +197,33 @@ def test_a_killed_group_process_leaves_its_members_re_run_to_completion(sqlite_u
         assert sorted(rerun.intermediate_values) == list(range(6))
 
 
+def test_a_group_that_runs_out_of_memory_is_split_in_halves(sqlite_url):
+    """Four members really need 3x their estimate: the group of four runs out of memory on a
+    simulated 8 GB GPU; each member is re-run once, in a group of two (which fits), and the
+    GPU's groups stay at most two."""
+    done = run_cli(
+        "run", "synthetic", "--fuse", "4", "--trials", "4", "--epochs", "2", "--option",
+        "trial_seconds=0.6", "--option", "overhead_mb=1000", "--option", "per_sample_mb=0",
+        "--pruner", "none", "--sampler", "random", "--gpus", "sim:8000",
+        "--sim-memory-scale", "3", "--storage", sqlite_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "a fused group of 4 ran out of memory" in done.stderr, done.stderr
+    study = stored_study(sqlite_url, "synthetic")
+    first = [t for t in study.trials if t.number < 4]
+    assert all(t.state == TrialState.FAIL and t.user_attrs["oom"] for t in first), first
+    assert len(_groups(study)[first[0].user_attrs["pid"]]) == 4  # one group of four
+    reruns = [t for t in study.trials if t.number >= 4]
+    assert sorted(t.user_attrs["retry_of"] for t in reruns) == [0, 1, 2, 3]  # each once
+    assert all(t.state == TrialState.COMPLETE for t in reruns), [t.state for t in reruns]
+    by_number = {t.number: t for t in reruns}
+    halves = {tuple(sorted([t.number, *t.user_attrs["fused_with"]])) for t in reruns}
+    assert sorted(len(half) for half in halves) == [2, 2], halves
+    for half in halves:
+        _assert_fused([by_number[n] for n in half])
+        assert all(by_number[n].system_attrs["fuse_at_most"] == 2 for n in half)
+
+
 def test_a_stopped_group_re_queues_every_member(sqlite_url):
     """SIGTERM past --grace stops the group's one training call: each member is failed and
     queued again, as a single trial stopped mid-training is."""

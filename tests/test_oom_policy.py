@@ -6,7 +6,13 @@ import pytest
 
 from adapters.base import MemoryModel
 from orchestrator.planning.footprint import Footprint
-from orchestrator.run.oom_policy import OomAdmitted, OomRetry, after_oom, retry_after_oom
+from orchestrator.run.oom_policy import (
+    OomAdmitted,
+    OomRetry,
+    after_oom,
+    group_after_oom,
+    retry_after_oom,
+)
 from orchestrator.run.pool.admission import Budget
 
 DECLARED = MemoryModel(model_overhead_mb=500.0, per_sample_mb=2.0)
@@ -51,3 +57,17 @@ def test_without_learning_the_estimate_stays_and_the_allowance_still_reacts():
     kept, budget, change = after_oom(footprint, Budget.start(16000.0, 8), _admitted(8000.0),
                                      learn=False)  # fmt: skip
     assert kept == footprint and change is not None and budget.allowance_mb == 4000.0
+
+
+@pytest.mark.parametrize(
+    ("members", "cap", "expected"),
+    [
+        (1, None, None),  # a trial alone: the single trial's rule, no group cap
+        (8, None, 4),  # halved
+        (3, None, 1),
+        (2, 4, 1),
+        (8, 2, 2),  # a cap already lower stays
+    ],
+)
+def test_a_fused_group_that_ran_out_of_memory_is_split_in_halves(members, cap, expected):
+    assert group_after_oom(members, cap) == expected

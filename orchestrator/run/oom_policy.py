@@ -13,6 +13,12 @@ An out-of-memory error is heard on both sides of a trial's pipe, and each side a
   OOM of the same crowded moment already cut it below what this trial was admitted under
   (`orchestrator.run.pool.admission.after_trial`); never below one trial at a time.
 
+A fused group (`--fuse`, docs/fused.md) that runs out of memory is split in halves: every member
+is re-queued as a crowded-out trial is (the same parameters, from its last checkpoint), and the
+GPU's groups are at most half the failed group's size from then on (`group_after_oom`), so its
+members come back as two groups, each admitted by its own bytes; a group of one is a single
+trial. The footprint learns from a group's OOM per member (the room it had, shared).
+
 The swarm reads OOMs from the study (`samplers/_moves.py`: an OOM'd particle's memory
 parameters are pushed down), and the pool stores each allowance change. A different policy is
 a change to this module and its test (tests/test_oom_policy.py).
@@ -74,3 +80,13 @@ def after_oom(
         detail=f"trial {trial.number} ran out of memory with batch size {trial.batch_size}",
     )
     return footprint, budget, change
+
+
+def group_after_oom(members: int, cap: int | None) -> int | None:
+    """The most members a fused group on this GPU may have after a group of `members` ran out
+    of memory (`cap`: the most before, None: --fuse). Halved, down to single trials; the cap
+    does not grow back within the run, as the batch limit a trial alone lowers does not."""
+    if members <= 1:
+        return cap
+    half = max(1, members // 2)
+    return half if cap is None else min(cap, half)

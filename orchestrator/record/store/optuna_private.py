@@ -182,6 +182,12 @@ def fixed_params_of(trial: optuna.Trial) -> dict[str, Any]:
     return trial._fixed_params
 
 
+def system_attrs_of(trial: optuna.Trial) -> dict[str, Any]:
+    """The system attributes of a trial being run, as read at ask() (Optuna 5's `Trial` no
+    longer shows them)."""
+    return trial._cached_frozen_trial.system_attrs
+
+
 def distribution_contains(dist: BaseDistribution, value: Any) -> bool:
     """Whether `value` (as a user gives it) lies in `dist`: Optuna's own range and step check."""
     return bool(dist._contains(dist.to_internal_repr(value)))

@@ -30,6 +30,9 @@ FAIL_REASON = "fail_reason"  # why it failed without an error: "nan", "exit", "t
 # A re-run of an earlier trial's parameters (after an OOM, an interruption, a lost process).
 RETRY_OF = "retry_of"
 RETRY_REASON = "retry_reason"
+# A system attribute of a re-run whose fused group ran out of memory: the most members of the
+# group it trains in next (half its group: orchestrator/run/oom_policy.py).
+FUSE_AT_MOST = "fuse_at_most"
 # Checkpoints (orchestrator/record/checkpoints/files.py; docs/checkpoints.md has the contract).
 CHECKPOINT = "checkpoint"  # {"artifact_id": str, "epoch": int}: the trial's latest, every save
 CHECKPOINT_FROM = "checkpoint_from"  # a trial number: training starts from its latest checkpoint

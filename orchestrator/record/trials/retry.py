@@ -40,8 +40,10 @@ def requeue(
     max_retries: int | None,
     params: Mapping[str, Any] | None = None,
     reason: str,
+    system_attrs: Mapping[str, Any] | None = None,
 ) -> bool:
-    """Queue a re-run of `trial` (with `params` replacing some of its own); False when out of retries."""
+    """Queue a re-run of `trial` (with `params` replacing some of its own, and `system_attrs`
+    of its own); False when out of retries."""
     history = [*retry_history(trial), trial.number]
     if max_retries is not None and len(history) > max_retries:
         return False
@@ -56,6 +58,7 @@ def requeue(
             "fixed_params": {**trial.params, **(params or {})},
             "failed_trial": history[0],
             "retry_history": history,
+            **(system_attrs or {}),
         },
         user_attrs=_rerun_attrs(trial, reason),
     )

@@ -48,6 +48,7 @@ from orchestrator.run.pool.trial_endings import (
     check_starts,
     ending_of,
     log_ending,
+    log_group_split,
 )
 
 if TYPE_CHECKING:
@@ -111,9 +112,7 @@ class Pool:
         self.on_update = on_update
         self.clock = clock
         self.host = host or socket.gethostname()
-        self.placement = (
-            placement  # which GPU a new trial starts on (orchestrator.run.pool.placement)
-        )
+        self.placement = placement  # which GPU a new trial starts on (run.pool.placement)
         self.supervisors = [
             Supervisor.for_plan(index, plan, learn=learn) for index, plan in enumerate(plans)
         ]
@@ -281,19 +280,22 @@ class Pool:
             placed = place(loads, self.placement)
             if placed.index is None:
                 return
-            self._start(self.supervisors[placed.index], min(members, room))
-            room, starting = room - members, starting + 1
+            size = self._start(self.supervisors[placed.index], min(members, room))
+            room, starting = room - size, starting + 1
 
     def _free_mb(self, supervisor: Supervisor) -> float | None:
         if supervisor.device is None or len(self.supervisors) == 1:
             return None  # nothing to choose between: no probe call
         return self.probe.free_mb(supervisor.device)
 
-    def _start(self, supervisor: Supervisor, members: int = 1) -> None:
+    def _start(self, supervisor: Supervisor, members: int = 1) -> int:
+        """Start a trial process for up to `members` trials (fewer after an OOM split a group)."""
+        members = min(members, supervisor.group_cap or members)
         job = TrialJob(batch_bounds=self.batch_bounds(supervisor), members=members)
         handle = self.backend.start(supervisor.index, job)
         supervisor.running[handle] = RunningTrial(handle, members=members)
         self.trials_run += 1
+        return members
 
     def _admit_waiting(self) -> None:
         """Admit, on each GPU, every waiting trial that fits, in turn."""
@@ -341,10 +343,10 @@ class Pool:
         log_ending(supervisor.label, ending, outcome)
         if ending.end is not End.FINISHED:
             return
-        if outcome.oom:
-            supervisor.ooms += 1
-        learnt_before = supervisor.footprint
+        learnt_before, cap_before = supervisor.footprint, supervisor.group_cap
         self._record(supervisor, supervisor.finished(trial, outcome))
+        if supervisor.group_cap != cap_before:
+            log_group_split(supervisor.label, trial.members, supervisor.group_cap)
         if supervisor.footprint != learnt_before:
             self.study.save_footprint(supervisor.gpu_name, supervisor.footprint)
         self._publish(force=True)

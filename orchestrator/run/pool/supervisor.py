@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.planning.footprint import Footprint, observe_peak
 from orchestrator.run.backend import Asked, Sized, VramPeak
-from orchestrator.run.oom_policy import OomAdmitted, after_oom
+from orchestrator.run.oom_policy import OomAdmitted, after_oom, group_after_oom
 from orchestrator.run.pool.admission import (
     Budget,
     Change,
@@ -67,6 +67,7 @@ class Supervisor:
     worker_id: int | None = None
     running: dict[int, RunningTrial] = field(default_factory=dict)
     ooms: int = 0
+    group_cap: int | None = None  # the most members of a fused group here since an OOM split one
 
     @classmethod
     def for_plan(cls, index: int, plan: GpuPlan, *, learn: bool = True) -> Supervisor:
@@ -198,11 +199,13 @@ class Supervisor:
             return None  # stopped while it waited: it says nothing about memory
         learn = self.learn and self.device is not None
         if outcome.oom:  # the policy: orchestrator.run.oom_policy
+            self.ooms += 1
+            self.group_cap = group_after_oom(trial.members, self.group_cap)
             admitted = OomAdmitted(
                 number=outcome.trial_number,
                 batch_size=trial.batch_size,
                 planned_mb=trial.planned_mb,
-                room_mb=trial.room_at_admission,
+                room_mb=trial.room_at_admission / trial.members,  # a member's share of it
                 admitted_index=trial.admitted_index,
                 allowance_mb=trial.allowance_at_admission,
             )

@@ -113,6 +113,16 @@ def log_ending(label: str, ending: Ending, outcome: TrialOutcome) -> None:
         _log_finished(label, outcome)
 
 
+def log_group_split(label: str, members: int, cap: int | None) -> None:
+    logger.warning(
+        "%s: a fused group of %d ran out of memory: its members are re-queued, and groups here "
+        "take at most %s from now on",
+        label,
+        members,
+        cap,
+    )
+
+
 def _log_finished(label: str, outcome: TrialOutcome) -> None:
     if outcome.oom:
         logger.warning(

@@ -49,12 +49,14 @@ def end_trial(
     lock: LockTiming | None,
     *,
     alone: bool,
+    group: int = 1,
 ) -> bool:
     """End a trial that ran: re-queue what was interrupted, tell the study, record, publish and
-    tidy its checkpoints (`alone`: an OOM with the GPU to itself). True if it was re-queued."""
+    tidy its checkpoints (`alone`: an OOM with the GPU to itself; `group`: the members of the
+    fused group it trained in). True if it was re-queued."""
     told = Told(*told_values(ctx, trial, result), attrs=told_attrs(result))
     with kept_until_told(ctx, trial, result, told):  # an outage past the bound keeps it
-        requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone)
+        requeued = requeue_if_interrupted(ctx, job, spec, trial, result, alone=alone, group=group)
         tell(ctx, trial, told)
         record(ctx, trial, result, lock)
     publish(ctx, trial)

@@ -27,14 +27,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import Member
 from orchestrator.imports import LazyImport
-from orchestrator.record.store.optuna_private import fixed_params_of
+from orchestrator.record.store.optuna_private import fixed_params_of, system_attrs_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.attrs import set_user_attrs
 from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
@@ -43,7 +42,7 @@ from orchestrator.run.trial.clock import time_limit
 from orchestrator.run.trial.ending import end_trial
 from orchestrator.run.trial.errors import fail_with
 from orchestrator.run.trial.host import name_process, trial_name
-from orchestrator.run.trial.member import unfused_because
+from orchestrator.run.trial.member import ended_when_pruned, shape_of, unfused_because
 from orchestrator.run.trial.memory import (
     hold_simulated_mb,
     measure_vram_peak_mb,
@@ -140,6 +139,8 @@ def claim(
         beating.enter_context(heartbeat(ctx, trial))
         fit_fixed_batch_size(trial, job.batch_bounds)
         seats.append(Seat(trial, lock, log_file_of(ctx, trial)))
+        # A member of a group that ran out of memory comes back in a group of half its size.
+        most = min(most, system_attrs_of(trial).get(names.FUSE_AT_MOST, most))
     if seats:
         channel.send(("asked", seats[0].trial.number))
     return seats
@@ -211,34 +212,6 @@ def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -
             shape = shape_of(ctx.adapter, seat.params)
 
 
-class _Reading(Mapping[str, Any]):
-    """Parameters that note which of them are read."""
-
-    def __init__(self, params: Mapping[str, Any]) -> None:
-        self.params, self.read = params, set()
-
-    def __getitem__(self, name: str) -> Any:
-        self.read.add(name)
-        return self.params[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.params)
-
-    def __len__(self) -> int:
-        return len(self.params)
-
-
-def shape_of(adapter: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The parameters the adapter's `fuse_key` reads, with these values: fixing them makes
-    every member's key this one's (an adapter without `fuse_key` fuses any members)."""
-    fuse_key = getattr(adapter, "fuse_key", None)
-    if not callable(fuse_key):
-        return {}
-    reading = _Reading(params)
-    fuse_key(reading)
-    return {name: params[name] for name in sorted(reading.read)}
-
-
 def admit(ctx: TrialContext, seats: list[Seat], channel: Channel) -> None:
     """Wait until the supervisor admits the group as one, by its members' bytes at the
     group's largest batch size."""
@@ -281,21 +254,6 @@ def member_of(
     return Member(
         seat.params, ended_when_pruned(reporting_to(handle, watched, True), end_pruned), handle
     )
-
-
-def ended_when_pruned(report: Any, end: Any) -> Any:
-    """`report`, which ends its member as soon as it is pruned: the study hears PRUNED at the
-    epoch the pruner judged (the dashboard, `status` and the pruner's next judgements of the
-    others see it then), not when the group's last member is done."""
-
-    def report_epoch(epoch: int, value: float) -> None:
-        try:
-            report(epoch, value)
-        except optuna.TrialPruned:
-            end()
-            raise
-
-    return report_epoch
 
 
 def group_memory(ctx: TrialContext, seats: list[Seat], channel: Channel, report: Any) -> Any:
@@ -376,7 +334,7 @@ def end_member(
     alone = result.oom and size == 1 and not company.value
     try:
         with said_if_taken_over(trial.number):
-            requeued = end_trial(ctx, job, spec, trial, result, seat.lock, alone=alone)
+            requeued = end_trial(ctx, job, spec, trial, result, seat.lock, alone=alone, group=size)
     except optuna.exceptions.UpdateFinishedTrialError:
         return late_outcome(trial.number, seat.log_file)
     ended = result.state.name + (f" {result.value}" if result.value is not None else "")

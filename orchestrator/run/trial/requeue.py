@@ -15,7 +15,7 @@ from orchestrator.record.outages.riding import ride_out
 from orchestrator.record.store.optuna_private import storage_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.retry import requeue
-from orchestrator.run.oom_policy import retry_after_oom
+from orchestrator.run.oom_policy import group_after_oom, retry_after_oom
 from orchestrator.run.trial.signals import is_host_gone
 
 if TYPE_CHECKING:
@@ -40,11 +40,14 @@ def requeue_if_interrupted(
     result: RunResult,
     *,
     alone: bool,
+    group: int = 1,
 ) -> bool:
     """Queue a re-run of a trial that ran out of memory, was stopped or timed out; True if queued.
 
     Out of memory with the GPU to itself means this batch size does not fit this GPU: the GPU's
-    batch limit goes below it and the re-run gets half the batch (none if it was the smallest)."""
+    batch limit goes below it and the re-run gets half the batch (none if it was the smallest).
+    A member of a fused group of `group` that ran out of memory is re-run in a group of at most
+    half that (the group split in halves)."""
 
     if result.timed_out:  # its retries count, like an OOM's
         frozen = _still_running(ctx, trial)
@@ -53,7 +56,7 @@ def requeue_if_interrupted(
         return requeue(ctx.study, frozen, max_retries=spec.max_retries, reason="timeout")
     if not (result.oom or result.interrupted):
         return False
-    retry_params = None
+    retry_params, split = None, None
     reason = "oom" if result.oom else "host gone" if is_host_gone() else "interrupted"
     if result.oom:  # the policy: orchestrator.run.oom_policy
         retry = retry_after_oom(result.batch_size, job.batch_bounds[0], alone=alone)
@@ -69,6 +72,8 @@ def requeue_if_interrupted(
             return False
         if retry.batch_size is not None:
             retry_params = {names.BATCH_SIZE: retry.batch_size}
+        if group > 1:
+            split = {names.FUSE_AT_MOST: group_after_oom(group, None)}
     frozen = _still_running(ctx, trial)
     if frozen is None:
         return False
@@ -78,6 +83,7 @@ def requeue_if_interrupted(
         max_retries=spec.max_retries if result.oom else None,
         params=retry_params,
         reason=reason,
+        system_attrs=split,
     )
 
 
