@@ -34,7 +34,7 @@ class MyMLPAdapter(BaseAdapter):
         x, y, split = x.to(device), y.to(device), options["samples"] * 4 // 5
         hidden = params["hidden"]
         model = nn.Sequential(nn.Linear(1, hidden), nn.Tanh(), nn.Linear(hidden, 1)).to(device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=params["learning_rate"])
+        optimizer = torch.optim.Adam(model.parameters(), lr=params["learning_rate"], fused=True)
         for epoch in range(epochs):
             for batch in torch.randperm(split).to(device).split(params["batch_size"]):
                 loss = nn.functional.mse_loss(model(x[batch]), y[batch])

@@ -7,7 +7,7 @@ import copy
 import torch
 from my_model_adapter import MyMLPAdapter
 from torch import nn
-from torch.func import functional_call, grad, stack_module_state, vmap
+from torch.func import functional_call, stack_module_state, vmap
 from torch.nn.utils.rnn import pad_sequence
 
 
@@ -24,26 +24,22 @@ class MyFusedMLPAdapter(MyMLPAdapter):
             error = functional_call(network, weights, (x,)) - y
             return (error.square() * mask).sum() / mask.sum()
 
-        gradients = vmap(grad(member_loss))  # every member's gradient in one backward
         for epoch in range(epochs):
             live = [run for run in runs if run.entry is None]  # a pruned member trains no more
-            batches = [run.batches(split, device) for run in live]
-            for step in range(max(map(len, batches), default=0)):
+            batches = {run: run.batches(split, device) for run in live}
+            for step in range(max(map(len, batches.values()), default=0)):
                 # The members with a batch left this epoch, padded to the largest of them.
-                now = [
-                    (run, own[step])
-                    for run, own in zip(live, batches, strict=True)
-                    if step < len(own)
-                ]
+                now = [(run, own[step]) for run, own in batches.items() if step < len(own)]
                 rows = pad_sequence([batch for _, batch in now], batch_first=True)
                 lengths = torch.tensor([len(batch) for _, batch in now], device=device)
                 mask = (torch.arange(rows.shape[1], device=device) < lengths[:, None]).float()
                 weights, _ = stack_module_state([run.model for run, _ in now])
-                with torch.no_grad():  # `grad` differentiates inside; no graph around it
-                    got = gradients(weights, x[rows], y[rows], mask[..., None])
+                # One backward for all: members share no weight, so the gradient of the sum of
+                # their losses with respect to member k's weights is its own loss's gradient.
+                vmap(member_loss)(weights, x[rows], y[rows], mask[..., None]).sum().backward()
                 for k, (run, _) in enumerate(now):  # each member's own Adam, as alone
                     for name, parameter in run.model.named_parameters():
-                        parameter.grad = got[name][k]
+                        parameter.grad = weights[name].grad[k]
                     run.optimizer.step()
             for run in live:
                 run.report(epoch, x[split:], y[split:])
@@ -63,8 +59,8 @@ class Run:
         self.model = nn.Sequential(nn.Linear(1, hidden), nn.Tanh(), nn.Linear(hidden, 1))
         self.model.to(device)
         self.order = torch.Generator().set_state(torch.get_rng_state())
-        lr = member.params["learning_rate"]
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
+        lr = member.params["learning_rate"]  # `train`'s Adam: one kernel a step, N are cheap
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, fused=True)
         self.value, self.entry = None, None
 
     def batches(self, split, device):
