@@ -86,12 +86,20 @@ def _assert_as_alone(value, curve, alone_value, alone_curve):
 
 def test_each_member_of_a_group_of_four_trains_as_it_does_alone(example):
     assert {example.fuse_key(params) for params in GROUP} == {24}  # one group
-    entries, curves = _fused(example, GROUP, epochs=3)
-    alone = [_alone(example, params, epochs=3) for params in GROUP]
+    entries, curves = _fused(example, GROUP, epochs=2)
+    alone = [_alone(example, params, epochs=2) for params in GROUP]
     for entry, curve, (value, alone_curve) in zip(entries, curves, alone, strict=True):
         _assert_as_alone(entry, curve, value, alone_curve)
     values = sorted(value for value, _ in alone)
     assert all(b - a > 100 * TOLERANCE * a for a, b in pairwise(values)), values
+
+
+def test_a_group_of_one_is_train_itself(example):
+    entries, curves = _fused(example, GROUP[:1], epochs=2)
+    value, curve = _alone(example, GROUP[0], epochs=2)
+    assert entries == [value] and curves == [curve]  # exactly: the same call
+    entries, curves = _fused(example, GROUP[:1], epochs=2, prune_at={0: 0})
+    assert isinstance(entries[0], optuna.TrialPruned) and sorted(curves[0]) == [0]
 
 
 def test_a_pruned_member_leaves_and_the_others_train_on_as_alone(example):

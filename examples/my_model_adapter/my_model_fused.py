@@ -16,6 +16,12 @@ class MyFusedMLPAdapter(MyMLPAdapter):
         return params["hidden"]
 
     def train_fused(self, members, *, epochs, device, options):
+        if len(members) == 1:  # a group of one (the last of a study) trains as `train` does
+            one, alone = members[0], {"epochs": epochs, "device": device, "options": options}
+            try:
+                return [self.train(one.params, report=one.report, **alone)]
+            except Exception as error:  # pruned, or its own error: its entry, as below
+                return [error]
         runs = [Run(member, options, device) for member in members]
         x, y, split = runs[0].x, runs[0].y, options["samples"] * 4 // 5
         network = copy.deepcopy(runs[0].model).to("meta")  # the code of the network, no weights
