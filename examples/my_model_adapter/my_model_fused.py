@@ -64,6 +64,7 @@ class Run:
         hidden = member.params["hidden"]
         self.model = nn.Sequential(nn.Linear(1, hidden), nn.Tanh(), nn.Linear(hidden, 1))
         self.model.to(device)
+        # Its shuffling goes on from where `train`'s stands once the first weights are drawn.
         self.order = torch.Generator().set_state(torch.get_rng_state())
         lr = member.params["learning_rate"]  # `train`'s Adam: one kernel a step, N are cheap
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr, fused=True)
