@@ -203,7 +203,7 @@ _HOST_KINDS = {
     "gpus": (str,),
     "sim_memory_scale": (int, float),
     "concurrency": (int, type(None)),
-    "fuse": (int, type(None)),
+    "fuse": (int, str, type(None)),  # a number, or "auto"
     "timeout": (int, float, type(None)),
     "trial_timeout": (int, float, type(None)),
     "grace": (int, float),

@@ -28,6 +28,7 @@ from orchestrator.planning.workloads import (
 )
 from orchestrator.record.outages.riding import DEFAULT_RETRY_SECONDS, set_retry_seconds
 from orchestrator.run.messages import Recycling, TrialSettings
+from orchestrator.run.pool.placement import FUSE_AUTO
 from orchestrator.run.pool.stopping import Stop
 
 if TYPE_CHECKING:
@@ -49,8 +50,9 @@ class HostOptions:
     sim_memory_scale: float = 1.0
     concurrency: int | None = None
     # --fuse N: trials of one shape trained as one fused model in one process (docs/fused.md);
-    # None keeps the study's (1, a process per trial, for a new one). `run` stores it.
-    fuse: int | None = None
+    # "auto": as many as each GPU's plan packs; None keeps the study's (1, a process per trial,
+    # for a new one). `run` stores it.
+    fuse: int | str | None = None
     timeout: float | None = None
     trial_timeout: float | None = None  # seconds one trial may train; None: no limit
     grace: float = Stop.grace_s  # the pool's, and `--grace`'s
@@ -124,12 +126,23 @@ def add_concurrency_argument(parser: argparse.ArgumentParser) -> None:
 def add_fuse_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fuse",
-        type=whole_number("--fuse", high=MAX_FUSE, example=8),
+        type=fuse_setting,
         metavar="N",
         help="train up to N trials of one shape in one process, as one fused model (default 1: "
-        "a process per trial; stored with the study; an adapter without train_fused runs "
-        "unfused; docs/fused.md)",
+        "a process per trial; auto: as many as each GPU's plan packs by their bytes, 8 without "
+        "a GPU; stored with the study; an adapter without train_fused runs unfused; "
+        "docs/fused.md)",
     )
+
+
+def fuse_setting(text: str) -> int | str:
+    """--fuse's value: `auto`, or a whole number from 1 to MAX_FUSE."""
+    if text.strip().lower() == FUSE_AUTO:
+        return FUSE_AUTO
+    try:
+        return whole_number("--fuse", high=MAX_FUSE, example=8)(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error} (or --fuse auto)") from None
 
 
 def add_host_arguments(parser: argparse.ArgumentParser) -> None:
@@ -249,8 +262,8 @@ def host_option_problems(o: HostOptions) -> list[str]:
             f"--concurrency {o.concurrency} must be at least 1",
         ),
         (
-            o.fuse is not None and not 1 <= o.fuse <= MAX_FUSE,
-            f"--fuse {o.fuse} must be from 1 to {MAX_FUSE}",
+            not fuse_ok(o.fuse),
+            f"--fuse {o.fuse} must be auto or a whole number from 1 to {MAX_FUSE}",
         ),
         (
             not positive(o.sim_memory_scale),
@@ -292,6 +305,15 @@ def host_option_problems(o: HostOptions) -> list[str]:
 # Members of one fused group: past this a group is one process's whole study, and its stacked
 # tensors grow past what fusing is for (docs/fused.md measures up to 16).
 MAX_FUSE = 256
+
+
+def fuse_ok(fuse: object) -> bool:
+    """Whether `fuse` is a --fuse value: None (the study's), auto, or 1 to MAX_FUSE."""
+    if fuse is None or fuse == FUSE_AUTO:
+        return True
+    return isinstance(fuse, int) and not isinstance(fuse, bool) and 1 <= fuse <= MAX_FUSE
+
+
 # A grace period is how long a stop waits for running trials: past a day it is a typing error
 # (and a number such as 1e15 would overflow the clocks it is added to).
 MAX_GRACE_S = 86_400.0

@@ -25,6 +25,7 @@ from orchestrator.record.trials.tracking import tracker_for
 from orchestrator.result import keep_stdout_for_the_result, outcome_of, print_outcome
 from orchestrator.run.pool import processes as pool_processes
 from orchestrator.run.pool import signals as pool_signals
+from orchestrator.run.pool.placement import FUSE_AUTO, auto_group_size
 from orchestrator.run.pool.progress import make_progress
 from orchestrator.run.pool.trial_endings import TrialsCannotStart
 from orchestrator.run.trial.member import unfused_because
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from orchestrator import intensify
     from orchestrator.host_options import HostOptions
     from orchestrator.planning.host_plan import HostPlan
+    from orchestrator.planning.planner import GpuPlan
     from orchestrator.record.store import migrate
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
@@ -108,7 +110,8 @@ def run_pool(
     set_metric_names(study, spec, metric)
     progress = _progress(options)
     finished = FinishedTrials(study, callbacks) if callbacks else None
-    fuse = fused_members(adapter, spec, options.fuse or spec.fuse)
+    asked = options.fuse if options.fuse is not None else spec.fuse
+    fuse = fused_members(adapter, spec, asked, host.plan.gpus)
     pool = pool_loop.Pool.on_storage(
         storage_location=location,
         engine=storage.engine,
@@ -122,6 +125,7 @@ def run_pool(
         spare=spare,
         adapter=adapter,
         fuse=fuse,
+        auto_fuse=asked == FUSE_AUTO and fuse > 1,
         timeout_s=options.timeout,
         grace_s=options.grace,
         metric=metric,
@@ -143,16 +147,23 @@ def run_pool(
     return outcome_of(study, spec, interrupted=result.interrupted)
 
 
-def fused_members(adapter: Any, spec: StudySpec, asked: int) -> int:
-    """How many trials one process trains fused here: `asked` (--fuse), or 1, with one line
-    saying why, where the adapter or the study cannot fuse (docs/fused.md)."""
-    if asked <= 1:
+def fused_members(adapter: Any, spec: StudySpec, asked: int | str, gpus: Sequence[GpuPlan]) -> int:
+    """How many trials one process trains fused here, at most: `asked` (--fuse; auto: the most
+    any GPU's plan packs, `placement.auto_group_size`), or 1, with one line saying why, where
+    the adapter or the study cannot fuse (docs/fused.md)."""
+    if asked == 1:
         return 1
     why = unfused_because(adapter, spec)
     if why is not None:
-        logger.warning("--fuse %d: %s; its trials run one per process", asked, why)
+        log = logger.info if asked == FUSE_AUTO else logger.warning  # auto: where it can
+        log("--fuse %s: %s; its trials run one per process", asked, why)
         return 1
-    return asked
+    if asked != FUSE_AUTO:
+        return int(asked)
+    sizes = {(gpu.device.label if gpu.device else "cpu"): auto_group_size(gpu) for gpu in gpus}
+    said = ", ".join(f"up to {size} trials per process on {where}" for where, size in sizes.items())
+    logger.info("--fuse auto: %s", said)
+    return max(sizes.values(), default=1)
 
 
 class FinishedTrials:

@@ -70,6 +70,23 @@ def test_eight_trials_run_fused_four_at_a_time_within_the_budget(storage_url):
     assert load_spec(study).fuse == 4  # stored: a worker joining the study reads it
 
 
+def test_fuse_auto_takes_the_trials_each_gpu_packs_into_one_process(sqlite_url):
+    """--fuse auto on a simulated GPU whose plan packs 3 trials by their bytes: groups of up to
+    3, stored as auto, so a resume or another worker chooses again for its own GPUs."""
+    done = run_cli(
+        "run", "synthetic", "--fuse", "auto", "--trials", "6", "--epochs", "2", *QUICK,
+        "--gpus", "sim:8000", "--option", "overhead_mb=2000", "--storage", sqlite_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    packs = int(re.search(r"at most (\d+) at once", done.stderr)[1])
+    assert f"--fuse auto: up to {packs} trials per process on sim:0 " in done.stderr, done.stderr
+    study = stored_study(sqlite_url, "synthetic")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6
+    sizes = sorted(1 + len(t.user_attrs["fused_with"]) for t in study.trials)
+    assert 1 < max(sizes) <= packs, (sizes, packs)
+    assert load_spec(study).fuse == "auto"
+
+
 def test_without_a_gpu_the_groups_share_the_budget_over_the_cores(sqlite_url):
     """8 DQN trials, --fuse 8, no GPU: a group per core the plan gives (two here), each with its
     share of the budget, not one group of 8 on one core while the others idle."""

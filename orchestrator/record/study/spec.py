@@ -81,8 +81,9 @@ class StudySpec:
     # Trials of the budget that re-run the recommended configuration (orchestrator/intensify.py).
     intensify: int = 0
     # --fuse: the most trials of one shape one process trains as one fused model (docs/fused.md;
-    # 1: a process per trial). How trials run, not what they mean: it may change on any resume.
-    fuse: int = 1
+    # 1: a process per trial; "auto": the planner's choice per GPU). How trials run, not what
+    # they mean: it may change on any resume.
+    fuse: int | str = 1
 
     @property
     def all_directions(self) -> list[str]:

@@ -97,6 +97,7 @@ class Pool:
         placement: Policy = Policy.SPREAD,
         starting_limit: int | None = None,
         fuse: int = 1,
+        auto_fuse: bool = False,
     ) -> None:
         self.study = study
         # The most trials one process claims at once (--fuse, docs/fused.md): a process that has
@@ -114,7 +115,8 @@ class Pool:
         self.host = host or socket.gethostname()
         self.placement = placement  # which GPU a new trial starts on (run.pool.placement)
         self.supervisors = [
-            Supervisor.for_plan(index, plan, learn=learn) for index, plan in enumerate(plans)
+            Supervisor.for_plan(index, plan, learn=learn, auto_fuse=auto_fuse)
+            for index, plan in enumerate(plans)
         ]
         self.stop = Stop(started_at=clock(), timeout_s=timeout_s, grace_s=grace_s)
         self.signals = StopSignals()  # received by a handler, acted on at the top of the loop
@@ -289,8 +291,7 @@ class Pool:
         return self.probe.free_mb(supervisor.device)
 
     def _start(self, supervisor: Supervisor, members: int = 1) -> int:
-        """Start a trial process for up to `members` trials (fewer after an OOM split a group)."""
-        members = min(members, supervisor.group_cap or members)
+        members = min(members, supervisor.group_cap or members)  # auto's, or an OOM's split
         job = TrialJob(batch_bounds=self.batch_bounds(supervisor), members=members)
         handle = self.backend.start(supervisor.index, job)
         supervisor.running[handle] = RunningTrial(handle, members=members)

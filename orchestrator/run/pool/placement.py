@@ -21,7 +21,13 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from orchestrator.planning.planner import GpuPlan
     from orchestrator.run.pool.supervisor import Supervisor
+
+FUSE_AUTO = "auto"  # --fuse auto: the members of a process, chosen here per GPU
+# Without a GPU: the members whose fused steps still gain on a core (docs/fused.md: DQN's whole
+# loop 2.2x at 8 members, 2.4x at 16, against each trial alone).
+CPU_AUTO_MEMBERS = 8
 
 
 class Policy(Enum):
@@ -83,3 +89,12 @@ def group_size(fuse: int, supervisors: Sequence[Supervisor], room: int) -> int:
         return fuse
     cores = sum(max(0, s.plan.slots - len(s.running)) for s in supervisors)
     return min(fuse, max(1, math.ceil(room / max(1, cores))))
+
+
+def auto_group_size(plan: GpuPlan) -> int:
+    """--fuse auto's most members of one process on this GPU: the trials its plan packs by their
+    bytes (a group is admitted as that many whole trials, each counting its own context: what
+    fits today without a fused memory model); without a GPU, CPU_AUTO_MEMBERS."""
+    if plan.device is None:
+        return CPU_AUTO_MEMBERS
+    return max(1, plan.slots)

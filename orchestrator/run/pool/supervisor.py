@@ -24,6 +24,7 @@ from orchestrator.run.pool.admission import (
     next_to_admit,
     room_mb,
 )
+from orchestrator.run.pool.placement import auto_group_size
 
 if TYPE_CHECKING:
     from orchestrator.gpu.base import Device
@@ -67,13 +68,17 @@ class Supervisor:
     worker_id: int | None = None
     running: dict[int, RunningTrial] = field(default_factory=dict)
     ooms: int = 0
-    group_cap: int | None = None  # the most members of a fused group here since an OOM split one
+    group_cap: int | None = None  # a fused group's most members here: --fuse auto's, OOMs halve it
 
     @classmethod
-    def for_plan(cls, index: int, plan: GpuPlan, *, learn: bool = True) -> Supervisor:
+    def for_plan(
+        cls, index: int, plan: GpuPlan, *, learn: bool = True, auto_fuse: bool = False
+    ) -> Supervisor:
         usable = plan.usable_mb if plan.device is not None else math.inf
         footprint = Footprint(plan.memory_model, plan.memory_model_source)
-        return cls(index, plan, Budget.start(usable, plan.slots), footprint, learn)
+        supervisor = cls(index, plan, Budget.start(usable, plan.slots), footprint, learn)
+        supervisor.group_cap = auto_group_size(plan) if auto_fuse else None
+        return supervisor
 
     @property
     def device(self) -> Device | None:
