@@ -37,6 +37,11 @@ class BoundedSampler(BaseSampler):
     def __str__(self) -> str:
         return f"{self._sampler}(bounded {self._bounds})"
 
+    def can_start_now(self, study: Study) -> bool:
+        """The wrapped sampler's answer (run/trial/group.py asks it), True if it has none."""
+        ready = getattr(self._sampler, "can_start_now", None)
+        return ready is None or bool(ready(study))
+
     def _map(self, name: str, dist: BaseDistribution, value: Any) -> Any:
         if name not in self._bounds or isinstance(dist, CategoricalDistribution):
             return value

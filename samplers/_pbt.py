@@ -48,6 +48,7 @@ from samplers._pbt_rules import (
     Plan,
     Segment,
     Settings,
+    claims_read,
     default_interval,
     free_members,
     next_segment,
@@ -151,6 +152,13 @@ class PBTSampler(BaseSampler):
     def reseed_rng(self) -> None:
         self._salt = secrets.randbits(64)
 
+    def can_start_now(self, study: Study) -> bool:
+        """Whether an ask now would find a free member instead of waiting for one: a fused
+        group claims another member only then, or it could wait for a member it holds itself."""
+        return bool(
+            free_members(self._segments(study, exclude=-1), self._settings(study).population)
+        )
+
     def infer_relative_search_space(
         self, study: Study, trial: FrozenTrial
     ) -> dict[str, BaseDistribution]:
@@ -252,8 +260,7 @@ class PBTSampler(BaseSampler):
             plan = next_segment(segments, member, settings, rng)
             record = _record(plan)
             storage.set_trial_system_attr(trial_id_of(trial), PLAN_KEY, record)
-            known = {s.number for s in segments}
-            if not self._contested(study, trial.number, member, known):
+            if not self._contested(study, trial.number, member, claims_read(segments)):
                 trial.system_attrs[PLAN_KEY] = record
                 _PLANS[trial_id_of(trial)] = record
                 return plan
@@ -262,16 +269,20 @@ class PBTSampler(BaseSampler):
             time.sleep(float(rng.random()) * self._wait * 0.2)  # apart from the other claimer
         raise AssertionError("unreachable")
 
-    def _contested(self, study: Study, number: int, member: int, known: set[int]) -> bool:
-        """Whether another trial claimed `member` that was not among the segments this ask read
-        (`known`): a claim made at the same moment as ours, both having read the member free.
-        Both may see the other's claim and withdraw; neither keeps a member twice."""
+    def _contested(
+        self, study: Study, number: int, member: int, known: set[tuple[int, int]]
+    ) -> bool:
+        """Whether another trial claimed `member` in a claim this ask did not read (`known`: the
+        (trial, member) pairs of the segments it read): a claim made at the same moment as ours,
+        both having read the member free. Both may see the other's claim and withdraw; neither
+        keeps a member twice. Pairs, not trial numbers: a trial this ask read holding another
+        member may since have withdrawn it and claimed this one (asks that wait and retry do)."""
         trials = storage_of(study).get_all_trials(study_id_of(study), deepcopy=False)
         for other in trials:
             plan = other.system_attrs.get(PLAN_KEY)
             if other.number == number or not isinstance(plan, dict):
                 continue
-            if int(plan["member"]) == member and other.number not in known:
+            if int(plan["member"]) == member and (other.number, member) not in known:
                 return True
         return False
 
@@ -324,7 +335,6 @@ class PBTSampler(BaseSampler):
 
 
 _WAITING_OR_RUNNING = (TrialState.WAITING, TrialState.RUNNING)
-# A segment's place in its lineage, which a re-run of it carries as it was.
 
 # Plans claimed by this process, by trial id: the sampler object that samples a trial's params
 # may be another one than the object that claimed it (a trial process makes one per trial).
@@ -354,12 +364,8 @@ def _record(plan: Plan) -> dict[str, Any]:
 def _segment(trial: FrozenTrial, plan: Any, sign: float) -> Segment | None:
     if not isinstance(plan, dict):
         return None
-    if trial.state in (TrialState.RUNNING, TrialState.WAITING):
-        state = "running"
-    elif trial.state == TrialState.COMPLETE:
-        state = "complete"
-    else:
-        state = "failed"
+    states = {TrialState.RUNNING: "running", TrialState.WAITING: "running"}
+    state = {**states, TrialState.COMPLETE: "complete"}.get(trial.state, "failed")
     score = None
     if state == "complete" and trial.values is not None and math.isfinite(trial.values[0]):
         score = sign * trial.values[0]

@@ -241,3 +241,8 @@ def _scaled_int(dist: IntDistribution, value: int, factor: float) -> int:
     if snapped == value:
         snapped = value + (step if factor > 1 else -step)
     return int(min(max(snapped, dist.low), dist.high - (dist.high - dist.low) % step))
+
+
+def claims_read(segments: Sequence[Segment]) -> set[tuple[int, int]]:
+    """The claims an ask read, as (trial, member) pairs: what `_contested` does not count."""
+    return {(s.number, s.member) for s in segments}

@@ -17,6 +17,8 @@ import pytest
 from orchestrator.record.checkpoints import lineage as names
 from orchestrator.record.checkpoints.lineage import lineage_of, schedule
 from samplers import PBTSampler, make_sampler
+from samplers._pbt import PLAN_KEY
+from samplers._pbt_rules import claims_read
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -124,6 +126,22 @@ def test_workers_asking_at_once_never_train_one_member_twice():
     assert overlaps == []
     assert len(study.trials) == 18
     check_lineages(study, 1, 4)
+
+
+def test_a_rival_that_moved_to_the_member_since_it_was_read_is_seen():
+    """The race check compares (trial, member) pairs: ask A read trial B holding member 1; B then
+    lost member 1 to a race and claimed member 2, the one A is claiming. Comparing trial numbers
+    only, A took B for a claim it had read and kept member 2 as B did: two trials on one member."""
+    sampler = PBTSampler(population=3, interval=1, epochs=4, seed=5)
+    study = optuna.create_study(sampler=sampler)
+    a, b = study.ask(), study.ask()  # two members claimed, one free
+    (free,) = {0, 1, 2} - {a.user_attrs[names.PBT_MEMBER], b.user_attrs[names.PBT_MEMBER]}
+    known = claims_read(sampler._segments(study, exclude=a.number))  # A's read, before its claim
+    storage = study._storage
+    plan = dict(storage.get_trial(b._trial_id).system_attrs[PLAN_KEY], member=free)
+    storage.set_trial_system_attr(b._trial_id, PLAN_KEY, plan)  # B now claims the free member
+    assert sampler._contested(study, a.number, free, known)
+    assert not sampler._contested(study, a.number, a.user_attrs[names.PBT_MEMBER], known)
 
 
 def test_made_by_name_with_the_population_from_the_swarm_size():

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,8 @@ else:
     optuna = LazyImport("optuna")
 
 logger = logging.getLogger(__name__)
+
+STARTABLE_POLL_S = 0.5  # how often a process that waits to ask looks again (the sampler's wait)
 
 
 def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
@@ -148,6 +151,7 @@ def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTi
     one round trip (`record/budget/claim`); the trial is read back after the lock went. Nothing
     is read before the ask: it does not need the study's trials."""
 
+    wait_until_startable(ctx)
     try:
         trial = ask_within_budget(ctx.study, ctx.config.storage, spec.trials, stop=stop_requested)
     except AskStopped as stopped:  # the sampler waited inside the ask, and this process stops
@@ -155,6 +159,16 @@ def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTi
         return None, None
     times = budget_section.last_times()
     return trial, None if times is None else LockTiming(times.wait_ms, times.held_ms)
+
+
+def wait_until_startable(ctx: TrialContext) -> None:
+    """Wait before the ask, outside the study's lock, while the sampler says an ask would wait
+    inside it (population-based training with no free member: `can_start_now`). On SQLite the
+    ask holds the study's file lock, and the segments it would wait for end, are re-queued or are
+    found lost under that lock: waiting inside it could hang the population."""
+    ready = getattr(ctx.study.sampler, "can_start_now", None)
+    while ready is not None and not stop_requested() and not ready(ctx.study):
+        time.sleep(STARTABLE_POLL_S)
 
 
 def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
