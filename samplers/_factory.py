@@ -63,6 +63,9 @@ class SamplerKind:
     settings: tuple[str, ...] = ()
     needs_checkpoints: bool = False  # it continues trials from their checkpoints
     needs_grid: bool = False  # it walks the values given for each parameter
+    # It hands each trial its parameters from a plan of its own: a fused group fixes none of
+    # them (run/trial/group.py), and its members of other shapes train in sub-groups.
+    plans_params: bool = False
     default_pruner: str | None = None  # None: the study's default (StudySpec.pruner)
 
 
@@ -148,6 +151,7 @@ SAMPLER_KINDS: dict[str, SamplerKind] = {
             several_objectives=False,
             swarm=("population", "members"),
             needs_checkpoints=True,
+            plans_params=True,
             # PBT replaces members itself: a pruner would stop segments about to be copied.
             default_pruner="none",
         ),

@@ -147,6 +147,44 @@ def test_a_pruned_member_leaves_its_group_while_the_others_complete(tmp_path):
         assert f"trial {trial.number}: PRUNED" in log, log
 
 
+def test_a_population_trains_fused_each_segment_from_its_parent(tmp_path):
+    """PBT with --fuse 4: a process claims only members that are free (it never waits for one it
+    holds), each segment trains from its parent's checkpoint to its own last epoch inside its
+    group and completes with that epoch's value, and no member trains in two groups at once."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    done = run_cli(
+        "run", "synthetic", "--sampler", "pbt", "--swarm-size", "4", "--fuse", "4", "--trials",
+        "12", "--epochs", "6", "--option", "trial_seconds=1.2", "--gpus", "sim:24576",
+        "--artifacts", str(tmp_path / "artifacts"), "--storage", url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trials = stored_study(url, "synthetic").trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 12
+    assert any(t.user_attrs["fused_with"] for t in trials)
+    by_number = {t.number: t for t in trials}
+    for trial in trials:
+        attrs = trial.user_attrs
+        until = attrs["train_until_epoch"]
+        assert trial.value == trial.intermediate_values[until]  # its last epoch's value
+        parent = attrs["pbt_parent"]
+        if parent is not None:
+            assert attrs["pbt_start_epoch"] == by_number[parent].user_attrs["train_until_epoch"] + 1
+            assert attrs["resumed_from_epoch"] == attrs["pbt_start_epoch"] - 1
+        group = [by_number[n] for n in attrs["fused_with"]]
+        members = [attrs["pbt_member"], *(t.user_attrs["pbt_member"] for t in group)]
+        assert len(set(members)) == len(members), members  # a member once in a group
+    for one in trials:  # and never in two groups at once (a trial trains from its admission)
+        for other in trials:
+            same = one.user_attrs["pbt_member"] == other.user_attrs["pbt_member"]
+            if same and one.number != other.number:
+                first, then = sorted((one, other), key=lambda t: t.user_attrs["admitted_at"])
+                started = datetime.datetime.fromisoformat(then.user_attrs["admitted_at"])
+                assert first.datetime_complete <= started.astimezone().replace(tzinfo=None), (
+                    one,
+                    other,
+                )
+
+
 def test_fuse_1_is_a_process_per_trial_and_a_resume_may_fuse(sqlite_url):
     first = run_cli(
         "run", "synthetic", "--fuse", "1", "--trials", "2", "--epochs", "2", *QUICK,

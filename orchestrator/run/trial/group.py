@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.base import Member
 from orchestrator.imports import LazyImport
+from orchestrator.record.checkpoints.handle import TrainedUntil
 from orchestrator.record.store.optuna_private import fixed_params_of, system_attrs_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.attrs import set_user_attrs
@@ -132,7 +133,7 @@ def claim(
     this process as able to take --fuse trials of the budget, and starts no other for them."""
     seats: list[Seat] = []
     most = min(ctx.config.settings.fuse, job.members)
-    while len(seats) < most and not (seats and stop_requested()):
+    while len(seats) < most and not (seats and (stop_requested() or not can_start_now(ctx))):
         trial, lock = ask(ctx, spec)
         if trial is None:
             break
@@ -144,6 +145,13 @@ def claim(
     if seats:
         channel.send(("asked", seats[0].trial.number))
     return seats
+
+
+def can_start_now(ctx: TrialContext) -> bool:
+    """Whether the sampler would hand out another trial without waiting (a population with no
+    free member waits, and the group might hold the member it waits for)."""
+    ready = getattr(ctx.study.sampler, "can_start_now", None)
+    return ready is None or bool(ready(ctx.study))
 
 
 def train_group(
@@ -197,10 +205,10 @@ def share_of(peak: float | None, seat: Seat, seats: list[Seat]) -> float | None:
 def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -> None:
     """Each member's parameters: the first's drawn freely, the others' with its shape fixed
     (what a member brought fixed, a re-run's parameters, it keeps)."""
-    kept = sampler_kind(spec.sampler).kept
+    kind = sampler_kind(spec.sampler)
     shape: dict[str, Any] = {}
     for seat in seats:
-        if not kept:  # Optuna's samplers: one per trial, seeded by its number (run_trial's rule)
+        if not kind.kept:  # Optuna's samplers: one per trial, seeded by its number (as run_trial)
             ctx.study.sampler = ctx.sampler_for(job.batch_bounds, seat.trial.number)
         fixed = fixed_params_of(seat.trial)
         for name, value in shape.items():
@@ -208,7 +216,7 @@ def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -
         seat.params = ctx.adapter.suggest(seat.trial, spec.options)
         batch = seat.params.get(names.BATCH_SIZE)
         seat.result.batch_size = None if batch is None else int(batch)
-        if seat is seats[0]:
+        if seat is seats[0] and not kind.plans_params:  # a plan's params are its own
             shape = shape_of(ctx.adapter, seat.params)
 
 
@@ -315,6 +323,8 @@ def settle_entry(seat: Seat, entry: Any) -> None:
     result, number = seat.result, seat.trial.number
     if isinstance(entry, optuna.TrialPruned):
         result.state = optuna.trial.TrialState.PRUNED
+    elif isinstance(entry, TrainedUntil):  # train_until_epoch: a segment ends with its last value
+        settle_value(result, entry.value, number)
     elif isinstance(entry, BaseException):
         try:  # raised here so that its traceback goes to the log as a single trial's does
             raise entry

@@ -30,7 +30,7 @@ def unfused_because(adapter: Any, spec: StudySpec) -> str | None:
         return "--repeats trains each trial several times, one model each"
     if spec.intensify > 0:
         return "--intensify re-runs train with seeds of their own"
-    if kind.needs_grid or kind.needs_checkpoints:
+    if kind.needs_grid:
         return f"--sampler {spec.sampler} hands out its trials one at a time"
     return None
 
