@@ -53,6 +53,7 @@ from samplers._pbt_rules import (
     free_members,
     next_segment,
     pick_member,
+    plan_record,
 )
 from samplers._space import from_unit
 
@@ -154,9 +155,13 @@ class PBTSampler(BaseSampler):
 
     def can_start_now(self, study: Study) -> bool:
         """Whether an ask now would find a free member instead of waiting for one: a fused
-        group claims another member only then, or it could wait for a member it holds itself."""
+        group claims another member only then, or it could wait for a member it holds itself.
+        A queued re-run counts: an ask takes it first, and it runs as its own segment."""
+        trials = storage_of(study).get_all_trials(study_id_of(study), deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return True
         return bool(
-            free_members(self._segments(study, exclude=-1), self._settings(study).population)
+            free_members(self._segments(study, -1, trials), self._settings(study).population)
         )
 
     def infer_relative_search_space(
@@ -258,7 +263,7 @@ class PBTSampler(BaseSampler):
             rng = np.random.default_rng([entropy, trial.number, attempt])
             member = pick_member(segments, free, rng)
             plan = next_segment(segments, member, settings, rng)
-            record = _record(plan)
+            record = plan_record(plan)
             storage.set_trial_system_attr(trial_id_of(trial), PLAN_KEY, record)
             if not self._contested(study, trial.number, member, claims_read(segments)):
                 trial.system_attrs[PLAN_KEY] = record
@@ -286,8 +291,11 @@ class PBTSampler(BaseSampler):
                 return True
         return False
 
-    def _segments(self, study: Study, exclude: int) -> list[Segment]:
-        trials = storage_of(study).get_all_trials(study_id_of(study), deepcopy=False)
+    def _segments(
+        self, study: Study, exclude: int, trials: Sequence[FrozenTrial] | None = None
+    ) -> list[Segment]:
+        if trials is None:
+            trials = storage_of(study).get_all_trials(study_id_of(study), deepcopy=False)
         by_number = {t.number: t for t in trials}
         sign = -1.0 if study.directions[0] == StudyDirection.MAXIMIZE else 1.0
         found = []
@@ -347,18 +355,6 @@ def _plan_of(study: Study, trial: FrozenTrial) -> dict[str, Any] | None:
         stored = storage_of(study).get_trial_system_attrs(trial_id_of(trial))
         found = stored.get(PLAN_KEY)
     return found if isinstance(found, dict) else None
-
-
-def _record(plan: Plan) -> dict[str, Any]:
-    return {
-        "member": plan.member,
-        "generation": plan.generation,
-        "start": plan.start,
-        "until": plan.until,
-        "parent": plan.parent,
-        "params": plan.params,
-        "round": plan.fresh_round,
-    }
 
 
 def _segment(trial: FrozenTrial, plan: Any, sign: float) -> Segment | None:

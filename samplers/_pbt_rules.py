@@ -246,3 +246,16 @@ def _scaled_int(dist: IntDistribution, value: int, factor: float) -> int:
 def claims_read(segments: Sequence[Segment]) -> set[tuple[int, int]]:
     """The claims an ask read, as (trial, member) pairs: what `_contested` does not count."""
     return {(s.number, s.member) for s in segments}
+
+
+def plan_record(plan: Plan) -> dict[str, Any]:
+    """A plan as the trial's system attribute stores it."""
+    return {
+        "member": plan.member,
+        "generation": plan.generation,
+        "start": plan.start,
+        "until": plan.until,
+        "parent": plan.parent,
+        "params": plan.params,
+        "round": plan.fresh_round,
+    }

@@ -144,6 +144,20 @@ def test_a_rival_that_moved_to_the_member_since_it_was_read_is_seen():
     assert not sampler._contested(study, a.number, a.user_attrs[names.PBT_MEMBER], known)
 
 
+def test_an_ask_can_start_while_a_member_is_free_or_a_re_run_is_queued():
+    """A trial process waits before it asks while every member trains (`can_start_now`); a
+    queued re-run is asked first and runs as its own segment, so it never waits."""
+    sampler = PBTSampler(population=2, interval=1, epochs=4, seed=5)
+    study = optuna.create_study(sampler=sampler)
+    first = study.ask()
+    assert sampler.can_start_now(study)  # one member still free
+    second = study.ask()
+    assert not sampler.can_start_now(study)  # both train
+    study.enqueue_trial(second.params)  # a trial queued while both train, as a re-run is
+    assert sampler.can_start_now(study)
+    study.tell(first, 0.5)
+
+
 def test_made_by_name_with_the_population_from_the_swarm_size():
     sampler = make_sampler("pbt", seed=0, swarm_size=6, bounds={"batch_size": (8, 32)})
     assert sampler.sampler.population == 6
