@@ -15,6 +15,7 @@ ends every member still in it.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -72,19 +73,51 @@ class Member:
     outcome: BaseException | None = None
 
 
+ROW_ALIGNMENT = 16  # floats: 64 bytes, the alignment of a trial's own `Weights.flat`
+
+
+def aligned(rows: torch.Tensor) -> torch.Tensor:
+    """Rows [n, P] copied into a buffer whose rows start every multiple of `ROW_ALIGNMENT`
+    floats, as a leaf view [n, P]. MKL's products sum in an order that depends on where their
+    operands start in memory: a member's weights at row k of a plain [N, P] tensor would start
+    where its trial's never do, and its products would part from its trial's in the last bits."""
+    n, size = rows.shape
+    padded = -(-size // ROW_ALIGNMENT) * ROW_ALIGNMENT
+    buffer = torch.zeros(n, padded, dtype=rows.dtype, device=rows.device)
+    buffer[:, :size] = rows.detach()
+    return buffer[:, :size].requires_grad_()
+
+
 @dataclass
 class Stack:
     """The members' networks as `[N, P]` rows, their Adam, their hyperparameters."""
 
-    online: torch.Tensor  # [N, P], a leaf
+    online: torch.Tensor  # [N, P], a leaf (rows `aligned`)
     adam: fused.FusedAdam
     shapes: dict[str, tuple[int, ...]]
     hyper: maths.PPOHyper
 
     def keep(self, rows: list[int]) -> Stack:
         index = torch.tensor(rows, dtype=torch.long, device=self.online.device)
-        online = self.online.detach().index_select(0, index).requires_grad_()
+        online = aligned(self.online.detach().index_select(0, index))
         return Stack(online, self.adam.keep(rows, online), self.shapes, self.hyper.rows(index))
+
+
+def adam_state_dict(
+    lr: float, state: dict[str, torch.Tensor] | None, device: torch.device
+) -> dict[str, Any]:
+    """`Weights.optimizer(lr, eps=ADAM_EPS).state_dict()` of one trial's flat parameter whose
+    Adam state is `state` (None before its first step), built from `torch.optim.Adam`'s
+    signature instead of an instance: a process's first Adam imports `torch._dynamo` (about
+    1.2 s of CPU), which nothing else a group runs needs. tests/test_fused_ppo.py holds it
+    equal to the real one."""
+    signature = inspect.signature(torch.optim.Adam.__init__).parameters.items()
+    group = {name: p.default for name, p in signature if name not in ("self", "params")}
+    group |= {"lr": lr, "eps": ADAM_EPS, "fused": torch.device(device).type in ("cpu", "cuda")}
+    return {
+        "state": {} if state is None else {0: state},
+        "param_groups": [{**group, "params": [0]}],
+    }
 
 
 def learn_group(
@@ -166,7 +199,7 @@ class GroupRun:
             members.append(
                 Member(index, config, self.reports[index], self.checkpoints[index], generator, run)
             )
-        online = fused.stack([net.flat for net in nets])
+        online = aligned(fused.stack([net.flat for net in nets]))
         stack = Stack(
             online,
             fused.FusedAdam(online),
@@ -361,12 +394,12 @@ class GroupRun:
         if index is None:
             online = stack.online
         else:  # only the members still passing are computed
-            online = stack.online.detach().index_select(0, index).requires_grad_()
+            online = aligned(stack.online.detach().index_select(0, index))
         losses = maths.losses(online, stack.shapes, batch, hyper, batch.shape[-1] - 4)
         online.grad = None
         losses.sum().backward()
         grad = online.grad
-        fused.clip_per_member(grad, hyper.max_grad_norm)
+        maths.clip_grad_norm(grad, hyper.max_grad_norm)
         stack.adam.step_rows(rows, grad, lrs, eps=ADAM_EPS)
         online.grad = None
         return losses.detach()
@@ -413,17 +446,12 @@ class GroupRun:
     def checkpoint_state(self, member: Member, stack: Stack, row: int) -> dict[str, Any]:
         """The member's checkpoint, in `_rl_checkpoint.save_ppo`'s format (its Adam state as a
         `torch.optim.Adam` state dict, at the learning rate it last stepped with)."""
-        weights = _rl.Weights(stack.shapes, self.device)
         lr = member.config.learning_rate if member.lr is None else member.lr
-        optimizer = weights.optimizer(lr, eps=ADAM_EPS)
-        adam = stack.adam.member_state(row)
-        if adam is not None:
-            optimizer.state[weights.flat] = adam
         return {
             "epoch": member.epoch,
             "rollout_index": member.rollout - 1,
             "net": stack.online[row].detach().cpu().clone(),
-            "optimizer": optimizer.state_dict(),
+            "optimizer": adam_state_dict(lr, stack.adam.member_state(row), self.device),
             "randomness": _rl_checkpoint.randomness(member.generator),
             "counts": _rl_checkpoint.counts(member.run),
         }
@@ -434,7 +462,7 @@ class GroupRun:
         member after another (each with its own position limit)."""
         task, device = self.task, self.device
         index = torch.tensor(due, device=device)
-        views = fused.views(stack.online.detach().index_select(0, index), stack.shapes)
+        scored = stack.online.detach().index_select(0, index)
         if not task.is_trading:
             picked: dict[tuple[int, ...], dict[str, torch.Tensor]] = {}
 
@@ -442,7 +470,8 @@ class GroupRun:
                 key = tuple(playing)
                 if key not in picked:  # the rows of the members still playing
                     rows = torch.tensor(playing, device=device)
-                    picked[key] = {k: v.index_select(0, rows) for k, v in views.items()}
+                    own_rows = aligned(scored.index_select(0, rows)).detach()
+                    picked[key] = fused.views(own_rows, stack.shapes)
                 own = obs.view(len(playing), -1, obs.shape[-1])
                 return maths.greedy(picked[key], own).flatten()
 
@@ -450,7 +479,7 @@ class GroupRun:
             return mean_eval_returns(task.env_id, greedy, len(due), device, seed=seed)
         values = []
         for k, row in enumerate(due):
-            own = {name: view[k : k + 1] for name, view in views.items()}
+            own = fused.views(aligned(scored[k : k + 1]).detach(), stack.shapes)
 
             def policy(obs: torch.Tensor, own: dict = own) -> torch.Tensor:
                 return maths.greedy(own, obs.unsqueeze(0)).squeeze(0)

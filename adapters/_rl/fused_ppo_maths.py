@@ -160,6 +160,14 @@ def losses(
     return policy_loss + hyper.vf_coef * value_loss - hyper.entropy_coefficient * entropy
 
 
+def clip_grad_norm(grad: torch.Tensor, max_norm: torch.Tensor) -> None:
+    """`Weights.clip_grad_norm` per row of grad [N, P], each with its own limit. A trial's
+    `max_norm / norm` divides a Python number by a tensor, which torch computes as the
+    reciprocal times the number: so does this, for the same last bit."""
+    norm = torch.linalg.vector_norm(grad, dim=1)
+    grad.mul_(((norm + 1e-6).reciprocal() * max_norm).clamp_max(1.0).unsqueeze(1))
+
+
 def greedy(net: Mapping[str, torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
     """`adapters.ppo.greedy` for N members: obs [N, B, obs_dim] -> actions [N, B]."""
     return tower(net, "actor", obs).argmax(dim=2)
