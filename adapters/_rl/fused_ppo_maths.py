@@ -74,7 +74,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     """`fused.linear` (x [N, B, in], weight [N, out, in], bias [N, out] -> [N, B, out]) whose
     sums run in the order of `F.linear`'s, forward and backward, so that each member's rows
     are what its trial computes alone, bit for bit on this CPU's MKL (`_Linear`)."""
-    return _linear_function().apply(x, weight, bias)
+    if torch.is_grad_enabled() and weight.requires_grad:
+        return _linear_function().apply(x, weight, bias)
+    return _products(x, weight, bias)  # acting and scoring: no graph, no Function's cost
+
+
+def _products(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The forward of `linear`. A single output (the critic's value) is a row of weights times
+    the inputs' columns, as `F.linear` computes it."""
+    if weight.shape[1] == 1:
+        return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2) + bias.unsqueeze(1)
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
 
 
 @functools.cache
@@ -85,15 +95,12 @@ def _linear_function() -> type:
         """N linear layers with `F.linear`'s order of sums. Its backward takes the weights'
         gradient as grad^T x and the bias's as grad summed over rows, as `addmm`'s backward
         does for `F.linear` (autograd's own for `baddbmm` takes x^T grad and sums the bias
-        over a broadcast: the same numbers in another order). A single output (the critic's
-        value) is a row of weights times the inputs' columns, as `F.linear` computes it."""
+        over a broadcast: the same numbers in another order)."""
 
         @staticmethod
         def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> Any:
             ctx.save_for_backward(x, weight)
-            if weight.shape[1] == 1:
-                return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2) + bias.unsqueeze(1)
-            return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+            return _products(x, weight, bias)
 
         @staticmethod
         def backward(ctx: Any, grad: torch.Tensor) -> Any:
