@@ -758,6 +758,11 @@ def drawn_ppo_members(count: int, seed: int) -> list[dict[str, Any]]:
 def _ppo_setting(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
     from adapters import ppo
 
+    # A process's first `torch.optim.Adam` imports torch._dynamo (about 1.2 s of CPU): a cost
+    # of the process, paid by `train` and not by a group (which builds no torch.optim). Paid
+    # here before any timing, so that the tables compare the training only.
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
     params = drawn_ppo_members(8, args.draw_seed)
     options = {**ppo.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
     first = params[0]
