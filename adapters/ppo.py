@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from adapters._rl import checkpoint as _rl_checkpoint
 from adapters._rl import frame as _rl
-from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Report
+from adapters.base import BATCH_SIZE_MAX, BATCH_SIZE_MIN, Checkpoint, Member, Report
 from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
@@ -299,6 +299,35 @@ class PPOAdapter(_rl.RLAdapter):
             "hidden_size": trial.suggest_categorical("hidden_size", [32, 64, 128, 256]),
         }
         return {**params, **_rl.suggest_trading(trial, options)}
+
+    def train_fused(
+        self,
+        members: Sequence[Member],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+    ) -> list[float | BaseException]:
+        """Trials of one `fuse_key` trained as one fused group (adapters/_rl/fused_ppo.py)."""
+        from adapters._rl import fused_ppo
+
+        algorithm = fused_ppo.Algorithm(PPOConfig, actor_critic)
+        return fused_ppo.train_fused(
+            self, algorithm, members, epochs=epochs, device=device, options=options
+        )
+
+    def fuse_key(self, params: Mapping[str, Any]) -> Hashable:
+        """Which trials may share a fused group: hidden width, minibatch size, rollout length
+        and environments. It reads only those parameters (a fused group's other members are
+        asked with the ones it reads fixed: orchestrator/run/trial/group.py)."""
+        from adapters._rl import fused_ppo
+
+        present, config = set(params), PPOConfig()  # iterating reads no parameter
+        hidden, batch, rollout, envs = (
+            params[name] if name in present else getattr(config, name)
+            for name in ("hidden_size", "batch_size", "rollout_steps", "num_envs")
+        )
+        return fused_ppo.fuse_key(hidden, batch, rollout, envs)
 
 
 adapter = PPOAdapter()

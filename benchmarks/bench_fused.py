@@ -35,12 +35,16 @@ other 7 with its hidden width and a batch size in its band, as a group is asked)
 `--epochs` of `--steps-per-epoch`: in groups of N = 1 (each member alone with `train`), 2, 4, 8,
 one group after another. Wall and CPU seconds of all 8, and how many members' values are the
 ones they get alone. `--profile` instead trains the 8 in one group with a timer around each
-part of the loop (where the time goes), then alone.
+part of the loop (where the time goes), then alone. `--algo ppo` does both for PPO
+(`adapters.ppo.adapter.train_fused`): the other 7 with the first's parameters that PPO's
+`fuse_key` reads (hidden width, minibatch size, rollout length), as the pool asks a group.
 
     python benchmarks/bench_fused.py                  # CPU; writes benchmarks/results/fused.json
     python benchmarks/bench_fused.py --device cuda    # a GPU (wall time, synchronised)
     python benchmarks/bench_fused.py --end-to-end     # train_fused against train, N = 1, 2, 4, 8
     python benchmarks/bench_fused.py --end-to-end --profile --draw-seed 2
+    python benchmarks/bench_fused.py --end-to-end --algo ppo --draw-seed 0
+    python benchmarks/bench_fused.py --end-to-end --algo ppo --profile --draw-seed 0
 """
 
 from __future__ import annotations
@@ -481,9 +485,15 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="end-to-end: where one group of 8's time goes"
     )
+    parser.add_argument(
+        "--algo", choices=("dqn", "ppo"), default="dqn", help="end-to-end: which adapter"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     device = torch.device(args.device)
+    if args.end_to_end and args.algo == "ppo":
+        (profile_ppo_group if args.profile else end_to_end_ppo)(args, device)
+        return
     if args.end_to_end and args.profile:
         profile_group(args, device)
         return
@@ -725,6 +735,167 @@ def profile_group(args: argparse.Namespace, device: torch.device) -> None:
     print(f"| the 8 alone (`train`, one after another) | {alone:.2f} |")
     print(f"| the group (timers included) | {group:.2f} |")
     for label, _, _ in PROFILED:
+        print(f"| {label} | {spent[label]:.2f} |")
+
+
+def drawn_ppo_members(count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` PPO trials' parameters from the study's default search space on CartPole-v1:
+    the first drawn freely, the others with the first's values of what `fuse_key` reads (as
+    the pool's group path asks them: `orchestrator.run.trial.group.shape_of`)."""
+    import optuna
+
+    from adapters import ppo
+    from orchestrator.run.trial.group import shape_of
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    options = {**ppo.adapter.options, "env": "CartPole-v1"}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    draws = [ppo.adapter.suggest(study.ask(), options) for _ in range(count)]
+    shape = shape_of(ppo.adapter, draws[0])
+    return [{**params, **shape} for params in draws]
+
+
+def _ppo_setting(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any], str]:
+    from adapters import ppo
+
+    # A process's first `torch.optim.Adam` imports torch._dynamo (about 1.2 s of CPU): a cost
+    # of the process, paid by `train` and not by a group (which builds no torch.optim). Paid
+    # here before any timing, so that the tables compare the training only.
+    torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+
+    params = drawn_ppo_members(8, args.draw_seed)
+    options = {**ppo.adapter.options, "env": "CartPole-v1", "steps_per_epoch": args.steps_per_epoch}
+    first = params[0]
+    what = (
+        f"hidden {first['hidden_size']}, batch {first['batch_size']}, rollout "
+        f"{first['rollout_steps']} steps, update_epochs {[p['update_epochs'] for p in params]}"
+    )
+    return params, options, what
+
+
+def end_to_end_ppo(args: argparse.Namespace, device: torch.device) -> None:
+    """8 PPO members trained in groups of N (N = 1: `train`), one group after another."""
+    from adapters import ppo
+    from adapters.base import Member
+
+    params, options, what = _ppo_setting(args)
+    print(f"8 PPO members: {what}", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    for n in (int(x) for x in args.groups.split(",")):
+        wall, cpu, got = time.perf_counter(), time.process_time(), []
+        for start in range(0, len(params), n):
+            members = [
+                Member(p, lambda epoch, value: None, None) for p in params[start : start + n]
+            ]
+            entries = ppo.adapter.train_fused(
+                members, epochs=args.epochs, device=device, options=options
+            )
+            for entry in entries:
+                if isinstance(entry, BaseException):
+                    raise entry
+            got += entries
+        rows.append(
+            {
+                "members_per_group": n,
+                "wall_s": time.perf_counter() - wall,
+                "cpu_s": time.process_time() - cpu,
+                "values": got,
+            }
+        )
+        print(f"groups of {n}: {rows[-1]['cpu_s']:.1f} CPU s", file=sys.stderr, flush=True)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}"
+    lines = [
+        f"Machine: {machine}, {args.device}; one torch thread. Load at the end: `{load}`",
+        f"8 PPO members on CartPole-v1, {args.epochs} epochs of {args.steps_per_epoch} steps, "
+        f"drawn with seed {args.draw_seed}: {what}",
+        "",
+        "| members per group | wall s | CPU s | x groups of 1 (CPU) | values as alone |",
+        "|---:|---:|---:|---:|---|",
+    ]
+    own = rows[0]["values"]
+    for r in rows:
+        same = sum(a == b for a, b in zip(r["values"], own, strict=True))
+        lines.append(
+            f"| {r['members_per_group']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | "
+            f"{rows[0]['cpu_s'] / r['cpu_s']:.2f} | {same} of {len(own)} |"
+        )
+    print("\n".join(lines))
+    result = {"command": " ".join(sys.argv), "machine": machine, "uptime": load, "rows": rows}
+    result["params"] = params
+    name = f"fused_ppo_end_to_end_{args.device}_draw{args.draw_seed}.json"
+    Path(args.out or RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
+
+
+PPO_PROFILED = [  # (label, owner, attribute), as PROFILED
+    ("rollout (act and environments)", "fused_ppo_group.GroupRun", "_collect"),
+    ("- environments", "fused_envs.GymGroupEnv", "step"),
+    ("- act (one batched forward)", "fused_ppo_maths", "tower"),
+    ("update", "fused_ppo_group.GroupRun", "_update"),
+    ("- advantages (critic and GAE)", "fused_ppo_maths", "advantages"),
+    ("- gradient steps", "fused_ppo_group.GroupRun", "_gradient_step"),
+    ("  - forward and loss", "fused_ppo_maths", "losses"),
+    ("  - backward", "torch.Tensor", "backward"),
+    ("  - Adam, per member", "fused.FusedAdam", "step_rows"),
+    ("evaluation", "fused_ppo_group.GroupRun", "_values"),
+]
+
+
+def profile_ppo_group(args: argparse.Namespace, device: torch.device) -> None:
+    """One group of the 8 drawn PPO members with a timer (CPU seconds) around each part, then
+    the same 8 alone with `train`, one after another."""
+    from adapters import ppo
+    from adapters._rl import fused_envs, fused_ppo_group, fused_ppo_maths
+    from adapters.base import Member
+
+    params, options, what = _ppo_setting(args)
+    owners = {"fused_ppo_group": fused_ppo_group, "fused_envs": fused_envs, "fused": fused}
+    owners |= {"fused_ppo_maths": fused_ppo_maths, "torch": torch}
+    profiled = PPO_PROFILED
+    spent: dict[str, float] = dict.fromkeys([label for label, _, _ in profiled], 0.0)
+    originals = []
+    inside_collect = {"on": False}
+    for label, owner_name, attribute in profiled:
+        first, *rest = owner_name.split(".")
+        owner = owners[first]
+        for part in rest:
+            owner = getattr(owner, part)
+        real = getattr(owner, attribute)
+        originals.append((owner, attribute, real))
+
+        def timed(*a: Any, _real: Any = real, _label: str = label, **k: Any) -> Any:
+            if _label.startswith("- act") and not inside_collect["on"]:
+                return _real(*a, **k)  # the tower outside the rollout is counted elsewhere
+            if _label.startswith("rollout"):
+                inside_collect["on"] = True
+            started = time.process_time()
+            try:
+                return _real(*a, **k)
+            finally:
+                spent[_label] += time.process_time() - started
+                if _label.startswith("rollout"):
+                    inside_collect["on"] = False
+
+        setattr(owner, attribute, timed)
+    members = [Member(p, lambda epoch, value: None, None) for p in params]
+    started = time.process_time()
+    try:
+        ppo.adapter.train_fused(members, epochs=args.epochs, device=device, options=options)
+    finally:
+        for owner, attribute, real in originals:
+            setattr(owner, attribute, real)
+    group = time.process_time() - started
+    started = time.process_time()
+    for p in params:
+        ppo.adapter.train(
+            p, epochs=args.epochs, device=device, options=options, report=lambda e, v: None
+        )
+    alone = time.process_time() - started
+    print(f"8 PPO members drawn with seed {args.draw_seed}: {what}\n")
+    print("| part | CPU s |\n|---|---:|")
+    print(f"| the 8 alone (`train`, one after another) | {alone:.2f} |")
+    print(f"| the group (timers included) | {group:.2f} |")
+    for label, _, _ in profiled:
         print(f"| {label} | {spent[label]:.2f} |")
 
 
