@@ -55,8 +55,23 @@ def views(flat: torch.Tensor, shapes: Mapping[str, tuple[int, ...]]) -> dict[str
 
 
 def stack(flats: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The members' flat parameter tensors (`Weights.flat`) as one `[N, P]` leaf."""
-    return torch.stack([flat.detach() for flat in flats]).requires_grad_()
+    """The members' flat parameter tensors (`Weights.flat`) as one `[N, P]` leaf (`aligned`)."""
+    return aligned(torch.stack([flat.detach() for flat in flats]))
+
+
+ROW_ALIGNMENT = 16  # floats: 64 bytes, the alignment of a trial's own `Weights.flat`
+
+
+def aligned(rows: torch.Tensor) -> torch.Tensor:
+    """Rows [n, P] copied into a buffer whose rows start every multiple of `ROW_ALIGNMENT`
+    floats, as a leaf view [n, P]. MKL's products sum in an order that depends on where their
+    operands start in memory: a member's weights at row k of a plain [N, P] tensor would start
+    where its trial's never do, and its products would part from its trial's in the last bits."""
+    n, size = rows.shape
+    padded = -(-size // ROW_ALIGNMENT) * ROW_ALIGNMENT
+    buffer = torch.zeros(n, padded, dtype=rows.dtype, device=rows.device)
+    buffer[:, :size] = rows.detach()
+    return buffer[:, :size].requires_grad_()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -178,7 +193,9 @@ def dqn_losses(
 def clip_per_member(grad: torch.Tensor, max_norm: torch.Tensor) -> None:
     """As `Weights.clip_grad_norm`, one L2 norm and one limit per row of grad [N, P]."""
     norm = torch.linalg.vector_norm(grad, dim=1)
-    grad.mul_((max_norm / (norm + 1e-6)).clamp_max(1.0).unsqueeze(1))
+    # A trial's `max_norm / norm` divides a Python number by a tensor, which torch computes as
+    # the reciprocal times the number: so does this, for the same last bit.
+    grad.mul_(((norm + 1e-6).reciprocal() * max_norm).clamp_max(1.0).unsqueeze(1))
 
 
 class FusedAdam:

@@ -321,7 +321,7 @@ class GroupRun:
             online, target, hyper = stack.online, stack.target, stack.hyper
         else:  # only the members that owe a step are computed
             index, hyper = stack.part(owed)
-            online = stack.online.detach().index_select(0, index).requires_grad_()
+            online = fused.aligned(stack.online.detach().index_select(0, index))
             target = stack.target.index_select(0, index)
         losses, td_error = fused.dqn_losses(online, target, stack.shapes, batch, hyper)
         online.grad = None

@@ -64,7 +64,7 @@ class Stack:
 
     def keep(self, rows: list[int]) -> Stack:
         index = torch.tensor(rows, dtype=torch.long, device=self.online.device)
-        online = self.online.detach().index_select(0, index).requires_grad_()
+        online = fused.aligned(self.online.detach().index_select(0, index))
         hyper = self.hyper
         return Stack(
             online,

@@ -24,13 +24,13 @@ from adapters import trial_log
 from adapters._rl import frame as _rl
 from adapters._rl import fused, fused_envs
 from adapters._rl import fused_ppo_maths as maths
+from adapters._rl.fused import aligned
 from adapters._rl.fused_group import log
 from adapters._rl.fused_ppo_members import (
     ADAM_EPS,
     Algorithm,
     Member,
     Stack,
-    aligned,
     checkpoint_state,
     resume,
     rollout_length,
@@ -126,7 +126,7 @@ class GroupRun:
             members.append(
                 Member(index, config, self.reports[index], self.checkpoints[index], generator, run)
             )
-        online = aligned(fused.stack([net.flat for net in nets]))
+        online = fused.stack([net.flat for net in nets])
         stack = Stack(
             online,
             fused.FusedAdam(online),

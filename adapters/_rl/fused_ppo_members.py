@@ -14,6 +14,7 @@ from adapters._rl import checkpoint as _rl_checkpoint
 from adapters._rl import frame as _rl
 from adapters._rl import fused
 from adapters._rl import fused_ppo_maths as maths
+from adapters._rl.fused import aligned
 from orchestrator.imports import LazyImport
 
 if TYPE_CHECKING:
@@ -56,21 +57,6 @@ class Member:
     epoch: int = 0  # the next epoch it scores
     lr: float | None = None  # the learning rate of its last rollout
     outcome: BaseException | None = None
-
-
-ROW_ALIGNMENT = 16  # floats: 64 bytes, the alignment of a trial's own `Weights.flat`
-
-
-def aligned(rows: torch.Tensor) -> torch.Tensor:
-    """Rows [n, P] copied into a buffer whose rows start every multiple of `ROW_ALIGNMENT`
-    floats, as a leaf view [n, P]. MKL's products sum in an order that depends on where their
-    operands start in memory: a member's weights at row k of a plain [N, P] tensor would start
-    where its trial's never do, and its products would part from its trial's in the last bits."""
-    n, size = rows.shape
-    padded = -(-size // ROW_ALIGNMENT) * ROW_ALIGNMENT
-    buffer = torch.zeros(n, padded, dtype=rows.dtype, device=rows.device)
-    buffer[:, :size] = rows.detach()
-    return buffer[:, :size].requires_grad_()
 
 
 @dataclass
