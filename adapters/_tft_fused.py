@@ -102,6 +102,9 @@ def train_fused(
 def _train(runs: list[_Run], data: _Data, last: int, started: float) -> None:
     """Every member's epochs, one round (an epoch of every member still going) at a time."""
     group: _Group | None = None
+    for run in runs:  # resumed at or past the last epoch: its result, as `train` ends it
+        if run.entry is None and run.epoch >= last:
+            run.finish(started)
     while True:
         going = [run for run in runs if run.entry is None and not run.done]
         if not going:
@@ -209,10 +212,14 @@ class _Run:
             return
         self.epoch += 1
         if self.epoch >= last:
-            how = f"the best epoch's score, step {self.best_epoch}"
-            seconds = time.perf_counter() - started
-            self.log(trial_log.value_line(data.metric, self.best, seconds, how))
-            self.done = True
+            self.finish(started)
+
+    def finish(self, started: float) -> None:
+        """Its last epoch trained: the best epoch's score is its value."""
+        how = f"the best epoch's score, step {self.best_epoch}"
+        seconds = time.perf_counter() - started
+        self.log(trial_log.value_line(self.data.metric, self.best, seconds, how))
+        self.done = True
 
 
 class _OwnRow:

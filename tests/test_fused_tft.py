@@ -192,6 +192,14 @@ def test_checkpoints_go_from_a_group_to_a_trial_alone_and_back():
     whole = alone(FOUR[1], 3)
     value, reports = alone(FOUR[1], 3, MemoryHandle(handles[1].saved))
     assert_as_alone(value, reports, (whole[0], whole[1][1:]))
+    # A member whose checkpoint holds its last epoch trains nothing more: its value is its best.
+    done: list[tuple[int, float]] = []
+    members = [
+        Member(FOUR[1], reporter(done), MemoryHandle(handles[1].saved)),
+        Member(FOUR[0], reporter([]), None),
+    ]
+    entries = tft.adapter.train_fused(members, epochs=1, device=CPU, options=OPTIONS)
+    assert done == [] and entries[0] == in_group["best"][0]
     # And a group goes on from a trial's checkpoint: that member trains epochs 1 and 2 while a
     # fresh member beside it trains 0, 1 and 2, each as it would alone.
     saved_alone = MemoryHandle()
