@@ -1,4 +1,4 @@
-"""What fusing N forecaster (`tft`) trials into one model buys on a CPU, measured
+"""What fusing N forecaster (`tft`) trials into one model buys, measured
 (docs/fused_tft.md).
 
 End to end, the real thing: `tft.adapter.train_fused` against `train`. For each draw, 8 trials'
@@ -6,8 +6,9 @@ parameters from the study's default search space (`tft.adapter.suggest` with the
 options, a random sampler seeded by the draw): the first drawn freely, the other 7 with its
 `fuse_key` parameters (width, depth, window, batch size) and the rest drawn, as the pool asks a
 group. The 8 train for `--epochs` in groups of N = 1 (each alone with `train`), 2, 4, 8, one
-group after another; trials per CPU-second of this process (one torch thread, as a trial
-process runs; the machine is shared, so wall time would count others' work), and the largest
+group after another; trials per CPU-second of this process on a CPU (one torch thread, as a
+trial process runs; the machine is shared, so wall time would count others' work), per wall
+second on a GPU (synchronised), and the largest
 relative difference of a member's value from its value alone (dropout draws its masks in
 another order in a group, so only `--no-dropout` makes that a check).
 
@@ -17,11 +18,14 @@ cost (docs/fused_tft.md, why the batch size is part of `fuse_key`).
 
     python benchmarks/bench_fused_tft.py              # writes benchmarks/results/fused_tft.json
     python benchmarks/bench_fused_tft.py --draws 0,1 --epochs 1 --no-dropout
+    python benchmarks/bench_fused_tft.py --device cuda  # wall seconds, synchronised
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import platform
 import subprocess
@@ -40,7 +44,6 @@ from adapters import _tft_fused, tft
 from adapters.base import Member, parse_options
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CPU = torch.device("cpu")
 
 
 def drawn_members(count: int, seed: int, *, no_dropout: bool) -> list[dict[str, Any]]:
@@ -64,21 +67,22 @@ def end_to_end(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     print(f"draw {seed}: {shape}", file=sys.stderr, flush=True)
     rows: list[dict[str, Any]] = []
     for n in (int(x) for x in args.groups.split(",")):
-        cpu, got = time.process_time(), []
+        cpu, got = _clock(args.device), []
         for start in range(0, len(params), n):
             members = [Member(p, lambda e, v: None, None) for p in params[start : start + n]]
-            entries = tft.adapter.train_fused(
-                members, epochs=args.epochs, device=CPU, options=options
-            )
+            with contextlib.redirect_stdout(io.StringIO()):  # the trial log's lines
+                entries = tft.adapter.train_fused(
+                    members, epochs=args.epochs, device=torch.device(args.device), options=options
+                )
             for entry in entries:
                 if isinstance(entry, BaseException):
                     raise entry
             got += entries
-        cpu = time.process_time() - cpu
+        cpu = _clock(args.device) - cpu
         rows.append(
             {"members_per_group": n, "cpu_s": cpu, "trials_per_cpu_s": 8 / cpu, "values": got}
         )
-        print(f"  groups of {n}: {cpu:.1f} CPU s", file=sys.stderr, flush=True)
+        print(f"  groups of {n}: {cpu:.1f} s", file=sys.stderr, flush=True)
     alone = rows[0]["values"]
     for row in rows:
         row["largest_relative_difference"] = max(
@@ -87,8 +91,22 @@ def end_to_end(seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return {"draw": seed, "shape": shape, "params": params, "rows": rows}
 
 
+def _warm_up(args: argparse.Namespace) -> None:
+    """One epoch alone and in a group at the smallest shape, untimed: what the first call of
+    each path loads once (torch.func, the kernels) is not charged to the first draw."""
+    small = {**tft.adapter.default_params, "width": 16, "window": 16, "depth": 1, "batch_size": 64}
+    members = [Member(small, lambda e, v: None, None) for _ in range(2)]
+    options = parse_options(tft.adapter, {})
+    with contextlib.redirect_stdout(io.StringIO()):
+        for group in (members[:1], members):
+            tft.adapter.train_fused(
+                group, epochs=1, device=torch.device(args.device), options=options
+            )
+
+
 def step_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One fused step of 4 members against 4 steps alone, CPU ms, at batch sizes 64..1024."""
+    """One fused step of 4 members against 4 steps alone, ms, at batch sizes 64..1024."""
+    device = torch.device(args.device)
     from adapters.tft import _TrainingStep
 
     options = parse_options(tft.adapter, {})
@@ -96,16 +114,16 @@ def step_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     for batch in (64, 256, 1024):
         params = {**tft.adapter.default_params, "width": 64, "window": 32, "depth": 1}
         params = {**params, "batch_size": batch, "dropout": 0.0}
-        data = _tft_fused._Data(tft.adapter, params, options, CPU)
+        data = _tft_fused._Data(tft.adapter, params, options, device)
         members = [Member(params, lambda e, v: None, None) for _ in range(4)]
         runs = [
             _tft_fused._Run(i, m, tft.adapter.default_params, data) for i, m in enumerate(members)
         ]
         group = _tft_fused._Group(runs, data)
-        fused = _per_call(group.step, args.rounds)
-        alone = [_TrainingStep(run.model, params, CPU) for run in runs]
+        fused = _per_call(group.step, args.rounds, args.device)
+        alone = [_TrainingStep(run.model, params, device) for run in runs]
         batch_of = data.batch(data.train_starts[:batch])
-        separate_ms = _per_call(_one_after_another(alone, batch_of), args.rounds)
+        separate_ms = _per_call(_one_after_another(alone, batch_of), args.rounds, args.device)
         out.append({"batch_size": batch, "fused_ms": fused, "separate_ms": separate_ms})
         print(
             f"  batch {batch}: fused {fused:.1f} ms, separate {separate_ms:.1f} ms", file=sys.stderr
@@ -121,21 +139,30 @@ def _one_after_another(steps: list[Any], batch: tuple[torch.Tensor, torch.Tensor
     return call
 
 
-def _per_call(call: Any, rounds: int) -> float:
+def _per_call(call: Any, rounds: int, device: str) -> float:
     call()  # the first call pays for what is built once
-    started = time.process_time()
+    started = _clock(device)
     for _ in range(rounds):
         call()
-    return (time.process_time() - started) / rounds * 1e3
+    return (_clock(device) - started) / rounds * 1e3
+
+
+def _clock(device: str) -> float:
+    """CPU seconds of this process on a CPU (others' work on a shared machine is not ours);
+    wall seconds once the GPU has finished what it was given, on a GPU."""
+    if device == "cpu":
+        return time.process_time()
+    torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def table(draws: list[dict[str, Any]]) -> list[str]:
     groups = [row["members_per_group"] for row in draws[0]["rows"]]
     head = "| draw | width | depth | window | batch | " + " | ".join(f"N = {n}" for n in groups)
     lines = [
-        "trials per CPU-second (x N = 1):",
+        "trials per second (x N = 1):",
         "",
-        head + " | largest value difference at N = 8 |",
+        head + f" | largest value difference at N = {groups[-1]} |",
         "|---:|---:|---:|---:|---:|" + "---:|" * len(groups) + "---:|",
     ]
     for draw in draws:
@@ -155,20 +182,23 @@ def table(draws: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--draws", default="0,1,2,3", help="draw seeds, comma-separated")
+    parser.add_argument("--draws", default="0,1,2,3,4,5", help="draw seeds, comma-separated")
     parser.add_argument("--groups", default="1,2,4,8", help="group sizes N")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--no-dropout", action="store_true", help="every member's dropout 0")
     parser.add_argument("--rounds", type=int, default=5, help="--rows: steps timed per case")
     parser.add_argument("--rows", action="store_true", help="also the fused step against rows")
-    parser.add_argument("--out", default=str(RESULTS / "fused_tft.json"))
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (a GPU: wall time)")
+    parser.add_argument("--out", default=None, help="default: results/fused_tft[_cuda].json")
     args = parser.parse_args()
     torch.set_num_threads(1)  # as a trial process trains
     warnings.filterwarnings("ignore", message="There is a performance drop")
+    _warm_up(args)
     draws = [end_to_end(int(seed), args) for seed in args.draws.split(",")]
     steps = step_rows(args) if args.rows else []
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}, cpu"
+    machine = f"{platform.processor() or platform.machine()}, torch {torch.__version__}"
+    machine += f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ", cpu"
     lines = [f"Machine: {machine}; one torch thread. Load at the end: `{load}`", ""]
     lines += table(draws)
     if steps:
@@ -191,7 +221,8 @@ def main() -> None:
         "draws": draws,
         "steps": steps,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    name = "fused_tft.json" if args.device == "cpu" else f"fused_tft_{args.device}.json"
+    Path(args.out or RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
