@@ -38,7 +38,8 @@ import copy
 import math
 import time
 import warnings
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,6 +63,15 @@ from adapters.return_windows import (
 KEYED = ("width", "depth", "window", "batch_size")
 
 
+@dataclass(frozen=True)
+class Forecasting:
+    """What `adapters.tft` hands the group (it imports this module, so this one does not import
+    it back): its training step, built per member as `train` builds it, and its option check."""
+
+    training_step: Callable[[nn.Module, Mapping[str, Any], torch.device], Any]
+    sizes: Callable[[Mapping[str, Any]], dict[str, int]]
+
+
 def fuse_key(params: Mapping[str, Any], defaults: Mapping[str, Any]) -> Hashable:
     """Which forecaster trials may train as one group: equal width, depth, window and batch size.
     It reads only those parameters (the group's other members are asked with them fixed)."""
@@ -71,6 +81,7 @@ def fuse_key(params: Mapping[str, Any], defaults: Mapping[str, Any]) -> Hashable
 
 def train_fused(
     adapter: Any,
+    forecasting: Forecasting,
     members: Sequence[Member],
     *,
     epochs: int,
@@ -86,7 +97,7 @@ def train_fused(
         raise ValueError(f"members of one fused tft group need one fuse_key, not {sorted(keys)}")
     started = time.perf_counter()
     try:
-        data = _Data(adapter, {**defaults, **members[0].params}, options, device)
+        data = _Data(adapter, forecasting, {**defaults, **members[0].params}, options, device)
     except Exception as error:  # every member's, as `train` raises it for a trial
         return [error] * len(members)
     runs = [_Run(index, member, defaults, data) for index, member in enumerate(members)]
@@ -130,13 +141,13 @@ class _Data:
     def __init__(
         self,
         adapter: Any,
+        forecasting: Forecasting,
         params: Mapping[str, Any],
         options: Mapping[str, Any],
         device: torch.device,
     ) -> None:
-        from adapters.tft import _sizes
-
-        sizes = _sizes(options)
+        sizes = forecasting.sizes(options)
+        self.training_step = forecasting.training_step
         self.batch_size = int(params["batch_size"])
         self.window, self.horizon = int(params["window"]), sizes["horizon"]
         self.seed = int(options.get("seed", 0))
@@ -164,8 +175,6 @@ class _Run:
     def __init__(
         self, index: int, member: Member, defaults: Mapping[str, Any], data: _Data
     ) -> None:
-        from adapters.tft import _TrainingStep
-
         self.index, self.member, self.data = index, member, data
         self.entry: float | BaseException | None = None
         self.best, self.best_epoch, self.epoch = math.inf, 0, 0
@@ -177,7 +186,7 @@ class _Run:
             self.model = build_forecaster(
                 int(full["width"]), data.window, int(full["depth"]), data.horizon, self.dropout
             ).to(data.device)
-            self.step = _TrainingStep(self.model, full, data.device)
+            self.step = data.training_step(self.model, full, data.device)
             self.stream = ShuffledStream(data.windows, data.seed)
             resumed = _tft_checkpoint.resume(member.checkpoint, self.model, self.step, self.stream)
         except Exception as error:  # its own parameters or checkpoint: it alone fails

@@ -216,7 +216,10 @@ class SupervisedForecasterAdapter(BaseAdapter):
         """Trials of one `fuse_key` trained as one fused group (adapters/_tft_fused.py)."""
         from adapters import _tft_fused
 
-        return _tft_fused.train_fused(self, members, epochs=epochs, device=device, options=options)
+        forecasting = _tft_fused.Forecasting(_TrainingStep, _sizes)
+        return _tft_fused.train_fused(
+            self, forecasting, members, epochs=epochs, device=device, options=options
+        )
 
     def fuse_key(self, params: Mapping[str, Any]) -> Hashable:
         """Which trials may share a fused group: width, depth, window and batch size. It reads

@@ -114,7 +114,8 @@ def step_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     for batch in (64, 256, 1024):
         params = {**tft.adapter.default_params, "width": 64, "window": 32, "depth": 1}
         params = {**params, "batch_size": batch, "dropout": 0.0}
-        data = _tft_fused._Data(tft.adapter, params, options, device)
+        forecasting = _tft_fused.Forecasting(_TrainingStep, tft._sizes)
+        data = _tft_fused._Data(tft.adapter, forecasting, params, options, device)
         members = [Member(params, lambda e, v: None, None) for _ in range(4)]
         runs = [
             _tft_fused._Run(i, m, tft.adapter.default_params, data) for i, m in enumerate(members)
