@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from adapters.base import (
     BaseAdapter,
     Checkpoint,
     InputFile,
+    Member,
     MemoryModel,
     Range,
     Report,
@@ -203,6 +204,30 @@ class SupervisedForecasterAdapter(BaseAdapter):
         how = f"the best epoch's score, step {best_epoch}"
         trial_log.write(trial_log.value_line(self.metric, best, time.perf_counter() - started, how))
         return best
+
+    def train_fused(
+        self,
+        members: Sequence[Member],
+        *,
+        epochs: int,
+        device: torch.device,
+        options: Mapping[str, Any],
+    ) -> list[float | BaseException]:
+        """Trials of one `fuse_key` trained as one fused group (adapters/_tft_fused.py)."""
+        from adapters import _tft_fused
+
+        forecasting = _tft_fused.Forecasting(_TrainingStep, _sizes)
+        return _tft_fused.train_fused(
+            self, forecasting, members, epochs=epochs, device=device, options=options
+        )
+
+    def fuse_key(self, params: Mapping[str, Any]) -> Hashable:
+        """Which trials may share a fused group: width, depth, window and batch size. It reads
+        only those parameters (a fused group's other members are asked with the ones it reads
+        fixed: orchestrator/run/trial/group.py)."""
+        from adapters import _tft_fused
+
+        return _tft_fused.fuse_key(params, self.default_params)
 
 
 class _TrainingStep:
