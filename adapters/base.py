@@ -10,7 +10,8 @@ A `train` that also takes `checkpoint` gets the trial's `Checkpoint` handle (doc
 Optional (docs/fused.md): `train_fused(members, *, epochs, device, options)` trains several
 trials of one shape as one fused model, each given as a `Member`, and returns one entry per
 member, in order: its value, or what ended it (optuna.TrialPruned, an error); `fuse_key(params)`
-beside it says which trials may share a group (those whose keys are equal).
+beside it says which trials may share a group (those whose keys are equal); `fusing_pays_on`
+(device kinds, default both "cpu" and "cuda") says where `--fuse auto` fuses it.
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ class BaseAdapter:
     # library, or none) gets its device as a name ("cpu", "cuda:0"), and its trial processes
     # skip importing torch: about 1.5 s of CPU per command.
     uses_torch: bool = True
+    # Where fusing its trials was measured to pay: `--fuse auto` fuses only on these kinds of
+    # device ("cpu", "cuda"). `--fuse N` fuses wherever it is asked.
+    fusing_pays_on: tuple[str, ...] = ("cpu", "cuda")
 
     def memory_model(self, options: Mapping[str, Any]) -> MemoryModel:
         return MemoryModel(self.model_overhead_mb, self.per_sample_mb)
@@ -264,6 +268,11 @@ def memory_model_of(adapter: Any, options: Mapping[str, Any]) -> MemoryModel:
 def uses_torch(adapter: Any) -> bool:
     """Whether the adapter trains with torch (an adapter that does not say: it does)."""
     return bool(getattr(adapter, "uses_torch", True))
+
+
+def fusing_pays_on(adapter: Any, device_kind: str) -> bool:
+    """Whether `--fuse auto` fuses the adapter's trials on this kind of device ("cpu", "cuda")."""
+    return device_kind in tuple(getattr(adapter, "fusing_pays_on", ("cpu", "cuda")))
 
 
 def option_defaults(adapter: Any) -> dict[str, Any]:

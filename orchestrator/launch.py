@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters import metric_name
-from adapters.base import memory_model_of
+from adapters.base import fusing_pays_on, memory_model_of
 from adapters.study_adapter import resolve_adapter
 from orchestrator.errors import UserError
 from orchestrator.flags.common import configure_logging
@@ -160,8 +160,18 @@ def fused_members(adapter: Any, spec: StudySpec, asked: int | str, gpus: Sequenc
         return 1
     if asked != FUSE_AUTO:
         return int(asked)
-    sizes = {(gpu.device.label if gpu.device else "cpu"): auto_group_size(gpu) for gpu in gpus}
-    said = ", ".join(f"up to {size} trials per process on {where}" for where, size in sizes.items())
+    sizes = {
+        (gpu.device.label if gpu.device else "cpu"): auto_group_size(gpu)
+        if fusing_pays_on(adapter, "cuda" if gpu.device else "cpu")
+        else 1
+        for gpu in gpus
+    }
+    said = ", ".join(
+        f"up to {size} trials per process on {where}"
+        if size > 1
+        else f"one trial per process on {where} (fusing does not pay there)"
+        for where, size in sizes.items()
+    )
     logger.info("--fuse auto: %s", said)
     return max(sizes.values(), default=1)
 

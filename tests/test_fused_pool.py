@@ -13,6 +13,7 @@ import math
 import os
 import re
 import signal
+import types
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,8 +22,11 @@ import pytest
 from optuna.trial import TrialState
 
 import orchestrator
+from adapters.study_adapter import resolve_adapter
 from adapters.synthetic import synthetic_value
-from orchestrator.record.study.spec import load_spec
+from orchestrator.launch import fused_members
+from orchestrator.record.study.spec import StudySpec, load_spec
+from orchestrator.run.pool.placement import CPU_AUTO_MEMBERS
 from tests.api_objective import objective
 from tests.cli_helpers import run_cli, start_cli
 from tests.waiting import stored_study, wait_for
@@ -85,6 +89,19 @@ def test_fuse_auto_takes_the_trials_each_gpu_packs_into_one_process(sqlite_url):
     sizes = sorted(1 + len(t.user_attrs["fused_with"]) for t in study.trials)
     assert 1 < max(sizes) <= packs, (sizes, packs)
     assert load_spec(study).fuse == "auto"
+
+
+def test_fuse_auto_fuses_only_where_the_adapter_says_fusing_pays(caplog):
+    """tft's fused groups measured slower than its trials one after another on a CPU: auto
+    leaves them unfused there (and says so), as it fuses DQN's on the same CPU."""
+    caplog.set_level(logging.INFO, logger="orchestrator.launch")
+    cpu = types.SimpleNamespace(device=None, slots=2)
+    spec = StudySpec("tft", trials=8, epochs=2, direction="minimize")
+    assert fused_members(resolve_adapter(spec), spec, "auto", [cpu]) == 1
+    assert "one trial per process on cpu (fusing does not pay there)" in caplog.text
+    dqn = StudySpec("dqn", trials=8, epochs=2, direction="maximize")
+    assert fused_members(resolve_adapter(dqn), dqn, "auto", [cpu]) == CPU_AUTO_MEMBERS
+    assert fused_members(resolve_adapter(spec), spec, 4, [cpu]) == 4  # asked: fused anyway
 
 
 def test_without_a_gpu_the_groups_share_the_budget_over_the_cores(sqlite_url):
