@@ -224,3 +224,22 @@ def scores(
             task.evaluate(policy, device, max_position=member.config.max_position_absolute)
         )
     return values
+
+
+def group_env(task: Any, configs: Sequence[Any], envs: int, device: torch.device) -> Any:
+    """The environments of a group's members, stepped as one: N x `envs` Gymnasium copies, or
+    each member's own trading environment (its position limit, costs and hold penalty)."""
+    if not task.is_trading:
+        return GymGroupEnv(task.env_id, len(configs), envs, device, task.seed)
+    return StackedEnvs(
+        [
+            task.make_env(
+                envs,
+                device,
+                max_position=c.max_position_absolute,
+                cost_multiplier=c.transaction_cost_multiplier,
+                hold_penalty_weight=c.hold_penalty_weight,
+            )
+            for c in configs
+        ]
+    )

@@ -94,21 +94,7 @@ class GroupRun:
     # -- setting up ----------------------------------------------------------------------------
 
     def _make_env(self) -> Any:
-        task, n, envs = self.task, len(self.configs), self.num_envs
-        if not task.is_trading:
-            return fused_envs.GymGroupEnv(task.env_id, n, envs, self.device, task.seed)
-        return fused_envs.StackedEnvs(
-            [
-                task.make_env(
-                    envs,
-                    self.device,
-                    max_position=c.max_position_absolute,
-                    cost_multiplier=c.transaction_cost_multiplier,
-                    hold_penalty_weight=c.hold_penalty_weight,
-                )
-                for c in self.configs
-            ]
-        )
+        return fused_envs.group_env(self.task, self.configs, self.num_envs, self.device)
 
     def _members(self, env: Any) -> tuple[list[Member], Stack]:
         """Each member as its trial starts alone (the same seed: the same first weights and
