@@ -48,7 +48,7 @@ from torch import nn
 
 from adapters import _tft_checkpoint, trial_log
 from adapters._forecaster_layers import FusionBlock
-from adapters.base import Member
+from adapters.base import Member, train_alone
 from adapters.forecaster import build_forecaster
 from adapters.return_windows import (
     ShuffledStream,
@@ -90,7 +90,7 @@ def train_fused(
 ) -> list[float | BaseException]:
     """One entry per member, in order: its value, or what ended it (docs/fused.md)."""
     if len(members) == 1:  # a group of one is exactly a trial
-        return [_alone(adapter, members[0], epochs, device, options)]
+        return [train_alone(adapter, members[0], epochs, device, options)]
     defaults = adapter.default_params
     keys = {fuse_key(member.params, defaults) for member in members}
     if len(keys) > 1:
@@ -379,20 +379,3 @@ class _RateFusionBlock(FusionBlock):
         attended = (weights * keep / (1.0 - self.attention_rate)) @ v
         attended = self.out(attended.transpose(1, 2).reshape(batch, window, width))
         return self.grn(self.norm(x + F.glu(self.gate(attended))))
-
-
-def _alone(
-    adapter: Any, member: Member, epochs: int, device: torch.device, options: Mapping[str, Any]
-) -> float | BaseException:
-    """A member trained by the adapter's own `train`: its value, or what ended it."""
-    try:
-        return adapter.train(
-            member.params,
-            epochs=epochs,
-            device=device,
-            options=options,
-            report=member.report,
-            checkpoint=member.checkpoint,
-        )
-    except Exception as error:
-        return error

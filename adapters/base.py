@@ -275,6 +275,24 @@ def fusing_pays_on(adapter: Any, device_kind: str) -> bool:
     return device_kind in tuple(getattr(adapter, "fusing_pays_on", ("cpu", "cuda")))
 
 
+def train_alone(
+    adapter: Any, member: Member, epochs: int, device: Any, options: Mapping[str, Any]
+) -> float | BaseException:
+    """A fused group's member trained by the adapter's own `train` (a group of one): its value,
+    or what ended it, as `train_fused` returns an entry."""
+    try:
+        return adapter.train(
+            member.params,
+            epochs=epochs,
+            device=device,
+            options=options,
+            report=member.report,
+            checkpoint=member.checkpoint,
+        )
+    except Exception as error:
+        return error
+
+
 def option_defaults(adapter: Any) -> dict[str, Any]:
     return dict(getattr(adapter, "options", {}) or {})
 

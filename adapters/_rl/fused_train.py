@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from adapters import trial_log
 from adapters._rl import frame as _rl
 from adapters._rl.fused_group import log
-from adapters.base import Member
+from adapters.base import Member, train_alone
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +40,7 @@ def train_fused(
 ) -> list[float | BaseException]:
     """One entry per member, in order: its value, or what ended it (docs/fused.md)."""
     if len(members) == 1:  # a group of one is exactly a trial
-        return [_alone(adapter, members[0], epochs, device, options)]
+        return [train_alone(adapter, members[0], epochs, device, options)]
     keys = {group.key(group.config.from_params(m.params)) for m in members}
     if len(keys) > 1:
         raise ValueError(
@@ -74,23 +74,6 @@ def train_fused(
         log(index, trial_log.value_line(tasks[0].metric, outcome.value, _since(started), how))
         entries.append(outcome.value)
     return entries
-
-
-def _alone(
-    adapter: Any, member: Member, epochs: int, device: torch.device, options: Mapping[str, Any]
-) -> float | BaseException:
-    """A member trained by the adapter's own `train`: its value, or what ended it."""
-    try:
-        return adapter.train(
-            member.params,
-            epochs=epochs,
-            device=device,
-            options=options,
-            report=member.report,
-            checkpoint=member.checkpoint,
-        )
-    except Exception as error:
-        return error
 
 
 def _train_folds(
