@@ -154,9 +154,10 @@ class PBTSampler(BaseSampler):
         self._salt = secrets.randbits(64)
 
     def can_start_now(self, study: Study) -> bool:
-        """Whether an ask now would find a free member instead of waiting for one: a fused
-        group claims another member only then, or it could wait for a member it holds itself.
-        A queued re-run counts: an ask takes it first, and it runs as its own segment."""
+        """Whether an ask now would find a free member instead of waiting for one. The ask
+        looks first, under the budget lock on SQLite, and waits outside it while this is False
+        (`record.budget.claim`); a fused group then takes no more members. A queued re-run
+        counts: an ask takes it first, and it runs as its own segment."""
         trials = storage_of(study).get_all_trials(study_id_of(study), deepcopy=False)
         if any(t.state == TrialState.WAITING for t in trials):
             return True

@@ -274,3 +274,39 @@ def test_the_count_sees_a_trial_made_by_the_lock_holder_it_waited_for(postgres_u
     admin.dispose()
     assert asked == [None], "the budget of 1 was used by the holder's trial"
     assert _query(postgres_url, "SELECT count(*) FROM trials") == [(1,)]
+
+
+def test_an_ask_the_sampler_holds_back_waits_outside_the_budget_lock(storage_url):
+    """Population-based training with every member training: the ask claims nothing and waits
+    with the budget lock free (on SQLite the pool's look for lost trials takes it, and a pool
+    waiting on it would admit no trial, not even the one holding the member the ask waits for).
+    With `wait=False` it answers None at once; a member freed, the waiting ask gets it."""
+    from orchestrator.record.checkpoints import lineage as names
+    from orchestrator.record.store.locks import under_budget_lock
+    from samplers import PBTSampler
+
+    location = StorageLocation.parse(storage_url)
+    optuna.create_study(study_name="pbt", storage=open_storage(location))
+    storage = create_storage(location, heartbeat=True, wait=True)  # as a trial process opens it
+    sampler = PBTSampler(population=2, interval=1, epochs=4, seed=5, wait_seconds=0.05)
+    study = optuna.load_study(study_name="pbt", storage=storage, sampler=sampler)
+    first, second = study.ask(), study.ask()  # both members train
+    assert ask_within_budget(study, location, 10, wait=False) is None
+    assert len(study.trials) == 2  # nothing claimed for it
+
+    asked: list[optuna.Trial | None] = []
+    waiting = threading.Thread(target=lambda: asked.append(ask_within_budget(study, location, 10)))
+    waiting.start()
+    time.sleep(0.5)
+    assert waiting.is_alive() and len(study.trials) == 2
+    took = threading.Thread(
+        target=lambda: under_budget_lock(location, "pbt", lambda: None, what="look")
+    )
+    took.start()
+    took.join(timeout=10)
+    assert not took.is_alive(), "the waiting ask held the budget lock"
+    study.tell(first, 0.5)
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and asked[0] is not None
+    member = study.trials[asked[0].number].user_attrs[names.PBT_MEMBER]
+    assert member == first.user_attrs[names.PBT_MEMBER] != second.user_attrs[names.PBT_MEMBER]

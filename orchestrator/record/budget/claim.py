@@ -20,6 +20,12 @@ ask mark.
 
 Elsewhere (SQLite; a process that did not open its storage as a trial process does) the ask is the
 budget section of `locks.under_budget_lock`: count, then Optuna's own ask, under the lock.
+
+A sampler that would wait inside the ask for other trials to end (population-based training with
+no free member says so through `can_start_now`) is asked first, under the lock on SQLite: the ask
+lets the lock go and waits outside it. Waiting inside would hold the lock that the pool's look for
+lost trials takes on SQLite, and a pool waiting on it admits no trial: not the one holding the
+member the ask waits for.
 """
 
 from __future__ import annotations
@@ -179,15 +185,35 @@ def ask_within_budget(
     budget: int,
     *,
     stop: Callable[[], bool] | None = None,
+    wait: bool = True,
 ) -> optuna.Trial | None:
     """The next trial of `study` (a waiting one first), or None when its budget of `budget`
     trials is used up or `stop()` says so. `budget_section.last_times()` then has the lock's
-    wait and held time. A sampler waiting inside the ask reads `stop()` too (`ask_stopped`)."""
+    wait and held time. A sampler waiting inside the ask reads `stop()` too (`ask_stopped`).
+
+    While the sampler says it cannot start a trial now (`can_start_now`), the ask waits outside
+    the lock and looks again; with `wait=False` it answers None instead (a fused group that
+    holds members takes no more rather than wait for one of its own)."""
     _last.stop = stop
     try:
-        return _ask(study, location, budget, stop)
+        while True:
+            trial = _ask(study, location, budget, stop)
+            if trial is not _NOT_NOW:
+                return trial
+            if not wait or (stop is not None and stop()):
+                return None
+            time.sleep(NOT_NOW_POLL_S)
     finally:
         _last.stop = None
+
+
+NOT_NOW_POLL_S = 0.5  # how often an ask the sampler holds back looks again (PBT's own wait)
+_NOT_NOW: Any = object()  # the sampler would wait inside the ask: nothing was claimed
+
+
+def _sampler_would_wait(study: optuna.Study) -> bool:
+    ready = getattr(study.sampler, "can_start_now", None)
+    return ready is not None and not ready(study)
 
 
 def _ask(
@@ -196,6 +222,9 @@ def _ask(
     storage = one_connection_storage(location)
     if storage is None or storage.engine.dialect.name != "postgresql":
         return _ask_in_section(study, location, budget, stop)
+    # The sampler runs after the lock went here (`_trial_of`): its own wait holds nothing.
+    if _sampler_would_wait(study):
+        return _NOT_NOW
     asked_at = time.perf_counter()
     claim = claim_trial(storage, study_id_of(study), study.study_name, budget, stop)
     if claim is None or claim.trial_id is None:
@@ -316,6 +345,8 @@ def _ask_in_section(
             return None
         if not stored_count(backend.engine, study_id_of(study)).may_ask(budget):
             return None
+        if _sampler_would_wait(study):
+            return _NOT_NOW
         trial = study.ask()
         # A RUNNING trial with no heartbeat row is never found stale: record one before the
         # lock goes, so that from here on a lost process always leaves a trial someone can fail.

@@ -133,8 +133,10 @@ def claim(
     this process as able to take --fuse trials of the budget, and starts no other for them."""
     seats: list[Seat] = []
     most = min(ctx.config.settings.fuse, job.members)
-    while len(seats) < most and not (seats and (stop_requested() or not can_start_now(ctx))):
-        trial, lock = ask(ctx, spec)
+    while len(seats) < most and not (seats and stop_requested()):
+        # Only the first waits for the sampler: a group holding members never waits for another
+        # (a population's member it waits for could be one it holds).
+        trial, lock = ask(ctx, spec, wait=not seats)
         if trial is None:
             break
         beating.enter_context(heartbeat(ctx, trial))
@@ -145,13 +147,6 @@ def claim(
     if seats:
         channel.send(("asked", seats[0].trial.number))
     return seats
-
-
-def can_start_now(ctx: TrialContext) -> bool:
-    """Whether the sampler would hand out another trial without waiting (a population with no
-    free member waits, and the group might hold the member it waits for)."""
-    ready = getattr(ctx.study.sampler, "can_start_now", None)
-    return ready is None or bool(ready(ctx.study))
 
 
 def train_group(

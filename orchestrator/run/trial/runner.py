@@ -13,7 +13,6 @@ import contextlib
 import datetime
 import logging
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +64,6 @@ else:
 
 logger = logging.getLogger(__name__)
 
-STARTABLE_POLL_S = 0.5  # how often a process that waits to ask looks again (the sampler's wait)
 
 
 def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
@@ -144,31 +142,26 @@ class LockTiming:
     held_ms: float
 
 
-def ask(ctx: TrialContext, spec: StudySpec) -> tuple[optuna.Trial | None, LockTiming | None]:
+def ask(
+    ctx: TrialContext, spec: StudySpec, *, wait: bool = True
+) -> tuple[optuna.Trial | None, LockTiming | None]:
     """A new or queued trial (None when the study's budget is used up), and the lock's timing.
 
     On PostgreSQL the budget lock, the count and the claim (with the trial's heartbeat row) are
     one round trip (`record/budget/claim`); the trial is read back after the lock went. Nothing
-    is read before the ask: it does not need the study's trials."""
+    is read before the ask: it does not need the study's trials. While the sampler cannot start
+    a trial (a population with no free member) the ask waits outside the lock, or with
+    `wait=False` answers None."""
 
-    wait_until_startable(ctx)
     try:
-        trial = ask_within_budget(ctx.study, ctx.config.storage, spec.trials, stop=stop_requested)
+        trial = ask_within_budget(
+            ctx.study, ctx.config.storage, spec.trials, stop=stop_requested, wait=wait
+        )
     except AskStopped as stopped:  # the sampler waited inside the ask, and this process stops
         requeue_unasked(ctx, stopped.trial_id)
         return None, None
     times = budget_section.last_times()
     return trial, None if times is None else LockTiming(times.wait_ms, times.held_ms)
-
-
-def wait_until_startable(ctx: TrialContext) -> None:
-    """Wait before the ask, outside the study's lock, while the sampler says an ask would wait
-    inside it (population-based training with no free member: `can_start_now`). On SQLite the
-    ask holds the study's file lock, and the segments it would wait for end, are re-queued or are
-    found lost under that lock: waiting inside it could hang the population."""
-    ready = getattr(ctx.study.sampler, "can_start_now", None)
-    while ready is not None and not stop_requested() and not ready(ctx.study):
-        time.sleep(STARTABLE_POLL_S)
 
 
 def fit_fixed_batch_size(trial: optuna.Trial, bounds: tuple[int, int]) -> None:
