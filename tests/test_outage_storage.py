@@ -222,3 +222,27 @@ def test_a_process_the_study_starts_waits_for_the_database_to_open(cluster, stat
     assert time.monotonic() - started >= 3
     assert storage.get_all_studies() == []
     assert state.outages == 1 and state.began_at is None
+
+
+def test_a_fused_group_beats_every_member_in_one_thread(tmp_path):
+    """`Heartbeat.add`: a group's later members join its first one's thread; each member's
+    heartbeat row moves on at every beat."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'beat.db'}", heartbeat_interval=60)
+    study = optuna.create_study(storage=storage)
+    first, second = study.ask(), study.ask()
+
+    def beats() -> dict[int, str]:
+        with storage.engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT trial_id, heartbeat FROM trial_heartbeats"))
+            return {trial_id: at for trial_id, at in rows}
+
+    before = threading.active_count()
+    with outage.Heartbeat(storage, first._trial_id, 0.05) as beat:
+        beat.add(second._trial_id)
+        time.sleep(0.3)
+        assert threading.active_count() == before + 1
+        then = beats()
+        time.sleep(1.2)  # SQLite keeps the heartbeat to the second
+        now = beats()
+    assert set(then) == {first._trial_id, second._trial_id}
+    assert all(now[t] > then[t] for t in then), (then, now)

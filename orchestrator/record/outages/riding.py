@@ -170,7 +170,7 @@ class Heartbeat:
     """A trial's heartbeat that lives through an outage (Optuna's thread dies at the first error).
 
     While the database is away it keeps trying, quietly: the outage has its one line already.
-    A real error ends it with one warning."""
+    A real error ends it with one warning. A fused group's members beat in one thread (`add`)."""
 
     def __init__(
         self,
@@ -180,7 +180,8 @@ class Heartbeat:
         *,
         outages: Outages | None = None,
     ) -> None:
-        self._storage, self._trial_id, self._interval = storage, trial_id, interval
+        self._storage, self._interval = storage, interval
+        self._trial_ids: tuple[int, ...] = (trial_id,)
         self._state = current(outages)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
@@ -189,6 +190,10 @@ class Heartbeat:
         self._thread.start()
         return self
 
+    def add(self, trial_id: int) -> None:
+        """Beat `trial_id` too, from the next beat on (its claim recorded its first)."""
+        self._trial_ids = (*self._trial_ids, trial_id)  # a new tuple: the thread reads whole ones
+
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
@@ -196,13 +201,15 @@ class Heartbeat:
     def _beat(self) -> None:
         failed = False
         while not self._stop.is_set():
+            trial_id = self._trial_ids[0]
             try:
                 with single_attempt(self._state):
-                    self._storage.record_heartbeat(self._trial_id)
+                    for trial_id in self._trial_ids:
+                        self._storage.record_heartbeat(trial_id)
             except Exception as error:
                 kind = outage_kind(error)
                 if kind is None:
-                    logger.warning("heartbeat of trial id %d stopped: %s", self._trial_id, error)
+                    logger.warning("heartbeat of trial id %d stopped: %s", trial_id, error)
                     return
                 if kind == FULL:  # no slot free this moment: beat again soon
                     self._state.server_full(error)

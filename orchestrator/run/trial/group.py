@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from adapters.base import Member
 from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints.handle import TrainedUntil
-from orchestrator.record.store.optuna_private import fixed_params_of, system_attrs_of
+from orchestrator.record.store.optuna_private import fixed_params_of, system_attrs_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
 from orchestrator.record.trials.attrs import set_user_attrs
 from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
@@ -132,6 +132,7 @@ def claim(
     The supervisor hears the first one's number once all are claimed: until then it counts
     this process as able to take --fuse trials of the budget, and starts no other for them."""
     seats: list[Seat] = []
+    beat: Any = None  # one heartbeat thread for the whole group
     most = min(ctx.config.settings.fuse, job.members)
     while len(seats) < most and not (seats and stop_requested()):
         # Only the first waits for the sampler: a group holding members never waits for another
@@ -139,7 +140,10 @@ def claim(
         trial, lock = ask(ctx, spec, wait=not seats)
         if trial is None:
             break
-        beating.enter_context(heartbeat(ctx, trial))
+        if beat is None:
+            beat = beating.enter_context(heartbeat(ctx, trial))
+        else:
+            beat.add(trial_id_of(trial))
         fit_fixed_batch_size(trial, job.batch_bounds)
         seats.append(Seat(trial, lock, log_file_of(ctx, trial)))
         # A member of a group that ran out of memory comes back in a group of half its size.
