@@ -272,6 +272,22 @@ def test_stale_trials_are_not_failed_right_after_an_outage(fake):
     assert state.quiet_for(40)
 
 
+@pytest.mark.postgres
+def test_heartbeats_get_the_grace_period_from_when_a_restart_is_first_seen(postgres_url, fake):
+    """Behind PgBouncer the first call to reach a restarted server may come long after its start
+    (PgBouncer retries a server it could not reach every 15 s): the trials' heartbeats, held as
+    long, get the grace period from that look, not from the server's start."""
+    time, state = fake
+    study = optuna.create_study(storage=postgres_url)
+    assert not stale_trials._server_restarted_within(study, 3.0, state)  # started long ago
+    state.server_started = "an earlier start"  # as if this process saw the server before it
+    assert stale_trials._server_restarted_within(study, 3.0, state)  # seen restarted just now
+    time.now += 2
+    assert stale_trials._server_restarted_within(study, 3.0, state)
+    time.now += 2
+    assert not stale_trials._server_restarted_within(study, 3.0, state)
+
+
 def test_the_bound_comes_from_the_flag_through_the_environment(monkeypatch):
     monkeypatch.delenv(outage.RETRY_ENV, raising=False)
     assert outage.retry_seconds() == outage.DEFAULT_RETRY_SECONDS

@@ -56,6 +56,7 @@ class Outages:
     refusals: int = 0  # connections the server refused for want of a free slot
     refused_at: float | None = None  # the last refusal
     server_started: str | None = None  # the PostgreSQL server's start time, as last seen
+    restart_seen_at: float | None = None  # when this process first saw that start (its clock)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _depth: threading.local = field(default_factory=threading.local, repr=False)
 

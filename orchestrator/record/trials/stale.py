@@ -163,12 +163,16 @@ def _fail_lost(study: optuna.Study, grace_s: float) -> None:
 
 
 def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages) -> bool:
-    """Whether the PostgreSQL server started less than `grace_s` ago (said once per restart).
+    """Whether the PostgreSQL server started, or this process first saw it restarted, less than
+    `grace_s` ago (said once per restart).
 
     Behind PgBouncer a restart is no error to anyone: PgBouncer holds the calls until the
     server is back, and this process may never see an outage. But every heartbeat sent meanwhile
     waited too, and a trial that looks silent is healthy: its heartbeats get the grace period to
-    resume from the server's start, as after an outage this process saw."""
+    resume, as after an outage this process saw. Counted from the later of the server's start and
+    this look: PgBouncer tries a server it could not reach again only every 15 s
+    (`server_login_retry`), so calls held there may reach the server long after it started,
+    this look's among them."""
     storage = storage_of(study)
     engine = getattr(rdb_storage_of(storage), "engine", None)
     if engine is None or engine.dialect.name != "postgresql":
@@ -188,6 +192,7 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
         state.server_at_limit(in_use, limit)
     earlier, state.server_started = state.server_started, started
     if earlier is not None and earlier != started:
+        state.restart_seen_at = state.clock()
         logger.warning(
             "the database server (%s) restarted %.0f s ago: no trial is failed as lost until "
             "its heartbeat had %.0f s to resume",
@@ -195,7 +200,8 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
             age,
             grace_s,
         )
-    return age < grace_s
+    seen = state.restart_seen_at
+    return age < grace_s or (seen is not None and state.clock() - seen < grace_s)
 
 
 def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
