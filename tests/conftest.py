@@ -78,22 +78,34 @@ def storage_url(request) -> str:
 # these handed out last kept one worker busy for minutes after the others had finished. Order
 # only: every test still runs, and a file missing here runs after these, in its usual order.
 SLOWEST_FIRST = (
-    "test_trust_cli.py",
-    "test_pool_processes.py",
-    "test_outage_run.py",
-    "test_slurm_cluster.py",
-    "test_checkpoint_resume.py",
-    "test_trial_logs.py",
-    "test_run_cli.py",
-    "test_trial_lifecycle.py",
-    "test_pruners.py",
-    "test_secrets.py",
-    "test_qmc_seed.py",
-    "test_admission_processes.py",
-    "test_gpu_check.py",
-    "test_known_edge.py",
-    "test_checkpoint_contract.py",
-    "test_adapter_checkpoints.py",
+    "test_slurm_cluster.py",  # 129
+    "test_pool_processes.py",  # 120
+    "test_pbt_faults.py",  # 119
+    "test_pbt_host_death.py",  # 112
+    "test_budget_race.py",  # 93
+    "test_admission_processes.py",  # 93
+    "test_fused_pool.py",  # 86
+    "test_connection_limit.py",  # 86
+    "test_host_death.py",  # 84
+    "test_machine_faults.py",  # 76
+    "test_checkpoint_resume.py",  # 76
+    "test_outage_run.py",  # 74
+    "test_trust_cli.py",  # 59
+    "test_trial_logs.py",  # 58
+    "test_qmc_seed.py",  # 55
+    "test_user_adapters.py",  # 43
+    "test_run_cli.py",  # 39
+    "test_trial_lifecycle.py",  # 37
+    "test_misbehaving_objectives.py",  # 37
+    "test_gpu_check.py",  # 36
+    "test_sampler_distributed.py",  # 35
+    "test_checkpoint_faults.py",  # 34
+    "test_storage_handoff.py",  # 34
+    "test_intensify.py",  # 33
+    "test_pgbouncer_restart.py",  # 31
+    "test_recommendation_shown.py",  # 30
+    "test_sqlite_faults.py",  # 30
+    "test_settings_drift.py",  # 29
 )
 
 

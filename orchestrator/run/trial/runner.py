@@ -65,7 +65,6 @@ else:
 logger = logging.getLogger(__name__)
 
 
-
 def run_trial(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
     """Ask for a trial and run it to the end. The supervisor hears its number as soon as it has
     one (("asked", n)) and its batch size once drawn (("sized", batch)), and answers with a `Go`
