@@ -196,13 +196,17 @@ def ask_within_budget(
     holds members takes no more rather than wait for one of its own)."""
     _last.stop = stop
     try:
-        while True:
-            trial = _ask(study, location, budget, stop)
-            if trial is not _NOT_NOW:
-                return trial
-            if not wait or (stop is not None and stop()):
+        while (trial := _ask(study, location, budget, stop)) is _NOT_NOW:
+            if not wait:
                 return None
-            time.sleep(NOT_NOW_POLL_S)
+            # Look again outside the lock; take it again once a trial could start.
+            while True:
+                if stop is not None and stop():
+                    return None
+                time.sleep(NOT_NOW_POLL_S)
+                if not _sampler_would_wait(study):
+                    break
+        return trial
     finally:
         _last.stop = None
 
