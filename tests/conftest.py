@@ -109,6 +109,13 @@ SLOWEST_FIRST = (
 )
 
 
+def pytest_configure(config) -> None:
+    # pytest-xdist 3.7 and later hand out the files with the most tests first unless told not
+    # to, which undid the order above: the slowest files, of few tests each, ran last.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     def rank(item) -> int:
         name = item.path.name
