@@ -82,8 +82,10 @@ def test_a_restart_behind_pgbouncer_re_runs_nothing_healthy(tmp_path):
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err
         assert "woke" not in err, err
-        restarts = [line for line in err.splitlines() if "restarted" in line]
-        assert len(restarts) == 1, err  # said once
+        # Said once: as a restart, or as an outage when a call of the host's was on the server
+        # as it stopped (PgBouncer then passes the closed connection on).
+        said = [line for line in err.splitlines() if "restarted" in line or "went away" in line]
+        assert len(said) == 1, err
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         trials = optuna.load_study(study_name="synthetic", storage=direct).trials
         assert [t.state for t in trials] == [TrialState.COMPLETE] * TRIALS, "nothing re-run"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from orchestrator.imports import LazyImport
@@ -42,6 +43,7 @@ else:
 
 # Every outage line comes from one logger, whichever module says it.
 logger = logging.getLogger("orchestrator.record.outages.riding")
+_PROCESS_STARTED = time.monotonic()  # its first import: never before the process started
 
 
 # The trials of a study that are lost as this statement runs: RUNNING, and either a heartbeat
@@ -191,6 +193,9 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
     if in_use >= limit - reserved:
         state.server_at_limit(in_use, limit)
     earlier, state.server_started = state.server_started, started
+    if earlier is None and age < time.monotonic() - _PROCESS_STARTED:
+        # This host's first look, at a server that started after this host did: a restart too.
+        state.restart_seen_at = state.clock()
     if earlier is not None and earlier != started:
         state.restart_seen_at = state.clock()
         logger.warning(
