@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from tests.cli_helpers import cli_env, run_cli, start_cli
+from tests.cli_helpers import cli_env, freeze, run_cli, start_cli
 from tests.waiting import stored_study, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +143,7 @@ def test_a_frozen_trial_stopped_as_it_wakes_is_re_run_once(sqlite_url):
         return trial.user_attrs["pid"] if trial.intermediate_values else None
 
     pid = _wait_for("trial 0 training", training)
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     _wait_for("its re-run", lambda: len(_study(sqlite_url).trials) > 1)
     runner.send_signal(signal.SIGTERM)  # the worker: its trials in flight are stopped
     time.sleep(3)  # past --grace: the frozen process has its stop waiting when it wakes

@@ -20,7 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from orchestrator.record.study.spec import count_trials
-from tests.cli_helpers import cli_env, run_cli, start_cli
+from tests.cli_helpers import cli_env, freeze, run_cli, start_cli
 from tests.test_checkpoint_resume import EPOCHS, assert_resumed
 from tests.waiting import stored_study, wait_for
 
@@ -217,7 +217,7 @@ def test_a_trial_woken_after_it_was_taken_over_says_so_in_one_line(sqlite_url):
 
     frozen = wait_for(training, "trial 0 training", timeout=240, tolerate=TOLERATE)
     pid = frozen.user_attrs["pid"]
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     wait_for(
         lambda: len(stored_study(sqlite_url, "synthetic").trials) > 1,
         "its re-run",

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 import orchestrator
 from orchestrator.record.trials.best import best_of_study, pick_best
-from tests.cli_helpers import cli_env, run_cli, start_cli
+from tests.cli_helpers import cli_env, freeze, run_cli, start_cli
 from tests.waiting import stored_study, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +117,7 @@ def test_a_frozen_trial_process_is_re_run_and_its_late_write_is_one_line(sqlite_
             return zero[0].user_attrs.get("pid") if zero else None
 
         pid = wait_for(training, "the trial to train", timeout=240.0, every=0.3)
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         rerun = lambda: any(t.user_attrs.get("retry_of") == 0 for t in _trials(sqlite_url))  # noqa: E731
         wait_for(rerun, "trial 0's re-run", timeout=240.0, every=0.3)
         release.touch()

@@ -3,8 +3,11 @@
 A simulated trial holds its memory model's MB (times `--sim-memory-scale`) in the ledger while it
 runs and gets a real `torch.cuda.OutOfMemoryError` when the ledger would pass the device's size,
 so everything above the probe (planner, supervisor, watchdog, records) runs unchanged on a CPU.
-The ledger is a small JSON file guarded by an exclusive file lock: the supervisor, its spawned
-trial processes and a test standing in for "another process" all see one truth.
+The ledger is a small JSON file: the supervisor, its spawned trial processes and a test standing
+in for "another process" all see one truth. A change (allocate, release) holds an exclusive file
+lock and replaces the file whole; a read takes no lock, as reading NVML waits for no one: a trial
+process frozen (SIGSTOP) while it held the lock would otherwise stall its host's every look at
+free memory until it woke.
 """
 
 from __future__ import annotations
@@ -66,8 +69,7 @@ class SimLedger:
         tmp.replace(self.path)
 
     def used_mb(self) -> float:
-        with self._locked() as holders:
-            return float(sum(holders.values()))
+        return float(sum(self._read().values()))
 
     def free_mb(self) -> float:
         return max(0.0, self.total_mb - self.used_mb())
@@ -84,8 +86,7 @@ class SimLedger:
             holders[holder] = holders.get(holder, 0.0) + float(mb)
 
     def held_mb(self, holder: str) -> float:
-        with self._locked() as holders:
-            return float(holders.get(holder, 0.0))
+        return float(self._read().get(holder, 0.0))
 
     def release(self, holder: str) -> None:
         with self._locked() as holders:
