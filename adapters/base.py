@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -50,13 +50,30 @@ REQUIRED_METHODS = ("suggest", "train")
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """VRAM of one trial: a fixed overhead plus a cost per sample in a batch, in MB."""
+    """VRAM of one trial: a fixed overhead plus a cost per sample in a batch, in MB.
+
+    `per_process_mb` is the part of the overhead a process pays once however many trials it
+    trains at once (the CUDA context with its kernels and library workspaces): a fused group
+    (docs/fused.md) pays it once, each member the rest. 0, the default, counts all of the
+    overhead once per member (an upper bound for a group)."""
 
     model_overhead_mb: float
     per_sample_mb: float
+    per_process_mb: float = 0.0
 
     def planned_mb(self, batch_size: int) -> float:
         return self.model_overhead_mb + batch_size * self.per_sample_mb
+
+    def fused_mb(self, batch_sizes: Sequence[int]) -> float:
+        """One process training a trial at each of `batch_sizes` as one fused group."""
+        once = min(max(self.per_process_mb, 0.0), self.model_overhead_mb)
+        return once + sum(self.planned_mb(batch) - once for batch in batch_sizes)
+
+    def scaled(self, ratio: float) -> MemoryModel:
+        """Every part `ratio` times (what the trials measured over what this model said)."""
+        return MemoryModel(
+            self.model_overhead_mb * ratio, self.per_sample_mb * ratio, self.per_process_mb * ratio
+        )
 
 
 @dataclass(frozen=True)

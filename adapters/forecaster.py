@@ -104,7 +104,11 @@ def forecaster_memory_model(
     per_sample_mb = (
         TRANSIENT_FACTOR * activation_bytes_per_sample(max_width, max_window, max_depth) / MB
     )
-    return MemoryModel(model_overhead_mb=CUDA_CONTEXT_MB + state_mb, per_sample_mb=per_sample_mb)
+    return MemoryModel(
+        model_overhead_mb=CUDA_CONTEXT_MB + state_mb,
+        per_sample_mb=per_sample_mb,
+        per_process_mb=CUDA_CONTEXT_MB,  # a fused group's members share one context
+    )
 
 
 # --- The model ---------------------------------------------------------------------------

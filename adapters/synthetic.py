@@ -34,6 +34,7 @@ from adapters.base import (
     Range,
     Report,
 )
+from orchestrator.errors import UserError
 
 if TYPE_CHECKING:
     import optuna
@@ -61,12 +62,19 @@ class SyntheticAdapter(BaseAdapter):
     metric = "loss"
     description = "a known quadratic objective with a chosen trial duration and memory model"
     uses_torch = False  # it sleeps: its trial processes need not import torch
-    options = {"trial_seconds": 0.5, "overhead_mb": 500.0, "per_sample_mb": 0.02, "noise": 0.0}
+    options = {
+        "trial_seconds": 0.5,
+        "overhead_mb": 500.0,
+        "per_sample_mb": 0.02,
+        "context_mb": 0.0,  # of overhead_mb, what a process pays once (a fused group: once)
+        "noise": 0.0,
+    }
     option_ranges = {
         "trial_seconds": Range(0, 86_400),  # a sleep: negative is an error, a day is plenty
         "noise": Range(0),
         "overhead_mb": Range(0),
         "per_sample_mb": Range(0),
+        "context_mb": Range(0),
     }
     default_params = {
         "x": 0.0,
@@ -80,7 +88,16 @@ class SyntheticAdapter(BaseAdapter):
         return MemoryModel(
             float(options.get("overhead_mb", self.model_overhead_mb)),
             float(options.get("per_sample_mb", self.per_sample_mb)),
+            float(options.get("context_mb", 0.0)),
         )
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        overhead = float(options.get("overhead_mb", self.model_overhead_mb))
+        if float(options.get("context_mb", 0.0)) > overhead:
+            raise UserError(
+                f"--option context_mb={options['context_mb']:g} is more than overhead_mb="
+                f"{overhead:g}, of which it is a part: give a context_mb of at most overhead_mb"
+            )
 
     def suggest(self, trial: optuna.Trial, options: Mapping[str, Any]) -> dict[str, Any]:
         return {

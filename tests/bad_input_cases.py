@@ -96,6 +96,7 @@ CASES: tuple[Case, ...] = (
     case("negative trial duration", "run", "synthetic", "--option", "trial_seconds=-1", expect="--option trial_seconds=-1 must be at least 0"),
     case("memory overhead that is not a number", "run", "synthetic", "--option", "overhead_mb=nan", expect="--option overhead_mb=nan must be a finite number"),
     case("infinite trial duration", "run", "synthetic", "--option", "trial_seconds=inf", expect="--option trial_seconds=inf must be a finite number"),
+    case("a process's part above the whole overhead", "run", "synthetic", "--option", "context_mb=900", "--option", "overhead_mb=500", expect="give a context_mb of at most overhead_mb"),
     case("option of the wrong type", "run", "synthetic", "--option", "trial_seconds=slow", expect="must be a number, e.g. --option trial_seconds=0.5"),
     case("option the adapter does not have", "run", "synthetic", "--option", "bogus=1", expect="has no option 'bogus'"),
     case("option without a value", "run", "synthetic", "--option", "trial_seconds", expect="is not KEY=VALUE"),

@@ -91,6 +91,28 @@ def test_fuse_auto_takes_the_trials_each_gpu_packs_into_one_process(sqlite_url):
     assert load_spec(study).fuse == "auto"
 
 
+def test_a_group_pays_what_a_process_pays_once_once(sqlite_url):
+    """Trials of 2,000 MB alone, 1,500 of them the process's own (context_mb): a simulated GPU of
+    6,400 MB usable runs 3 such processes, but one process trains all 6 trials of the study
+    (1,500 + 6 x 500 = 4,500 MB held in the ledger), none out of memory, and the members'
+    planned shares add up to the group's."""
+    done = run_cli(
+        "run", "synthetic", "--fuse", "auto", "--trials", "6", "--epochs", "2", *QUICK,
+        "--gpus", "sim:8000", "--option", "overhead_mb=2000", "--option", "per_sample_mb=0",
+        "--option", "context_mb=1500", "--storage", sqlite_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "at most 3 at once" in done.stderr, done.stderr
+    assert "--fuse auto: up to 6 trials per process on sim:0 " in done.stderr, done.stderr
+    study = stored_study(sqlite_url, "synthetic")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6
+    assert not any(t.user_attrs.get("oom") for t in study.trials)
+    (group,) = _groups(study).values()
+    _assert_fused(group)
+    planned = sum(t.user_attrs["vram_planned_mb"] for t in group)
+    assert planned == pytest.approx(4500.0, rel=0.01), [t.user_attrs for t in group]
+
+
 def test_fuse_auto_fuses_only_where_the_adapter_says_fusing_pays(caplog):
     """tft's fused groups measured slower than its trials one after another on a CPU: auto
     leaves them unfused there (and says so), as it fuses DQN's on the same CPU."""

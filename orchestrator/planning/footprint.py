@@ -43,28 +43,38 @@ class Footprint:
         """The memory model the peaks say at `quantile` of their ratios, before any OOM's floor."""
         if not self.peaks:
             return self.base
-        ratio = ratio_quantile(self.ratios(), quantile)
-        return MemoryModel(self.base.model_overhead_mb * ratio, self.base.per_sample_mb * ratio)
+        return self.base.scaled(ratio_quantile(self.ratios(), quantile))
 
-    def planned_mb(self, batch_size: int | None) -> float:
-        """What one trial at `batch_size` is expected to hold (None: a model with no batch size)."""
-        return self._floored(self.model(0.5), batch_size)
+    def planned_mb(self, batch_size: int | None, members: int = 1) -> float:
+        """What one trial at `batch_size` is expected to hold (None: a model with no batch size);
+        with `members`, what a fused group of that many at that batch size holds."""
+        return self._floored(self.model(0.5), batch_size, members)
 
-    def worst_mb(self, batch_size: int | None) -> float:
-        """What one trial at `batch_size` may hold, as far as the trials so far say."""
-        return self._floored(self.model(WORST_QUANTILE), batch_size)
+    def worst_mb(self, batch_size: int | None, members: int = 1) -> float:
+        """What one trial (or group) at `batch_size` may hold, as far as the trials so far say."""
+        return self._floored(self.model(WORST_QUANTILE), batch_size, members)
 
-    def _floored(self, model: MemoryModel, batch_size: int | None) -> float:
+    def _floored(self, model: MemoryModel, batch_size: int | None, members: int) -> float:
+        batches = [0 if batch_size is None else int(batch_size)] * members
+        return max(model.fused_mb(batches), self.base.fused_mb(batches) * self.oom_scale)
+
+    def member_share(self, group_mb: float, batch_size: int | None, members: int) -> float:
+        """What one member of a fused group of `members` at `batch_size` counts for of the
+        group's `group_mb` (its peak, or the room it ran out of): the amount that gives one
+        trial the group's ratio to the model. The part a process pays once is the group's, so
+        a member's share is more than a `members`-th of it, and a trial alone learnt from it
+        is not under-counted."""
         batch = 0 if batch_size is None else int(batch_size)
-        return max(model.planned_mb(batch), self.base.planned_mb(batch) * self.oom_scale)
+        group = self.base.fused_mb([batch] * members)
+        if group <= 0:
+            return group_mb / members
+        return group_mb * self.base.planned_mb(batch) / group
 
     def oom_floor(self) -> MemoryModel | None:
         """The line every estimate stays above since an OOM (None: no OOM yet)."""
         if self.oom_scale == 0.0:
             return None
-        return MemoryModel(
-            self.base.model_overhead_mb * self.oom_scale, self.base.per_sample_mb * self.oom_scale
-        )
+        return self.base.scaled(self.oom_scale)
 
     def effective_model(self) -> MemoryModel:
         """One line at or above every worst case: what is stored for later runs and other nodes,
@@ -108,10 +118,13 @@ def observe_oom(footprint: Footprint, batch_size: int | None, room_mb: float) ->
 
 
 def envelope(models: list[MemoryModel]) -> MemoryModel:
-    """The lowest line of this form at or above every one of `models` at every batch size."""
+    """The lowest line of this form at or above every one of `models` at every batch size (and
+    for a fused group, at every member count)."""
     return MemoryModel(
         max(model.model_overhead_mb for model in models),
         max(model.per_sample_mb for model in models),
+        # The least that any of them shares: a group is then counted at or above each too.
+        min(model.per_process_mb for model in models),
     )
 
 

@@ -50,6 +50,10 @@ class GpuPlan:
     limited_by: str
     memory_model: MemoryModel
     memory_model_source: str
+    # The most trials one process may train as a fused group here (--fuse auto): what fits the
+    # usable VRAM at the minimum batch with what a process pays once counted once, within the
+    # swarm, --concurrency and the budget. Not the cores: a group is one process.
+    group_members: int = 1
 
     @property
     def total_mb(self) -> float:
@@ -106,12 +110,14 @@ class GpuPlan:
             "memory_model": {
                 "model_overhead_mb": self.memory_model.model_overhead_mb,
                 "per_sample_mb": self.memory_model.per_sample_mb,
+                "per_process_mb": self.memory_model.per_process_mb,
                 "source": self.memory_model_source,
             },
             "per_trial_mb": self.per_trial_mb,
             "vram_slots": self.strategy.max_concurrent_trials,
             "slots": self.slots,
             "limited_by": self.limited_by,
+            "group_members": self.group_members,
             "batch_bounds": list(self.batch_bounds),
             "reserved_mb": self.reserved_mb,
             "largest_trial_mb": self.largest_trial_mb,
@@ -198,8 +204,9 @@ def plan_node(
             slots, want, strategy.max_concurrent_trials, concurrency, vram_limit
         )
         upper = largest_batch_alone(device, model, min_batch, max_batch)
+        group = fused_fit(device, model, min_batch, capped(swarm_size, concurrency, budget_trials))
         plans.append(
-            GpuPlan(device, strategy, slots, (min_batch, upper), limited_by, model, source)
+            GpuPlan(device, strategy, slots, (min_batch, upper), limited_by, model, source, group)
         )
     return NodePlan(tuple(plans), cpu_cores, cpu_bound)
 
@@ -238,6 +245,17 @@ def what_bound(
     if want < vram_slots:
         return "user" if want == concurrency else "budget"
     return vram_limit
+
+
+def fused_fit(device: Device, model: MemoryModel, min_batch: int, cap: int) -> int:
+    """The most trials at the minimum batch that one process trains as a fused group within the
+    GPU's usable VRAM, from 1 to `cap`."""
+    usable = HardwareBudget(device.total_mb).available_mb
+    once = model.fused_mb([])  # what the process pays however many it trains
+    member = model.fused_mb([min_batch]) - once
+    if member <= 0:
+        return cap
+    return int(max(1, min(cap, (usable - once) // member)))
 
 
 def largest_batch_alone(device: Device, model: MemoryModel, min_batch: int, max_batch: int) -> int:

@@ -92,9 +92,9 @@ def group_size(fuse: int, supervisors: Sequence[Supervisor], room: int) -> int:
 
 
 def auto_group_size(plan: GpuPlan) -> int:
-    """--fuse auto's most members of one process on this GPU: the trials its plan packs by their
-    bytes (a group is admitted as that many whole trials, each counting its own context: what
-    fits today without a fused memory model); without a GPU, CPU_AUTO_MEMBERS."""
+    """--fuse auto's most members of one process on this GPU: the trials that fit its usable
+    VRAM as one group, what a process pays once counted once (`GpuPlan.group_members`); without
+    a GPU, CPU_AUTO_MEMBERS."""
     if plan.device is None:
         return CPU_AUTO_MEMBERS
-    return max(1, plan.slots)
+    return max(1, plan.group_members)

@@ -157,12 +157,12 @@ class Supervisor:
             return None, changes
         while True:
             running_mb = [t.held_mb for t in self.admitted()]
-            # A fused group counts as its members, each at the group's largest batch: the
-            # context each would pay alone is counted once per member (an upper bound).
+            # A fused group counts as its members, each at the group's largest batch, with what
+            # a process pays once (the memory model's per_process_mb) counted once.
             line = [
                 (
-                    self.footprint.planned_mb(t.batch_size) * t.members,
-                    self.footprint.worst_mb(t.batch_size) * t.members,
+                    self.footprint.planned_mb(t.batch_size, t.members),
+                    self.footprint.worst_mb(t.batch_size, t.members),
                     t.passed_over,
                 )
                 for t in waiting
@@ -210,7 +210,10 @@ class Supervisor:
                 number=outcome.trial_number,
                 batch_size=trial.batch_size,
                 planned_mb=trial.planned_mb,
-                room_mb=trial.room_at_admission / trial.members,  # a member's share of it
+                # a member's share of it
+                room_mb=self.footprint.member_share(
+                    trial.room_at_admission, trial.batch_size, trial.members
+                ),
                 admitted_index=trial.admitted_index,
                 allowance_mb=trial.allowance_at_admission,
             )
@@ -219,8 +222,10 @@ class Supervisor:
             )
             return change
         if learn and outcome.vram_peak_mb and outcome.state in MEASURED_STATES:
-            # A group's peak is the group's: each member's share is what one trial is learnt by.
-            share = outcome.vram_peak_mb / trial.members
+            # A group's peak is the group's: a member's share is what one trial is learnt by.
+            share = self.footprint.member_share(
+                outcome.vram_peak_mb, trial.batch_size, trial.members
+            )
             self.footprint = observe_peak(self.footprint, trial.batch_size, share)
         self.budget, change = after_trial(
             self.budget,

@@ -231,7 +231,8 @@ def admit(ctx: TrialContext, seats: list[Seat], channel: Channel) -> None:
     for seat, own in zip(seats, planned, strict=True):
         # Each member's estimate is its share of the group's, by what it needs alone.
         share = go.planned_mb * own / sum(planned) if sum(planned) > 0 else 0.0
-        note_admission(ctx, seat.trial, dataclasses.replace(go, planned_mb=share), seat.result)
+        group_go = dataclasses.replace(go, planned_mb=share)
+        note_admission(ctx, seat.trial, group_go, seat.result, members=len(seats))
 
 
 def member_of(
@@ -280,7 +281,8 @@ def group_memory(ctx: TrialContext, seats: list[Seat], channel: Channel, report:
 
 
 def group_planned_mb(ctx: TrialContext, seats: list[Seat]) -> float:
-    return sum(ctx.memory.planned_mb(seat.result.batch_size or 0) for seat in seats)
+    """What the group needs by the memory model: what a process pays once, once."""
+    return ctx.memory.fused_mb([seat.result.batch_size or 0 for seat in seats])
 
 
 def fused_entries(

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import reporter
-from orchestrator.gpu.sim import process_holder
 from orchestrator.imports import LazyImport
 from orchestrator.record.budget import section as budget_section
 from orchestrator.record.budget.claim import AskStopped, ask_within_budget
@@ -38,6 +37,7 @@ from orchestrator.run.trial.errors import fail_with, settle
 from orchestrator.run.trial.host import name_process, trial_name
 from orchestrator.run.trial.memory import (
     hold_simulated,
+    hold_simulated_mb,
     measure_vram_peak_mb,
     release_memory,
     reporting_memory,
@@ -268,9 +268,12 @@ def placement_attrs(
     set_user_attrs(trial, attrs)
 
 
-def note_admission(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult) -> None:
-    """Admitted by its estimate: record it, and when. A simulated GPU now holds the trial's model
-    overhead; the rest of what it really needs comes with its first report (`hold_simulated`)."""
+def note_admission(
+    ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunResult, members: int = 1
+) -> None:
+    """Admitted by its estimate: record it, and when. A simulated GPU now holds the model
+    overhead of the process's trial, or of its fused group of `members` (what a process pays
+    once, once); the rest of what it really needs comes with its first report."""
 
     result.planned_mb = go.planned_mb
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
@@ -283,9 +286,7 @@ def note_admission(ctx: TrialContext, trial: optuna.Trial, go: Go, result: RunRe
         },
     )
     result.concurrency = go.concurrency
-    if ctx.ledger is not None:
-        held = ctx.memory.model_overhead_mb * ctx.config.settings.sim_memory_scale
-        ctx.ledger.allocate(process_holder(), held)
+    hold_simulated_mb(ctx, ctx.memory.fused_mb([0] * members))
 
 
 def settle_several(result: RunResult, values: list[float], number: int) -> None:
