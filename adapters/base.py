@@ -50,12 +50,9 @@ REQUIRED_METHODS = ("suggest", "train")
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """VRAM of one trial: a fixed overhead plus a cost per sample in a batch, in MB.
-
-    `per_process_mb` is the part of the overhead a process pays once however many trials it
-    trains at once (the CUDA context with its kernels and library workspaces): a fused group
-    (docs/fused.md) pays it once, each member the rest. 0, the default, counts all of the
-    overhead once per member (an upper bound for a group)."""
+    """VRAM of one trial: a fixed overhead plus a cost per sample in a batch, in MB. Of the
+    overhead, `per_process_mb` is paid once by a process however many trials it trains (the CUDA
+    context): once by a fused group (docs/fused.md); 0 counts it per member, an upper bound."""
 
     model_overhead_mb: float
     per_sample_mb: float

@@ -288,6 +288,30 @@ def test_heartbeats_get_the_grace_period_from_when_a_restart_is_first_seen(postg
     assert not stale_trials._server_restarted_within(study, 3.0, state)
 
 
+@pytest.mark.postgres
+def test_a_restart_this_process_said_as_an_outage_is_not_said_again(postgres_url, fake, caplog):
+    """A host whose calls saw the restart as an outage said it ("went away", "is back"); its
+    next look sees the server's new start: grace for the heartbeats, and no second line. A
+    restart it did not say (its last outage ended before the server started, or a call was only
+    held back, as PgBouncer holds them, with no line) is said."""
+    time, state = fake
+    study = optuna.create_study(storage=postgres_url)
+    assert not stale_trials._server_restarted_within(study, 3.0, state)
+    caplog.set_level(logging.WARNING, logger="orchestrator.record.outages.riding")
+    state.server_started, state.said_back_at = "an earlier start", time.now  # just back
+    assert stale_trials._server_restarted_within(study, 3.0, state)
+    assert not [r for r in caplog.records if "restarted" in r.getMessage()]
+    time.now += 10
+    state.server_started, state.said_back_at = "an earlier start", -1e12  # before its start
+    assert stale_trials._server_restarted_within(study, 3.0, state)
+    assert len([r for r in caplog.records if "restarted" in r.getMessage()]) == 1
+    time.now += 10
+    state.server_started, state.said_back_at = "an earlier start", None
+    state.held_back()  # a call held as PgBouncer holds it: no line was said
+    assert stale_trials._server_restarted_within(study, 3.0, state)
+    assert len([r for r in caplog.records if "restarted" in r.getMessage()]) == 2
+
+
 def test_the_bound_comes_from_the_flag_through_the_environment(monkeypatch):
     monkeypatch.delenv(outage.RETRY_ENV, raising=False)
     assert outage.retry_seconds() == outage.DEFAULT_RETRY_SECONDS

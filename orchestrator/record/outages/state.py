@@ -47,6 +47,7 @@ class Outages:
     resume: str = "the same command again"
     began_at: float | None = None  # the first failed call of the outage in progress
     ended_at: float | None = None  # when the last outage ended
+    said_back_at: float | None = None  # when this process last said an outage was over
     outages: int = 0
     # What the line about a full server says: the server's limit (read when the storage was
     # opened) and the connections this host's processes may hold at once (its pool says).
@@ -130,7 +131,7 @@ class Outages:
             self.log.warning(
                 "the database (%s) is back after %.0f s", self.where, now - self.began_at
             )
-            self.began_at, self.ended_at = None, now
+            self.began_at, self.ended_at, self.said_back_at = None, now, now
 
     def quiet_for(self, seconds: float) -> bool:
         """No outage now and none ended in the last `seconds`: heartbeats are to be trusted."""

@@ -193,11 +193,11 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
     if in_use >= limit - reserved:
         state.server_at_limit(in_use, limit)
     earlier, state.server_started = state.server_started, started
-    if earlier is None and age < time.monotonic() - _PROCESS_STARTED:
-        # This host's first look, at a server that started after this host did: a restart too.
+    restarted = earlier is not None and earlier != started
+    # A restart seen, or this host's first look at a server that started after it did.
+    if restarted or (earlier is None and age < time.monotonic() - _PROCESS_STARTED):
         state.restart_seen_at = state.clock()
-    if earlier is not None and earlier != started:
-        state.restart_seen_at = state.clock()
+    if restarted and not _said_as_an_outage(state, age):
         logger.warning(
             "the database server (%s) restarted %.0f s ago: no trial is failed as lost until "
             "its heartbeat had %.0f s to resume",
@@ -207,6 +207,14 @@ def _server_restarted_within(study: optuna.Study, grace_s: float, state: Outages
         )
     seen = state.restart_seen_at
     return age < grace_s or (seen is not None and state.clock() - seen < grace_s)
+
+
+def _said_as_an_outage(state: Outages, age: float) -> bool:
+    """Whether this process already said this restart: an outage of its own ("went away", "is
+    back") that ended after the server started, `age` seconds ago (a second's slack for the
+    two clocks)."""
+    back = state.said_back_at
+    return back is not None and state.clock() - back <= age + 1.0
 
 
 def _fail_orphans(study: optuna.Study, grace_s: float) -> None:
