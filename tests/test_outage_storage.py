@@ -25,6 +25,7 @@ from orchestrator.record.store.location import StorageLocation
 from orchestrator.record.store.locks import under_budget_lock
 from orchestrator.record.store.migrate import open_storage
 from tests.pg_cluster import PgCluster
+from tests.waiting import wait_for
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -236,13 +237,12 @@ def test_a_fused_group_beats_every_member_in_one_thread(tmp_path):
             rows = conn.execute(sa.text("SELECT trial_id, heartbeat FROM trial_heartbeats"))
             return {trial_id: at for trial_id, at in rows}
 
+    both = {first._trial_id, second._trial_id}
     before = threading.active_count()
     with outage.Heartbeat(storage, first._trial_id, 0.05) as beat:
         beat.add(second._trial_id)
-        time.sleep(0.3)
+        # Waited for, not slept: beside the suite the thread's first beat may come late.
+        then = wait_for(lambda: (rows := beats()).keys() == both and rows, "both members' beats")
         assert threading.active_count() == before + 1
-        then = beats()
-        time.sleep(1.2)  # SQLite keeps the heartbeat to the second
-        now = beats()
-    assert set(then) == {first._trial_id, second._trial_id}
-    assert all(now[t] > then[t] for t in then), (then, now)
+        # SQLite keeps the heartbeat to the second: each row moves on within a few beats.
+        wait_for(lambda: all(beats()[t] > then[t] for t in both), "both rows to move on")
