@@ -4,6 +4,8 @@ supervisor's admission; tests/test_fused_pool.py runs it with real processes."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -104,3 +106,20 @@ def test_the_supervisor_admits_a_group_by_its_fused_bytes():
     supervisor.heard(Sized(handle=1, batch_size=0, members=6))
     admitted, _ = supervisor.next_admission(free_mb=8000.0)
     assert admitted is not None and admitted.planned_mb == pytest.approx(4500.0)
+
+
+def test_a_group_is_cut_to_what_fits_the_gpu_before_it_starts():
+    """--fuse 8 of trials of 2,000 MB alone, on 6,400 MB usable: a group of 8 could only wait
+    for the GPU to empty and then run out of memory; the supervisor starts groups of 3. With
+    the process's 1,500 MB counted once, 9 fit; after an OOM the learnt estimate fits fewer.
+    Without a GPU there are no bytes to cut by."""
+    (alone,) = plan_node([SIM], MemoryModel(2000.0, 0.0), cpu_bound=False, cpu_cores=2).gpus
+    supervisor = Supervisor.for_plan(0, alone)
+    assert [supervisor.members_that_fit(n) for n in (1, 2, 3, 8)] == [1, 2, 3, 3]
+    (shared,) = plan_node([SIM], SHARED, cpu_bound=False, cpu_cores=2, swarm_size=20).gpus
+    supervisor = Supervisor.for_plan(0, shared)
+    assert supervisor.members_that_fit(16) == 9
+    supervisor.footprint = observe_oom(supervisor.footprint, 0, 2000.0)  # 2,000 was too little
+    assert 1 <= supervisor.members_that_fit(16) < 9
+    cpu = types.SimpleNamespace(device=None)
+    assert Supervisor.members_that_fit(cpu, 16) == 16

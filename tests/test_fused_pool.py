@@ -113,6 +113,29 @@ def test_a_group_pays_what_a_process_pays_once_once(sqlite_url):
     assert planned == pytest.approx(4500.0, rel=0.01), [t.user_attrs for t in group]
 
 
+def test_a_group_that_would_not_fit_is_cut_before_it_starts(sqlite_url):
+    """--fuse 6 of trials of 2,000 MB on a simulated GPU of 6,400 MB usable: a group of 6 would
+    wait for the GPU to empty and then run out of memory; the pool starts groups of at most 3
+    (said once), and no trial runs out of memory."""
+    done = run_cli(
+        "run", "synthetic", "--fuse", "6", "--trials", "6", "--epochs", "2", *QUICK,
+        "--gpus", "sim:8000", "--option", "overhead_mb=2000", "--option", "per_sample_mb=0",
+        "--storage", sqlite_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    line = "a fused group of 6 would not fit in 6,400 MB usable by its estimate: groups here take 3"
+    assert done.stderr.count(line) == 1, done.stderr
+    study = stored_study(sqlite_url, "synthetic")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6
+    assert not any(t.user_attrs.get("oom") for t in study.trials)
+    groups = list(_groups(study).values())
+    assert all(len(group) <= 3 for group in groups), groups
+    assert max(len(group) for group in groups) >= 2  # still fused
+    for group in groups:
+        if len(group) > 1:
+            _assert_fused(group)
+
+
 def test_fuse_auto_fuses_only_where_the_adapter_says_fusing_pays(caplog):
     """tft's fused groups measured slower than its trials one after another on a CPU: auto
     leaves them unfused there (and says so), as it fuses DQN's on the same CPU."""

@@ -291,7 +291,7 @@ class Pool:
         return self.probe.free_mb(supervisor.device)
 
     def _start(self, supervisor: Supervisor, members: int = 1) -> int:
-        members = min(members, supervisor.group_cap or members)  # auto's, or an OOM's split
+        members = supervisor.group_of(members)  # auto's, an OOM's split, what fits the GPU
         job = TrialJob(batch_bounds=self.batch_bounds(supervisor), members=members)
         handle = self.backend.start(supervisor.index, job)
         supervisor.running[handle] = RunningTrial(handle, members=members)

@@ -8,6 +8,7 @@ pure functions of `orchestrator.run.pool.admission` and `orchestrator.planning.f
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from orchestrator.planning.planner import GpuPlan
     from orchestrator.run.backend import Event
     from orchestrator.run.messages import TrialOutcome
+
+logger = logging.getLogger(__name__)
 
 MEASURED_STATES = ("COMPLETE", "PRUNED")  # a pruned trial's peak came early: it counts
 
@@ -69,6 +72,7 @@ class Supervisor:
     running: dict[int, RunningTrial] = field(default_factory=dict)
     ooms: int = 0
     group_cap: int | None = None  # a fused group's most members here: --fuse auto's, OOMs halve it
+    fit_said: int | None = None  # the group size last said to fit here (group_of)
 
     @classmethod
     def for_plan(
@@ -137,6 +141,36 @@ class Supervisor:
         if len(self.running) >= self.budget.max_trials:
             return False
         return in_hand < max(1, self.trials_that_fit(self.budget.allowance_mb) - admitted)
+
+    def group_of(self, members: int) -> int:
+        """The members of a fused group started here when `members` are asked for: at most
+        --fuse auto's size or an OOM's split, and what fits the GPU (`members_that_fit`), said
+        once for each size it is cut to."""
+        capped = min(members, self.group_cap or members)
+        fit = self.members_that_fit(capped)
+        if fit < capped and fit != self.fit_said:
+            self.fit_said = fit
+            logger.warning(
+                "%s: a fused group of %d would not fit in %s MB usable by its estimate: groups "
+                "here take %d",
+                self.label,
+                capped,
+                f"{self.budget.usable_mb:,.0f}",
+                fit,
+            )
+        return fit
+
+    def members_that_fit(self, members: int) -> int:
+        """The most of `members` that one fused group started here may have: those whose
+        estimate at the smallest batch they may draw fits the GPU's usable memory as one
+        process. A larger group would wait for the GPU to empty, then run out of memory."""
+        if self.device is None:
+            return members
+        low = self.plan.batch_bounds[0]
+        fit = 1
+        while fit < members and self.footprint.planned_mb(low, fit + 1) <= self.budget.usable_mb:
+            fit += 1
+        return fit
 
     def batch_bounds(self, limit: int | None) -> tuple[int, int]:
         """The batch sizes a trial on this GPU may draw: what fits the GPU alone, as the footprint
