@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,18 @@ class LazyImport(types.ModuleType):
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._load(), item)
+
+
+def import_in_background(*names: str) -> threading.Thread:
+    """Import `names` now, on a thread of their own, for a process that needs them later and has
+    a core to spare meanwhile: a later import of one waits for this one (Python's per-module
+    import lock) instead of importing it twice. Not a daemon thread: a process that ends while
+    the import is under way waits for it, rather than tear a half-imported module down."""
+
+    def load() -> None:
+        for name in names:
+            importlib.import_module(name)
+
+    thread = threading.Thread(target=load, name=f"import {', '.join(names)}")
+    thread.start()
+    return thread

@@ -10,11 +10,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from adapters import metric_name
-from adapters.base import fusing_pays_on, memory_model_of
+from adapters.base import fusing_pays_on, memory_model_of, uses_torch
 from adapters.study_adapter import resolve_adapter
 from orchestrator.errors import UserError
 from orchestrator.flags.common import configure_logging
-from orchestrator.imports import LazyImport
+from orchestrator.imports import LazyImport, import_in_background
 from orchestrator.planning.host_plan import host_plan
 from orchestrator.planning.memory import save_learnt_model
 from orchestrator.planning.workloads import workload_class
@@ -29,7 +29,7 @@ from orchestrator.run.pool.placement import FUSE_AUTO, auto_group_size
 from orchestrator.run.pool.progress import make_progress
 from orchestrator.run.pool.trial_endings import TrialsCannotStart
 from orchestrator.run.trial.member import unfused_because
-from orchestrator.selection import finish_study
+from orchestrator.selection import finish_study, trains_at_the_end
 
 if TYPE_CHECKING:
     import optuna
@@ -290,6 +290,14 @@ def plan_and_run(
     has used its budget, its best trial is tested and confirmed as asked (orchestrator/selection)."""
 
     opened: list[optuna.Study] = []
+    if (
+        selection is not None
+        and trains_at_the_end(spec, adapter, selection)
+        and uses_torch(adapter)
+    ):
+        # The study's end trains here, and its first optimiser imports TorchDynamo: with torch,
+        # 3 s of CPU, taken while the trial processes start instead of after the last trial.
+        import_in_background("torch", "torch._dynamo")
 
     def open_and_keep() -> optuna.Study:
         opened.append(open_study())

@@ -84,6 +84,12 @@ def scores_anything(adapter: Any, selection: Selection) -> bool:
     )
 
 
+def trains_at_the_end(spec: StudySpec, adapter: Any, selection: Selection) -> bool:
+    """Whether `finish_study` will train in this process: a single objective (a Pareto front has
+    no one trial to test) and something to score."""
+    return len(spec.all_directions) == 1 and scores_anything(adapter, selection)
+
+
 def scoring_device(adapter: Any) -> torch.device:
     """Where the end-of-study runs train, in the process that ran the study: RL is CPU-bound
     (its trials run on CPU cores too); anything else on the first CUDA GPU when there is one."""
@@ -104,8 +110,8 @@ def finish_study(
     """Score the study's selection (when the adapter has anything to score) and store it with the
     study, and in its optuna-dashboard note; None when nothing was scored. `reuse`: scores stored
     for the same selection are kept instead (`run` on a study whose budget was used already)."""
-    if len(spec.all_directions) > 1 or not scores_anything(adapter, selection):
-        return None  # a Pareto front has no one trial to test
+    if not trains_at_the_end(spec, adapter, selection):
+        return None
     stored = _still_current(study, spec, selection) if reuse else None
     if stored is not None:
         return stored  # a run that found the budget used: its end was scored already
