@@ -290,17 +290,14 @@ def plan_and_run(
     has used its budget, its best trial is tested and confirmed as asked (orchestrator/selection)."""
 
     opened: list[optuna.Study] = []
-    if (
-        selection is not None
-        and trains_at_the_end(spec, adapter, selection)
-        and uses_torch(adapter)
-    ):
-        # The study's end trains here, and its first optimiser imports TorchDynamo: with torch,
-        # 3 s of CPU, taken while the trial processes start instead of after the last trial.
-        import_in_background("torch", "torch._dynamo")
+    trains_here = selection is not None and trains_at_the_end(spec, adapter, selection)
 
     def open_and_keep() -> optuna.Study:
         opened.append(open_study())
+        if trains_here and uses_torch(adapter) and len(opened) == 1:
+            # The plan fits: the study's end will train here, and its first optimiser imports
+            # TorchDynamo. With torch, 3 s of CPU, taken as the trials start, not after the last.
+            import_in_background("torch", "torch._dynamo")
         return opened[-1]
 
     outcome = execute(
