@@ -47,11 +47,13 @@ def setting_flags(setting: str) -> list[str]:
     return flags
 
 
-def command(algo: str, setting: str, seed: int, url: str, args: argparse.Namespace) -> list[str]:
+def command(
+    algo: str, flags: list[str], seed: int, url: str, args: argparse.Namespace
+) -> list[str]:
     return [
         sys.executable, "-m", "orchestrator", "run", algo, "--env", "CartPole-v1",
         "--trials", str(args.trials), "--epochs", "2", "--option", "steps_per_epoch=4000",
-        "--gpus", args.gpus, *setting_flags(setting), "--seed", str(seed), "--storage", url,
+        "--gpus", args.gpus, *flags, "--seed", str(seed), "--storage", url,
     ]  # fmt: skip
 
 
@@ -61,7 +63,7 @@ def one_run(algo: str, setting: str, seed: int, folder: Path, args: argparse.Nam
     load = os.getloadavg()[0]
     started = time.perf_counter()
     done = subprocess.run(
-        command(algo, setting, seed, url, args),
+        command(algo, setting_flags(setting), seed, url, args),
         cwd=folder,
         capture_output=True,
         text=True,
@@ -150,7 +152,7 @@ def main() -> None:
     text = table(runs, args.settings)
     print(text)
     print(f"\n{os.cpu_count()} cores, --gpus {args.gpus}; load at the end: {load}")
-    shown = " ".join(command("ALGO", "SETTING=", 0, "URL", args)).replace("--SETTING ", "SETTING")
+    shown = " ".join(command("ALGO", ["SETTING"], 0, "URL", args))
     record = {
         "command": shown,
         "settings": args.settings,

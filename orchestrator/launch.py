@@ -294,7 +294,7 @@ def plan_and_run(
 
     def open_and_keep() -> optuna.Study:
         opened.append(open_study())
-        if trains_here and uses_torch(adapter) and len(opened) == 1:
+        if trains_here and uses_torch(adapter):
             # The plan fits: the study's end will train here, and its first optimiser imports
             # TorchDynamo. With torch, 3 s of CPU, taken as the trials start, not after the last.
             import_in_background("torch", "torch._dynamo")
