@@ -359,15 +359,24 @@ def _progress(options: HostOptions) -> Any:
 
 
 def open_for_trials(location: StorageLocation, *, uses_torch: bool = True) -> tuple[list[Any], Any]:
-    """What `run`, `worker` and `optimize` do once every input is checked: start the trial
-    processes' imports (`prestart`: they overlap what follows), then open the study's storage,
-    migrating it, with heartbeats on. The prestarted processes and the storage."""
+    """What `run` and `optimize` do once every input is checked: start the trial processes'
+    imports (`prestart`: they overlap what follows), then open the study's storage
+    (`open_trials_storage`). The prestarted processes and the storage."""
+    spare = prestart(uses_torch)
+    return spare, open_trials_storage(location)
+
+
+def prestart(uses_torch: bool) -> list[Any]:
+    """Start the trial processes' imports now, with torch where the study's adapter uses it."""
     # `prestart` is read through its module at the call: tests replace it there.
-    spare = pool_processes.prestart(1, uses_torch=uses_torch)
-    storage = migrate.open_storage(
+    return pool_processes.prestart(1, uses_torch=uses_torch)
+
+
+def open_trials_storage(location: StorageLocation) -> Any:
+    """The study's storage as trials are run on it: migrated, with heartbeats on."""
+    return migrate.open_storage(
         location, heartbeat=True, heartbeat_stale_trial_callback=stale_trial_callback
     )
-    return spare, storage
 
 
 def configure(options: HostOptions) -> None:

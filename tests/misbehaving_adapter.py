@@ -36,6 +36,7 @@ class MisbehavingAdapter(BaseAdapter):
     per_sample_mb = 0.01
     direction = "minimize"
     metric = "loss"
+    uses_torch = False  # its trial processes need not import torch
     options = {"behave": "ok", "marker": "", "release": ""}
 
     def suggest(self, trial: Any, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ ADAPTER = textwrap.dedent(
         per_sample_mb = 0.01
         direction = "minimize"
         metric = "loss"
+        uses_torch = False
         options = {}
 
         def suggest(self, trial, options):

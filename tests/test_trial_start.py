@@ -232,3 +232,25 @@ def test_a_trial_of_an_adapter_that_uses_no_torch_runs_without_importing_it(tmp_
     assert len(lines) == 3
     expected = "True device cpu" if uses_torch else "False str cpu"
     assert set(lines) == {expected}
+
+    # A `worker` reads the adapter from the study before its fork server starts: the same.
+    import dataclasses
+
+    import optuna
+
+    from orchestrator.record.study.spec import load_spec, save_spec
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = optuna.load_study(study_name="probe", storage=url)
+    save_spec(study, dataclasses.replace(load_spec(study), trials=5))  # two more to run
+    for path in seen.iterdir():
+        path.unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "worker", "--study", "probe", "--gpus", "sim:4000",
+         "--storage", url, "--quiet"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line for path in seen.iterdir() for line in path.read_text().splitlines()]
+    assert len(lines) == 2
+    assert set(lines) == {expected}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from adapters.base import uses_torch
 from orchestrator.errors import UserError
 from orchestrator.first_failures import watch_first_trials
 from orchestrator.flags.common import (
@@ -65,9 +66,7 @@ def worker_command(args: argparse.Namespace) -> int:
         raise UserError(
             f"no study database at {path}: start a study there with `python -m orchestrator run ADAPTER`"
         )
-    # Torch is imported for the trial processes before the study says whether its adapter
-    # uses it: the imports overlap opening the storage and planning.
-    spare, storage = launch.open_for_trials(location)
+    storage = launch.open_trials_storage(location)
     study = load_existing_study(storage, args.study, location.describe())
     spec = load_spec(study)
     if spec is None:
@@ -76,10 +75,14 @@ def worker_command(args: argparse.Namespace) -> int:
             f"`python -m orchestrator run ADAPTER --study {args.study}`"
         )
     pruner_for(spec)  # a pruner this version lacks is one line here, not a failure per trial
+    adapter = study_adapter.resolve_adapter(spec)
+    # Only now that the study names its adapter: torch (3 s of CPU) only where it trains with
+    # it. The imports still overlap planning this host.
+    spare = launch.prestart(uses_torch(adapter))
     return launch.plan_and_run(
         location=location,
         storage=storage,
-        adapter=study_adapter.resolve_adapter(spec),
+        adapter=adapter,
         spec=spec,
         options=host,
         spare=spare,
