@@ -29,6 +29,7 @@ SERVER_CONNECTIONS = 5
 POOL_SIZE = 4  # PgBouncer's server connections for the study's database (the rest: the test's own)
 WORKERS = 2
 SLOTS = 5  # per worker: 10 trial processes in all
+DATABASES = ("exact", "many")
 
 
 @contextlib.contextmanager
@@ -37,6 +38,10 @@ def _server_and_bouncer() -> Iterator[tuple[PgCluster, PgBouncer]]:
         with open(cluster.data / "postgresql.conf", "a") as conf:
             conf.write(f"\nmax_connections = {SERVER_CONNECTIONS}\n")
         cluster.restart()
+        # Created before PgBouncer holds any server connection: once a test's study has run, its
+        # pool keeps up to POOL_SIZE of the server's few connections for a second or more.
+        for name in DATABASES:
+            cluster.create_database(name)
         with PgBouncer.start(cluster.port, pool_size=POOL_SIZE) as bouncer:
             yield cluster, bouncer
 
@@ -55,7 +60,19 @@ def _env() -> dict[str, str]:
     return dict(os.environ)
 
 
-def _states(url: str, study: str) -> dict[str, int]:
+def _states_and_locks(url: str, study: str) -> tuple[dict[str, int], int]:
+    """The study's trials by state, and the advisory locks held on the server, read on one
+    direct connection. Retried while the server is full: right after a run, PgBouncer's idle
+    server connections and the run's exiting backends can hold every slot for a moment."""
+    return wait_for(
+        lambda: _read_states_and_locks(url, study),
+        "a free server connection",
+        timeout=30,
+        tolerate=(sa.exc.OperationalError,),
+    )
+
+
+def _read_states_and_locks(url: str, study: str) -> tuple[dict[str, int], int]:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as conn:
@@ -66,19 +83,11 @@ def _states(url: str, study: str) -> dict[str, int]:
                 ),
                 {"name": study},
             ).all()
-    finally:
-        engine.dispose()
-    return {str(state): int(n) for state, n in rows}
-
-
-def _advisory_locks(url: str) -> int:
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as conn:
             query = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-            return int(conn.execute(sa.text(query)).scalar())
+            locks = int(conn.execute(sa.text(query)).scalar())
     finally:
         engine.dispose()
+    return {str(state): int(n) for state, n in rows}, locks
 
 
 class PoolWatch(threading.Thread):
@@ -110,7 +119,6 @@ class PoolWatch(threading.Thread):
 
 def test_a_study_through_pgbouncer_has_an_exact_budget(crowd):
     cluster, bouncer = crowd
-    cluster.create_database("exact")
     url = bouncer.database_url("exact")
     run = subprocess.run(
         _command("run", "synthetic", "--storage", url, "--trials", "6", "--gpus", "sim:4000")
@@ -121,15 +129,14 @@ def test_a_study_through_pgbouncer_has_an_exact_budget(crowd):
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    states = _states(cluster.database_url("exact"), "synthetic")
+    states, locks = _states_and_locks(cluster.database_url("exact"), "synthetic")
     assert sum(states.values()) == 6, states
     assert states.get("COMPLETE", 0) + states.get("PRUNED", 0) == 6, states
-    assert _advisory_locks(cluster.database_url("exact")) == 0, "a lock outlived its section"
+    assert locks == 0, "a lock outlived its section"
 
 
 def test_more_trial_processes_than_server_connections_and_nothing_fails(crowd):
     cluster, bouncer = crowd
-    cluster.create_database("many")
     url = bouncer.database_url("many")
     budget = 2 * WORKERS * SLOTS
     common = ["--storage", url, "--gpus", "sim:24000", "--concurrency", str(SLOTS)]
@@ -162,14 +169,14 @@ def test_more_trial_processes_than_server_connections_and_nothing_fails(crowd):
     for process, (_, err) in zip([first, *others], outputs, strict=True):
         assert process.returncode == 0, err[-2000:]
         assert "too many clients" not in err, err[-2000:]
-    states = _states(cluster.database_url("many"), "synthetic")
+    states, locks = _states_and_locks(cluster.database_url("many"), "synthetic")
     assert sum(states.values()) == budget, states
     assert states.get("COMPLETE", 0) + states.get("PRUNED", 0) == budget, states
     # More processes held a connection at once than the server takes, on at most the pool's.
     print(f"most at once: {alive.clients} clients on {alive.servers} server connections")
     assert alive.clients > SERVER_CONNECTIONS, (alive.clients, alive.servers)
     assert alive.servers <= POOL_SIZE, (alive.clients, alive.servers)
-    assert _advisory_locks(cluster.database_url("many")) == 0
+    assert locks == 0, "a lock outlived its section"
 
 
 def _study_exists(url: str) -> bool:
