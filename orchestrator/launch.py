@@ -19,7 +19,7 @@ from orchestrator.planning.host_plan import host_plan
 from orchestrator.planning.memory import save_learnt_model
 from orchestrator.planning.workloads import workload_class
 from orchestrator.record.spool.spool import deliver_kept
-from orchestrator.record.study.spec import set_metric_names
+from orchestrator.record.study.spec import count_trials, set_metric_names
 from orchestrator.record.trials.retry import stale_trial_callback
 from orchestrator.record.trials.tracking import tracker_for
 from orchestrator.result import keep_stdout_for_the_result, outcome_of, print_outcome
@@ -29,7 +29,7 @@ from orchestrator.run.pool.placement import FUSE_AUTO, auto_group_size
 from orchestrator.run.pool.progress import make_progress
 from orchestrator.run.pool.trial_endings import TrialsCannotStart
 from orchestrator.run.trial.member import unfused_because
-from orchestrator.selection import finish_study, trains_at_the_end
+from orchestrator.selection import finish_study, may_train_at_the_end
 
 if TYPE_CHECKING:
     import optuna
@@ -290,15 +290,16 @@ def plan_and_run(
     has used its budget, its best trial is tested and confirmed as asked (orchestrator/selection)."""
 
     opened: list[optuna.Study] = []
-    trains_here = selection is not None and trains_at_the_end(spec, adapter, selection)
 
     def open_and_keep() -> optuna.Study:
-        opened.append(open_study())
-        if trains_here and uses_torch(adapter):
+        study = open_study()
+        opened.append(study)
+        trains = selection is not None and may_train_at_the_end(study, spec, adapter, selection)
+        if trains and uses_torch(adapter):
             # The plan fits: the study's end will train here, and its first optimiser imports
             # TorchDynamo. With torch, 3 s of CPU, taken as the trials start, not after the last.
             import_in_background("torch", "torch._dynamo")
-        return opened[-1]
+        return study
 
     outcome = execute(
         location=location,
@@ -370,6 +371,17 @@ def prestart(uses_torch: bool) -> list[Any]:
     """Start the trial processes' imports now, with torch where the study's adapter uses it."""
     # `prestart` is read through its module at the call: tests replace it there.
     return pool_processes.prestart(1, uses_torch=uses_torch)
+
+
+def prestart_for(
+    study: optuna.Study | None, spec: StudySpec, *, uses_torch: bool, queued: bool = False
+) -> list[Any]:
+    """`prestart`, where this host may start a trial of `study` (None: a new one; `queued`:
+    sets about to be queued): a `run` or `worker` that finds the budget used imports nothing."""
+    if study is None or queued:
+        return prestart(uses_torch)
+    count = count_trials(study.get_trials(deepcopy=False))
+    return prestart(uses_torch) if count.may_ask(spec.trials) else []
 
 
 def open_trials_storage(location: StorageLocation) -> Any:

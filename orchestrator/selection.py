@@ -40,6 +40,7 @@ from orchestrator.record.study.final_scores import (
     final_scores_of,
     save_final_scores,
 )
+from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials import attr_names as names
 
 if TYPE_CHECKING:
@@ -243,6 +244,18 @@ def confirm(
         logger.info("trial #%d confirmed on %d seeds: %.4g +- %.3g", trial.number, seeds, mean, std)
     sign = -1.0 if spec.direction == "maximize" else 1.0
     return sorted(confirmed, key=lambda c: (sign * c.mean, c.trial))
+
+
+def may_train_at_the_end(
+    study: optuna.Study, spec: StudySpec, adapter: Any, selection: Selection
+) -> bool:
+    """Whether `finish_study` may train once this run's trials end: it trains at the end
+    (`trains_at_the_end`), and the study has budget left or no stored scores that answer
+    `selection` (a run that finds the budget used and scored trains nothing)."""
+    if not trains_at_the_end(spec, adapter, selection):
+        return False
+    used = count_trials(study.get_trials(deepcopy=False)).finished(spec.trials)
+    return not (used and _still_current(study, spec, selection) is not None)
 
 
 def _still_current(study: optuna.Study, spec: StudySpec, selection: Selection) -> Any:

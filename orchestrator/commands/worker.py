@@ -77,8 +77,8 @@ def worker_command(args: argparse.Namespace) -> int:
     pruner_for(spec)  # a pruner this version lacks is one line here, not a failure per trial
     adapter = study_adapter.resolve_adapter(spec)
     # Only now that the study names its adapter: torch (3 s of CPU) only where it trains with
-    # it. The imports still overlap planning this host.
-    spare = launch.prestart(uses_torch(adapter))
+    # it, and nothing once the budget is used. The imports still overlap planning this host.
+    spare = launch.prestart_for(study, spec, uses_torch=uses_torch(adapter))
     return launch.plan_and_run(
         location=location,
         storage=storage,
