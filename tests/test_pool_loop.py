@@ -8,6 +8,8 @@ import pytest
 from adapters.base import MemoryModel
 from orchestrator.gpu.base import Device
 from orchestrator.planning.planner import plan_node
+from orchestrator.run.backend import Finished, Requeuing
+from orchestrator.run.messages import TrialOutcome
 from orchestrator.run.pool.loop import Pool
 from orchestrator.run.pool.stopping import Step, Stop, next_step
 from orchestrator.run.simulated import SimTrial, SimulatedStudy, SimulatedTrials
@@ -47,6 +49,50 @@ def test_trials_that_need_three_times_the_estimate_cut_the_memory_and_are_re_run
     assert backend.ooms <= 2
     (footprint,) = study.footprints.values()
     assert footprint.planned_mb(64) >= 3000.0
+
+
+class GroupsThatRequeue(SimulatedTrials):
+    """Simulated trials, one of which plays a fused group's process ending after an OOM: it
+    says it is re-queuing, then its members are queued again one at a time, then it ends."""
+
+    def requeuing(self, handle: int) -> None:
+        self._pending.append(Requeuing(handle))
+
+    def queue_again(self, index: int) -> None:
+        self.study.running -= 1
+        self.study.retried += 1
+        self.study.waiting.append((index, 1))
+
+    def ended(self, handle: int, index: int) -> None:
+        self._asked.pop(handle, None)
+        outcome = TrialOutcome(index, "FAIL", oom=True, requeued=True)
+        self._pending.append(Finished(handle, outcome))
+
+
+def test_a_group_re_queuing_its_members_holds_their_room_until_it_ends():
+    model = MemoryModel(1000.0, 0.0)
+    (plan,) = plan_node([GPU], model, cpu_bound=False, cpu_cores=8, swarm_size=20).gpus
+    study = SimulatedStudy(budget=3)
+    backend = GroupsThatRequeue(study, [SimTrial(64, 1000.0, 60.0)] * 6, [GPU])
+    pool = Pool(study=study, plans=[plan], probe=backend, backend=backend, clock=backend.clock)
+    pool._fill(study.count())
+    pool._handle(backend.events())
+    (supervisor,) = pool.supervisors
+    assert len(supervisor.running) == 3  # the budget, all asked
+    group = min(supervisor.running)
+    # Its process says it re-queues, then the first member is queued again: a pass of the loop
+    # in between starts nothing, though the count shows room for one.
+    backend.requeuing(group)
+    backend.queue_again(0)
+    assert study.count().may_ask(study.budget)
+    pool._fill(study.count())
+    assert len(supervisor.running) == 3 and supervisor.running[group].requeuing
+    # Once the process has ended, its member starts again.
+    backend.ended(group, 0)
+    pool._handle(backend.events())
+    pool._fill(study.count())
+    assert len(supervisor.running) == 3 and group not in supervisor.running
+    assert not study.waiting  # the re-queued member was asked by the process started for it
 
 
 def test_the_timeout_starts_nothing_new_and_running_trials_finish():

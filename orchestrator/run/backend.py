@@ -2,7 +2,7 @@
 
 The pool (`orchestrator.run.pool.loop`) decides; a backend runs. `TrialBackend` is all the pool needs:
 start a trial on a GPU, hear what happened (`events`: asked, sized, its VRAM peak so far,
-finished), admit a sized trial, stop a trial, wait for something to happen, keep at most so many
+a fused group re-queuing its members, finished), admit a sized trial, stop a trial, wait for something to happen, keep at most so many
 idle processes. `orchestrator.run.pool.processes.WarmProcesses` runs trials in warm processes;
 `orchestrator.run.simulated` runs the same loop on a virtual clock.
 """
@@ -42,6 +42,15 @@ class VramPeak:
 
 
 @dataclass(frozen=True)
+class Requeuing:
+    """A fused group's process is about to re-queue its members (out of memory, stopped, timed
+    out), one at a time: the room they free stays the group's until it finishes, or the first
+    one queued would start alone while the others are still being queued."""
+
+    handle: int
+
+
+@dataclass(frozen=True)
 class Finished:
     """A started trial ended; `outcome` says how (a lost process gives a FAIL with no report)."""
 
@@ -49,7 +58,7 @@ class Finished:
     outcome: TrialOutcome
 
 
-Event = Asked | Sized | VramPeak | Finished
+Event = Asked | Sized | VramPeak | Requeuing | Finished
 
 
 class TrialBackend(Protocol):

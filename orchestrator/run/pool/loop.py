@@ -214,7 +214,7 @@ class Pool:
         self.stop, step = next_step(
             self.stop,
             now=self.clock(),
-            running=self._running(),
+            running=sum(len(s.running) for s in self.supervisors),
             budget_finished=count.finished(self.study.budget),
         )
         if self.stop.timed_out and not was_draining:
@@ -230,9 +230,6 @@ class Pool:
             idle = supervisor.budget.max_trials - len(supervisor.running)
             self.backend.keep_idle(supervisor.index, idle)
         return True
-
-    def _running(self) -> int:
-        return sum(len(s.running) for s in self.supervisors)
 
     def _every(self, name: str, period: float, action: Callable[[], None]) -> None:
         now = self.clock()
@@ -268,6 +265,9 @@ class Pool:
         # Each ask takes a waiting trial or a new one: the room is what is neither counted nor
         # running, less our trials that started but have not asked yet.
         not_asked = [t for s in self.supervisors for t in s.running.values() if t.number is None]
+        self._handle(self.backend.events())  # what came while counting: a group re-queuing
+        if any(t.requeuing for s in self.supervisors for t in s.running.values()):
+            return  # its members' room is its own until it ends: they run again as groups
         room = self.study.budget - count.counted - count.running - sum(t.members for t in not_asked)
         if room <= 0:
             return

@@ -20,7 +20,7 @@ from multiprocessing.connection import wait as wait_for_any
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.planning.cpu_cores import threads_per_trial
-from orchestrator.run.backend import Asked, Event, Finished, Sized, VramPeak
+from orchestrator.run.backend import Asked, Event, Finished, Requeuing, Sized, VramPeak
 from orchestrator.run.messages import Go, TrialJob, TrialOutcome, TrialSettings, WorkerConfig
 from orchestrator.run.pool.trial_start import (
     start_fork_server_now,
@@ -201,6 +201,8 @@ class WarmProcesses:
                         self._pending.append(Sized(worker.trial, message[1], members))
                     elif message[0] == "vram_peak_mb":
                         self._pending.append(VramPeak(worker.trial, float(message[1])))
+                    elif message[0] == "requeuing":
+                        self._pending.append(Requeuing(worker.trial))
                     elif message[0] == "say" and message[1] not in self._said:
                         self._said.add(message[1])  # once per host, from any of its processes
                         logger.warning("%s", message[1])

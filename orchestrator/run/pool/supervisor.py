@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.planning.footprint import Footprint, observe_peak
-from orchestrator.run.backend import Asked, Sized, VramPeak
+from orchestrator.run.backend import Asked, Requeuing, Sized, VramPeak
 from orchestrator.run.oom_policy import OomAdmitted, after_oom, group_after_oom
 from orchestrator.run.pool.admission import (
     Budget,
@@ -54,6 +54,7 @@ class RunningTrial:
     room_at_admission: float = 0.0  # what it could hold without running out, as far as we knew
     passed_over: int = 0  # later trials admitted before it
     vram_peak_mb: float | None = None  # what it really holds (its peak so far), once it said
+    requeuing: bool = False  # a fused group re-queuing its members: their room is still its
 
     @property
     def held_mb(self) -> float:
@@ -112,6 +113,8 @@ class Supervisor:
             trial.members = event.members
         elif isinstance(event, VramPeak):
             trial.vram_peak_mb = event.vram_peak_mb
+        elif isinstance(event, Requeuing):
+            trial.requeuing = True
         else:
             del self.running[event.handle]
             return trial, event.outcome

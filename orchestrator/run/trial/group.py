@@ -113,12 +113,19 @@ def run_group(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
                 peak = train_group(ctx, job, spec, seats, channel, company)
         except optuna.exceptions.UpdateFinishedTrialError:
             return late_outcome(first.trial.number, first.log_file)
+        if len(seats) > 1 and any(_requeued(seat) for seat in seats if seat.outcome is None):
+            channel.send(("requeuing",))  # the pool starts none of them until all are queued
         with output_to(first.log_file):
             outcomes = [
                 seat.outcome or end_member(ctx, job, spec, seat, company, len(seats))
                 for seat in seats
             ]
     return group_outcome(outcomes, peak)
+
+
+def _requeued(seat: Seat) -> bool:
+    """Whether ending this member queues it again (`requeue_if_interrupted`'s cases)."""
+    return bool(seat.result.oom or seat.result.interrupted or seat.result.timed_out)
 
 
 def claim(
