@@ -1,9 +1,9 @@
 """The small interface the pool drives to run trials, and the events it hears back.
 
 The pool (`orchestrator.run.pool.loop`) decides; a backend runs. `TrialBackend` is all the pool needs:
-start a trial on a GPU, hear what happened (`events`: asked, sized, its VRAM peak so far,
-a fused group re-queuing its members, finished), admit a sized trial, stop a trial, wait for something to happen, keep at most so many
-idle processes. `orchestrator.run.pool.processes.WarmProcesses` runs trials in warm processes;
+start a trial on a GPU, hear what happened (`events`: asked, sized, its VRAM peak so far, a fused
+group re-queuing its members, finished), admit a sized trial, stop a trial, wait for something to
+happen, keep at most so many idle processes. `orchestrator.run.pool.processes.WarmProcesses` runs trials in warm processes;
 `orchestrator.run.simulated` runs the same loop on a virtual clock.
 """
 

@@ -4,9 +4,10 @@ A trial process's first message is its `WorkerConfig`: which GPU and study it se
 host's `TrialSettings`, made once from the host's options and the same for every trial process.
 Then, for each trial, the supervisor sends a `TrialJob` (then, once the trial has said its size, a
 `Go`); the trial process sends ("asked", number), ("sized", batch size) (a fused group: ("sized",
-its largest batch size, its members)), ("vram_peak_mb", MB) each epoch, ("say", line) for the host's log (said once per host), ("requeuing",)
-before a fused group re-queues its members, and last its `TrialOutcome`. All of them are plain picklable values, and this module imports
-nothing of either side, so the pool builds them without loading the trial's modules.
+its largest batch size, its members)), ("vram_peak_mb", MB) each epoch, ("say", line) for the
+host's log (said once per host), ("requeuing",) before a fused group re-queues its members, and
+last its `TrialOutcome`. All of them are plain picklable values, and this module imports nothing
+of either side, so the pool builds them without loading the trial's modules.
 """
 
 from __future__ import annotations
