@@ -152,16 +152,36 @@ def test_a_resume_keeps_the_repeats_and_refuses_other_ones(ran):
 def test_a_run_that_finds_the_budget_used_keeps_the_stored_scores(ran):
     before = ran["study"].user_attrs["final_scores"]
     # Python's import log on stderr, from the command and any process it starts: a run with no
-    # trial to start and nothing to score imports no torch (no trial processes' server, no
-    # training at the end).
+    # trial to start and nothing to score starts no trial processes' server and imports no
+    # torch for a test run.
     imports = cli_env(PYTHONPROFILEIMPORTTIME="1")
     done = run_cli("run", "dqn", "--storage", ran["url"], "--quiet", timeout=900, env=imports)
     assert done.returncode == 0, done.stderr
+    assert _python_processes(done.stderr) == 1, "it started another Python process"
     assert not re.search(r"\| +torch$", done.stderr, re.MULTILINE), "torch was imported"
     fresh = optuna.load_study(study_name="dqn", storage=StorageLocation.parse(ran["url"]).url)
     assert fresh.user_attrs["final_scores"] == before  # not scored again, confirmation kept
     assert fresh.user_attrs["orchestrator"]["repeats"] == 2
     assert done.stdout.strip().splitlines()[-1].startswith("sharpe: validation")
+
+
+def test_a_worker_that_joins_a_finished_study_starts_no_trial_processes(ran):
+    before = len(ran["study"].trials)  # read from the storage each time
+    imports = cli_env(PYTHONPROFILEIMPORTTIME="1")
+    done = run_cli(
+        "worker", "--study", "dqn", "--storage", ran["url"], "--gpus", "sim:24576", "--quiet",
+        env=imports,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _python_processes(done.stderr) == 1, "it started another Python process"
+    assert len(ran["study"].trials) == before  # it ran nothing
+
+
+def _python_processes(import_log: str) -> int:
+    """How many Python processes wrote `import_log` (PYTHONPROFILEIMPORTTIME): each one that
+    starts imports `site` first. A trial processes' server is one, killed at the command's exit
+    perhaps before its torch import ends and is logged."""
+    return len(re.findall(r"\| +site$", import_log, re.MULTILINE))
 
 
 def test_best_confirm_scores_the_selection_again_and_stores_it(ran):
