@@ -87,10 +87,24 @@ def test_a_sigterm_to_the_whole_job_leaves_the_fork_server_to_report_the_exit(mo
     process = start_process(context, _leave_on_sigterm, theirs)
     theirs.close()
     assert ours.poll(120) and ours.recv() == "ready"
-    os.kill(forkserver._forkserver._forkserver_pid, signal.SIGTERM)
+    server = forkserver._forkserver._forkserver_pid
+    os.kill(server, signal.SIGTERM)
     os.kill(process.pid, signal.SIGTERM)
     process.join(30)
-    assert process.exitcode == 7  # 255 when the server died and could not say
+    # 255 when the server died and could not say. None was seen once in a whole suite (not
+    # reproduced alone): the states say whether the server or the process was still there.
+    states = {"server": _state(server), "process": _state(process.pid)}
+    assert process.exitcode == 7, states
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (R, S, Z, ...) from /proc, or "gone"."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
 
 
 @pytest.mark.parametrize(
