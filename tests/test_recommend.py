@@ -153,7 +153,9 @@ def test_a_few_trials_are_too_few_for_a_model_and_the_best_observed_stands():
     study = _noisy_study(5, n=4)
     found = recommendation(study.trials, ["minimize"])
     assert found.trial.number == study.best_trial.number == found.best_observed.number
-    assert "too few" in found.reason
+    assert found.reason.startswith("only 4 configurations finished: too few")
+    one = recommendation(study.trials[:1], ["minimize"])
+    assert one.reason.startswith("only 1 configuration finished: too few")
 
 
 def test_errors_are_the_ones_optunas_best_trial_raises():

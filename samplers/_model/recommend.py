@@ -85,8 +85,8 @@ def recommendation(
             lucky,
             lucky,
             1,
-            f"only {len(configs)} configurations finished: too few "
-            "for a model, the best observed trial stands",
+            f"only {len(configs)} configuration{'' if len(configs) == 1 else 's'} finished: "
+            "too few for a model, the best observed trial stands",
         )
     order, expected = _scored(configs, sign)
     top = configs[order[0]]
