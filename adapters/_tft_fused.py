@@ -195,9 +195,9 @@ class _Run:
         self.best, self.best_epoch, self.epoch = resumed
 
     def log(self, line: str) -> None:
-        """A line of the trial log: the members share the process's output, so each line names
-        the member (its place in the group) it belongs to."""
-        trial_log.write(f"member {self.index}: {line}")
+        """A line of the member's trial log: the members share the process's output, so each line
+        names the member (its place in the group), which the pool puts in that member's log."""
+        trial_log.write_member(self.index, line)
 
     def end_epoch(self, value: float, last: int, started: float) -> None:
         """After an epoch: log, keep the best, report, save; leave on an exception or at the end."""

@@ -11,7 +11,9 @@ Optional (docs/fused.md): `train_fused(members, *, epochs, device, options)` tra
 trials of one shape as one fused model, each given as a `Member`, and returns one entry per
 member, in order: its value, or what ended it (optuna.TrialPruned, an error); `fuse_key(params)`
 beside it says which trials may share a group (those whose keys are equal); `fusing_pays_on`
-(device kinds, default both "cpu" and "cuda") says where `--fuse auto` fuses it.
+(device kinds, default both "cpu" and "cuda") says where `--fuse auto` fuses it. A line printed
+as `member K: TEXT` (`adapters.trial_log.write_member`, K the member's place in the list) goes,
+without the prefix, to that member's own log; the rest of the group's output to the first's.
 """
 
 from __future__ import annotations

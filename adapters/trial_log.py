@@ -10,6 +10,11 @@ adapter did meanwhile) and a last line with the value the trial returns.
 from __future__ import annotations
 
 import math
+import re
+
+# A line of one member of a fused group: "member K: TEXT", K its place in `train_fused`'s list.
+# The pool writes TEXT to that member's own log (orchestrator/run/trial/member_logs.py).
+MEMBER_LINE = re.compile(r"member (\d+): (.*)", re.DOTALL)
 
 
 def _score(value: float) -> str:
@@ -31,3 +36,10 @@ def value_line(metric: str, value: float, seconds: float, how: str = "") -> str:
 def write(line: str) -> None:
     """One line to the trial's log, at once (a trial that is killed keeps what it wrote)."""
     print(line, flush=True)
+
+
+def write_member(index: int, line: str) -> None:
+    """One line of a fused group's member `index` (its place in the members `train_fused` got):
+    the pool puts it in that member's own log without the prefix; outside the pool (a script
+    calling `train_fused`) the prefix says whose it is."""
+    write(f"member {index}: {line}")

@@ -167,6 +167,11 @@ def test_without_a_gpu_the_groups_share_the_budget_over_the_cores(sqlite_url):
     for group in _groups(study).values():
         _assert_fused(group, shape=("hidden_size", "batch_size"))
         assert len({t.params["learning_rate"] for t in group}) == len(group)  # the rest drawn
+    for trial in study.trials:  # each member's epoch and value in its own log, as a trial's
+        lines = Path(trial.user_attrs["log_file"]).read_text().splitlines()
+        assert f"step 0: return {trial.intermediate_values[0]:.6g}" in "\n".join(lines), lines
+        assert any(line.startswith(f"value: return {trial.value:.6g}, ") for line in lines), lines
+        assert not any(line.startswith("member ") for line in lines), lines
 
 
 def _cpu_slots(stderr: str) -> int:

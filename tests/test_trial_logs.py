@@ -119,6 +119,33 @@ def test_a_built_in_adapter_logs_each_epoch_and_its_value(tmp_path, adapter, opt
     assert len(lines) <= 6, lines  # no per-batch lines
 
 
+def test_a_fused_members_lines_go_to_its_own_log_and_the_rest_to_the_group_s(tmp_path, capsys):
+    import sys
+
+    from adapters import trial_log
+    from orchestrator.run.trial.member_logs import MemberLines, member_lines_to
+
+    logs = [tmp_path / "trial-4.log", None, tmp_path / "trial-6.log"]
+    with member_lines_to(logs):
+        trial_log.write_member(0, "step 0: return 9.5 (1.0 s)")
+        trial_log.write_member(1, "step 0: return 11 (1.0 s)")  # no log of its own: the group's
+        trial_log.write_member(2, "value: return 20, the last epoch's score (2.0 s)")
+        print("a library's warning")
+        sys.stdout.write("member 2: step 1: ret")  # a line in two writes is still one line
+        sys.stdout.write("urn 30 (1.5 s)\nmember 9: out of range\n")
+        print("no newline at the end", end="")
+    assert not isinstance(sys.stdout, MemberLines)  # put back
+    assert logs[0].read_text() == "step 0: return 9.5 (1.0 s)\n"
+    assert logs[2].read_text() == (
+        "value: return 20, the last epoch's score (2.0 s)\nstep 1: return 30 (1.5 s)\n"
+    )
+    group = capsys.readouterr().out
+    assert group == (
+        "member 1: step 0: return 11 (1.0 s)\na library's warning\nmember 9: out of range\n"
+        "no newline at the end"
+    )
+
+
 def test_with_folds_each_fold_is_a_line_with_the_mean_so_far(capsys):
     import torch
 

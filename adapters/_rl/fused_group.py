@@ -42,9 +42,10 @@ class Algorithm:
 
 
 def log(index: int, line: str) -> None:
-    """A member's line of the trial log: the group's members share the process's output, so
-    each line names the member (its place in the group) it belongs to."""
-    trial_log.write(f"member {index}: {line}")
+    """A member's line of its trial log: the group's members share the process's output, so
+    each line names the member (its place in the group), which the pool's group puts in that
+    member's own log."""
+    trial_log.write_member(index, line)
 
 
 def learn_group(

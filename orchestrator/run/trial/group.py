@@ -44,6 +44,7 @@ from orchestrator.run.trial.ending import end_trial
 from orchestrator.run.trial.errors import fail_with
 from orchestrator.run.trial.host import name_process, trial_name
 from orchestrator.run.trial.member import ended_when_pruned, shape_of, unfused_because
+from orchestrator.run.trial.member_logs import member_lines_to
 from orchestrator.run.trial.memory import (
     hold_simulated_mb,
     measure_vram_peak_mb,
@@ -299,14 +300,15 @@ def fused_entries(
     with one key (one set, unless a re-run brought a shape of its own)."""
     entries: list[Any] = [None] * len(seats)
     for indices in _by_key(ctx.adapter, seats):
-        got = list(
-            ctx.adapter.train_fused(
-                [members[i] for i in indices],
-                epochs=spec.epochs,
-                device=ctx.training_device(),
-                options=spec.options,
+        with member_lines_to([seats[i].log_file for i in indices]):  # each member's own lines
+            got = list(
+                ctx.adapter.train_fused(
+                    [members[i] for i in indices],
+                    epochs=spec.epochs,
+                    device=ctx.training_device(),
+                    options=spec.options,
+                )
             )
-        )
         if len(got) != len(indices):
             raise RuntimeError(
                 f"train_fused returned {len(got)} entries for {len(indices)} members"
