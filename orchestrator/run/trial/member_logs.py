@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -29,11 +30,13 @@ class MemberLines(io.TextIOBase):
     def __init__(self, group: TextIO, logs: Sequence[Path | None]) -> None:
         super().__init__()
         self._group, self._logs, self._partial = group, list(logs), ""
+        self._lock = threading.Lock()  # an adapter's threads print too: one line at a time
 
     def write(self, text: str) -> int:
-        *lines, self._partial = (self._partial + text).split("\n")
-        for line in lines:
-            self._route(line)
+        with self._lock:
+            *lines, self._partial = (self._partial + text).split("\n")
+            for line in lines:
+                self._route(line)
         return len(text)
 
     def _route(self, line: str) -> None:
@@ -55,10 +58,11 @@ class MemberLines(io.TextIOBase):
 
     def close_partial(self) -> None:
         """What was printed without a newline at the end goes to the group's output."""
-        if self._partial:
-            self._group.write(self._partial)
-            self._partial = ""
-        self._group.flush()
+        with self._lock:
+            if self._partial:
+                self._group.write(self._partial)
+                self._partial = ""
+            self._group.flush()
 
     def fileno(self) -> int:
         return self._group.fileno()
