@@ -30,7 +30,9 @@ class MemberLines(io.TextIOBase):
     def __init__(self, group: TextIO, logs: Sequence[Path | None]) -> None:
         super().__init__()
         self._group, self._logs, self._partial = group, list(logs), ""
-        self._lock = threading.Lock()  # an adapter's threads print too: one line at a time
+        # An adapter's threads print too: one line at a time (re-entrant: a signal handler that
+        # prints runs in the thread that may hold it)
+        self._lock = threading.RLock()
 
     def write(self, text: str) -> int:
         with self._lock:
