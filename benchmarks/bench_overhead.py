@@ -11,7 +11,10 @@ Four measurements, each in one run with interleaved repetitions (medians), on th
    how long each ask waited for the lock and held it (recorded by every trial in orch_trial_vram);
 4. the read-only views: `status`, `status --study`, `best` and `report` on a study of 3,000
    trials against one of 14;
-5. RL on a CPU-only host: `run dqn` as planned (a slot per core) against `--concurrency 1`.
+5. RL on a CPU-only host: `run dqn` as planned (a slot per core) against `--concurrency 1`;
+6. a fused group's asks: `run synthetic --fuse 8` against `--fuse 1` (empty trials, one slot):
+   the time and CPU per trial of the whole command, and each trial's ask, the time it waited for
+   the budget's lock and held it (a group asks its members one by one, under the same lock).
 
     python benchmarks/bench_overhead.py                       # everything, ~30 minutes
     python benchmarks/bench_overhead.py --only empty size     # some parts
@@ -41,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PLAIN = ROOT / "benchmarks" / "_plain_optuna.py"
 EPOCHS = 15  # the supervised workload class's default epochs, which `run synthetic` uses
-PARTS = ("empty", "size", "lock", "views", "dqn")
+PARTS = ("empty", "size", "lock", "views", "dqn", "fused")
 
 
 # --- running things ----------------------------------------------------------------------
@@ -367,6 +370,61 @@ def part_dqn(reps: int, trials: int) -> list[dict]:
     return [row]
 
 
+# --- 6. a fused group's asks ---------------------------------------------------------------
+
+
+def part_fused(kinds: list[str], server: str | None, reps: int, trials: int) -> list[dict]:
+    import optuna
+    import sqlalchemy as sa
+
+    from orchestrator.record.store.location import StorageLocation
+    from orchestrator.record.store.records import list_trial_vram
+
+    rows = []
+    for kind in kinds:
+        runs: dict[int, list[dict[str, float]]] = {1: [], 8: []}
+        for rep in range(reps):
+            for fuse in (1, 8) if rep % 2 == 0 else (8, 1):
+                with database(kind, server) as url:
+                    extra = ("--concurrency", "1", "--fuse", str(fuse), "--pruner", "none")
+                    wall, cpu = timed(synthetic_run(url, "asks", trials, *extra))
+                    engine = sa.create_engine(StorageLocation.parse(url).url)
+                    asks = [
+                        r for r in list_trial_vram(engine, "asks") if r["ask_held_ms"] is not None
+                    ]
+                    engine.dispose()
+                    study = optuna.load_study(study_name="asks", storage=url)
+                    fused = sum(bool(t.user_attrs.get("fused_with")) for t in study.trials)
+                runs[fuse].append(
+                    {
+                        "fused": fused,
+                        "wall": wall,
+                        "cpu": cpu,
+                        "held": statistics.median(r["ask_held_ms"] for r in asks),
+                        "wait": statistics.median(r["ask_wait_ms"] for r in asks),
+                    }
+                )
+        for fuse, done in runs.items():
+            rows.append(
+                {
+                    "storage": kind,
+                    "fuse": fuse,
+                    "trials": trials,
+                    "fused": min(r["fused"] for r in done),
+                    "wall_ms_per_trial": round(
+                        statistics.median(r["wall"] for r in done) / trials * 1000
+                    ),
+                    "cpu_ms_per_trial": round(
+                        statistics.median(r["cpu"] for r in done) / trials * 1000
+                    ),
+                    "ask_held_ms": round(statistics.median(r["held"] for r in done), 1),
+                    "ask_wait_ms": round(statistics.median(r["wait"] for r in done), 1),
+                }
+            )
+        print_rows("fused", rows[-2:], header=len(rows) == 2)
+    return rows
+
+
 # --- output ------------------------------------------------------------------------------
 
 
@@ -393,6 +451,7 @@ def main() -> None:
     parser.add_argument("--lock-sizes", type=int, nargs="+", default=[14, 3000])
     parser.add_argument("--dqn-trials", type=int, default=12)
     parser.add_argument("--dqn-reps", type=int, default=1)
+    parser.add_argument("--fused-trials", type=int, default=64)
     parser.add_argument(
         "--postgres",
         default=os.environ.get("ORCHESTRATOR_TEST_POSTGRES"),
@@ -413,6 +472,8 @@ def main() -> None:
         results["views"] = part_views(args.lock_sizes, args.reps)
     if "dqn" in args.only:
         results["dqn"] = part_dqn(args.dqn_reps, args.dqn_trials)
+    if "fused" in args.only:
+        results["fused"] = part_fused(kinds, args.postgres, args.reps, args.fused_trials)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(out.read_text()) if out.exists() else {}
