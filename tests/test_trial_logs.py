@@ -144,6 +144,10 @@ def test_a_fused_members_lines_go_to_its_own_log_and_the_rest_to_the_group_s(tmp
         "member 1: step 0: return 11 (1.0 s)\na library's warning\nmember 9: out of range\n"
         "no newline at the end"
     )
+    with member_lines_to(logs[:1]):  # a sub-group of one: its lines as a single trial's
+        trial_log.write_member(0, "value: return 9.5 (1.1 s)")
+    assert logs[0].read_text().splitlines()[-1] == "value: return 9.5 (1.1 s)"
+    assert capsys.readouterr().out == ""
 
 
 def test_with_folds_each_fold_is_a_line_with_the_mean_so_far(capsys):

@@ -82,11 +82,8 @@ class MemberLines(io.TextIOBase):
 
 @contextlib.contextmanager
 def member_lines_to(logs: Sequence[Path | None]) -> Iterator[None]:
-    """While the block runs, `member K: TEXT` printed here goes to `logs[K]` (a group of one
-    prints to its own log already: nothing changes)."""
-    if len(logs) < 2:
-        yield
-        return
+    """While the block runs, `member K: TEXT` printed here goes to `logs[K]` (a sub-group of
+    one member too: its lines read as a single trial's, without the prefix)."""
     group = sys.stdout
     router = MemberLines(group, logs)
     sys.stdout = router
