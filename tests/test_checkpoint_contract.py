@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import optuna
@@ -76,17 +75,6 @@ def test_a_segment_ends_at_its_epoch_a_copy_goes_on_and_a_corrupt_one_starts_afr
     # The seeded noise goes on from the saved generator: the same curve as an unbroken run.
     assert copy.intermediate_values == pytest.approx(first.intermediate_values)
     assert "resumed from the checkpoint of trial 1 at epoch 1" in _log(copy)
-
-
-def test_a_study_keeps_only_the_best_trials_final_weights(tmp_path):
-    _run(tmp_path, 3)
-    study = _study(tmp_path)
-    best = study.best_trial
-    files = list((tmp_path / "s-artifacts").iterdir())
-    assert [f.name for f in files] == [best.user_attrs["checkpoint"]["artifact_id"]]
-    assert best.user_attrs["checkpoint"]["epoch"] == EPOCHS - 1
-    shown = run_cli("best", "--storage", f"sqlite:///{tmp_path}/s.db", cwd=tmp_path)
-    assert json.loads(shown.stdout)["weights"] == str(files[0]), shown.stdout
 
 
 def test_when_a_handle_saves():

@@ -8,8 +8,9 @@ The handle (orchestrator/record/checkpoints/handle.py) is made from the study's 
 What a trial keeps when it ends (bounded disk):
 - re-queued (out of memory, stopped, timed out): its checkpoints, for the re-run;
 - ended at `train_until_epoch`: its latest, which the next segment of its lineage copies;
-- complete and the study's best so far: its latest (its final weights; `best` says where),
-  and the previous best's goes;
+- complete and among the study's leaders (`leaders`: the best configurations by the study's
+  model, and the best observed trial): its latest, its final weights (`best` says where); a
+  trial that is no longer among them loses its own;
 - anything else: none.
 A trial that resumed from a failed one (a re-run) also drops that one's, once it saved its own.
 """
@@ -24,27 +25,38 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints import files as stored
 from orchestrator.record.checkpoints.handle import ARTIFACT_PREFIX, CheckpointHandle
+from orchestrator.record.checkpoints.lineage import is_segment
 from orchestrator.record.checkpoints.place import shown
 from orchestrator.record.store.optuna_private import storage_of, study_id_of, trial_id_of
 from orchestrator.record.trials import attr_names as names
-from orchestrator.record.trials.best import best_of_study
+from orchestrator.record.trials.best import directions_of, pick_best
 from orchestrator.run.trial.signals import hold_stop, release_stop
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     import optuna
+    from optuna.trial import FrozenTrial
 
     from orchestrator.record.store.location import StorageLocation
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.run.messages import Channel
+    from samplers._model import recommend
 else:
     optuna = LazyImport("optuna")
+    recommend = LazyImport("samplers._model.recommend")
 
 logger = logging.getLogger(__name__)
 
-# Which trial's final weights the study keeps: {"trial": n, "artifact_id": id} (system attribute).
+# The study's kept final weights, one system attribute per trial that kept them: the artifact's
+# id, None once dropped. One key per trial: two trials ending at once never overwrite each other.
+KEPT_WEIGHTS_PREFIX = "orchestrator:weights:"
+# What a study kept before: the best observed trial's alone, {"trial": n, "artifact_id": id}.
 BEST_WEIGHTS_ATTR = "orchestrator:best_weights"
+# How many of the model's best configurations keep their final weights. What `recommend` names
+# moves among the first few as trials come in: kept for each of them, its weights are there
+# whichever the study ends on, and the disk holds at most this many files and one more.
+LEADERS_KEPT = 3
 _said: set[str] = set()  # the lines this process wrote about a store that is off
 _told_host: set[str] = set()  # the lines about failed saves this process handed to its host
 
@@ -154,10 +166,14 @@ def tidy(study: optuna.Study, trial: optuna.Trial, handle: Any, state: str, requ
     keep: list[str] = []
     if requeued:
         keep = [c.artifact_id for c in own]
-    elif own and state == "COMPLETE" and (handle.until is not None or _now_best(study, trial)):
-        keep = [own[-1].artifact_id]
-        if handle.until is None:
-            _replace_best(study, store, trial.number, own[-1].artifact_id)
+    elif own and state == "COMPLETE" and handle.until is not None:
+        keep = [own[-1].artifact_id]  # a segment: the next of its lineage copies it
+    elif own and state == "COMPLETE":
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        kept = leaders(done, directions_of(study))
+        if trial.number in kept:
+            keep = [own[-1].artifact_id]
+        _keep_weights_of(study, store, kept, done, trial.number, keep)
     for checkpoint in own:
         if checkpoint.artifact_id not in keep:
             stored.remove(store, checkpoint.artifact_id)
@@ -167,23 +183,65 @@ def tidy(study: optuna.Study, trial: optuna.Trial, handle: Any, state: str, requ
         _drop_failed_source(study, store, handle.source)
 
 
-def _now_best(study: optuna.Study, trial: optuna.Trial) -> bool:
-    best = best_of_study(study)  # None for several objectives: no single best to keep
-    return best is not None and best.number == trial.number
+def leaders(done: Sequence[FrozenTrial], directions: Sequence[str]) -> set[int]:
+    """The numbers of the completed trials whose final weights the study keeps: its best observed
+    trial and its `LEADERS_KEPT` best configurations by the model (`recommend.ranked`: what the
+    study recommends is one of them); none for several objectives. Population-based training:
+    the best trial by its lineage rule, whose weights `best` names."""
+    best = pick_best(done, directions)
+    if best is None:
+        return set()
+    if any(is_segment(t) for t in done):
+        return {best.number}
+    try:
+        ranked = recommend.ranked(done, directions)[:LEADERS_KEPT]
+    except (ValueError, ArithmeticError) as error:  # no model: the best observed alone
+        logger.warning("keeping the best observed trial's weights alone: %s", error)
+        ranked = []
+    return {best.number, *(t.number for t, _ in ranked)}
 
 
-def _replace_best(study: optuna.Study, store: Any, number: int, artifact_id: str) -> None:
+def _keep_weights_of(
+    study: optuna.Study,
+    store: Any,
+    kept: set[int],
+    done: Sequence[FrozenTrial],
+    number: int,
+    mine: list[str],
+) -> None:
+    """Note this trial's kept weights (`mine`), and drop those of the trials no longer among the
+    leaders. Only trials this process sees completed are judged: one told a moment ago
+    elsewhere is not dropped for a view that does not hold it yet."""
     storage, study_id = storage_of(study), study_id_of(study)
-    before = storage.get_study_system_attrs(study_id).get(BEST_WEIGHTS_ATTR)
-    storage.set_study_system_attr(
-        study_id, BEST_WEIGHTS_ATTR, {"trial": number, "artifact_id": artifact_id}
-    )
-    if isinstance(before, dict) and before.get("trial") != number:
-        by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-        earlier = by_number.get(before.get("trial"))
-        # A segment of a lineage keeps its checkpoint for the segments that copy it.
-        if earlier is not None and names.TRAIN_UNTIL_EPOCH not in earlier.user_attrs:
-            stored.remove(store, str(before.get("artifact_id")))
+    if mine:
+        storage.set_study_system_attr(study_id, f"{KEPT_WEIGHTS_PREFIX}{number}", mine[0])
+    complete = {t.number: t for t in done}
+    attrs = storage.get_study_system_attrs(study_id)
+    for other, (key, artifact_id) in _kept_weights(attrs).items():
+        trial = complete.get(other)
+        # A segment keeps its checkpoint for the segments that copy it.
+        if other in kept or trial is None or names.TRAIN_UNTIL_EPOCH in trial.user_attrs:
+            continue
+        stored.remove(store, artifact_id)
+        storage.set_study_system_attr(study_id, key, None)
+
+
+def _kept_weights(attrs: dict[str, Any]) -> dict[int, tuple[str, str]]:
+    """{trial number: (its system attribute's key, artifact id)} of the weights a study keeps,
+    with what a study made before kept (the best observed trial's, under one key)."""
+    kept: dict[int, tuple[str, str]] = {}
+    before = attrs.get(BEST_WEIGHTS_ATTR)
+    if (
+        isinstance(before, dict)
+        and isinstance(before.get("artifact_id"), str)
+        and isinstance(before.get("trial"), int)
+    ):
+        kept[before["trial"]] = (BEST_WEIGHTS_ATTR, before["artifact_id"])
+    for key, value in attrs.items():
+        number = key[len(KEPT_WEIGHTS_PREFIX) :]
+        if key.startswith(KEPT_WEIGHTS_PREFIX) and number.isdigit() and isinstance(value, str):
+            kept[int(number)] = (key, value)
+    return kept
 
 
 def _drop_failed_source(study: optuna.Study, store: Any, source: int) -> None:
