@@ -22,8 +22,7 @@ once (`num_envs`), all as tensors on the trial's device; nothing loops over envi
 - Gradient steps: `replay_ratio` replayed samples per environment step, so a trial with a large
   batch makes fewer, larger updates for the same compute (the batch size is never changed).
 
-`learn` returns a `Run` whose `batch_sizes` holds the size of every batch the loss was computed
-on: the orchestrator's `batch_size` reaches this loop as it is.
+`learn`'s `Run.batch_sizes` holds every batch size the loss saw: `batch_size` reaches it as is.
 """
 
 from __future__ import annotations
@@ -333,6 +332,8 @@ def learn(
                         learner.target_net.flat.copy_(q_net.flat)
             _rl.score_epoch(run, task, config, learner.greedy, device, epoch, report)
             _rl_checkpoint.save_dqn(checkpoint, epoch, learner, run, update_credit)
+        if start >= epochs:  # a finished run's state (a test run's): its weights scored here
+            _rl.score_epoch(run, task, config, learner.greedy, device, epochs - 1, None)
     return run
 
 

@@ -246,6 +246,8 @@ def learn(
             last = rollout_index == total_rollouts - 1
             epoch = scored(epoch, last, saver(rollout_index))
         if first >= total_rollouts:  # resumed after the last rollout: only its scores remain
+            if epoch >= epochs:  # a finished run's state (a test run's): its weights scored here
+                _rl.score_epoch(run, task, config, policy, device, epochs - 1, None)
             scored(epoch, True, saver(total_rollouts - 1))
     return run
 

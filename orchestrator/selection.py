@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     import torch
     from optuna.trial import FrozenTrial
 
+    from orchestrator.record.checkpoints import files as checkpoint_files
     from orchestrator.record.study import note
     from orchestrator.record.study.spec import StudySpec
     from orchestrator.show import final_scores_text
@@ -61,6 +62,7 @@ else:
     final_scores_text = LazyImport("orchestrator.show.final_scores_text")
     show_recommended = LazyImport("orchestrator.show.recommended")
     recommend = LazyImport("samplers._model.recommend")
+    checkpoint_files = LazyImport("orchestrator.record.checkpoints.files")
 
 logger = logging.getLogger(__name__)
 
@@ -272,12 +274,27 @@ def _still_current(study: optuna.Study, spec: StudySpec, selection: Selection) -
 
 
 def _test_score(
-    adapter: Any, spec: StudySpec, selected: FrozenTrial, device: Any, offset: int, runs: int
+    adapter: Any,
+    spec: StudySpec,
+    selected: FrozenTrial,
+    device: Any,
+    offset: int,
+    runs: int,
+    study: optuna.Study,
 ) -> float:
     """One test run of the selected trial, its progress said as a trial's (when the adapter's
-    final_scores takes a report)."""
+    final_scores takes a report), from the trial's final weights where the adapter can score
+    them (`final_state`) and the study kept them."""
     kwargs: dict[str, Any] = {}
-    if "report" in inspect.signature(adapter.final_scores).parameters:
+    takes = inspect.signature(adapter.final_scores).parameters
+    if "final_state" in takes and offset == 0:
+        state = final_state(study, spec, selected)
+        if state is not None:
+            kwargs["final_state"] = state
+            logger.info(
+                "test run of trial #%d: its final weights, as the study kept them", selected.number
+            )
+    if "report" in takes:
         what = f"test run of trial #{selected.number}" + (
             f", seed {offset + 1}/{runs}" if runs > 1 else ""
         )
@@ -292,6 +309,25 @@ def _test_score(
             **kwargs,
         )
     return float(scores["test"])
+
+
+def final_state(study: optuna.Study, spec: StudySpec, trial: FrozenTrial) -> dict[str, Any] | None:
+    """What `trial` saved after its last epoch, where the study kept it and it is the run a test
+    run would train again: one run on the study's own seed (not `--repeats`, nor a re-run on
+    another seed). None otherwise, or when it cannot be read (the test run then trains)."""
+    saved = checkpoint_files.recorded(trial)
+    one_run = not trial.user_attrs.get(REPEAT_VALUES_ATTR)
+    own_seed = not int(trial.user_attrs.get(names.SEED_OFFSET, 0) or 0)
+    if saved is None or saved.epoch != spec.epochs - 1 or not (one_run and own_seed):
+        return None
+    location = checkpoint_files.study_location(study)
+    if location is None:
+        return None
+    try:
+        return checkpoint_files.read(checkpoint_files.open_store(location), saved)
+    except Exception as error:  # gone (not among the leaders), unreadable, a store away
+        logger.info("trial #%d: its final weights cannot be read (%s)", trial.number, error)
+        return None
 
 
 def score_selection(
@@ -319,7 +355,7 @@ def score_selection(
     test_values: list[float] = []
     if callable(getattr(adapter, "final_scores", None)):
         for offset in range(runs):
-            test_values.append(_test_score(adapter, spec, selected, device, offset, runs))
+            test_values.append(_test_score(adapter, spec, selected, device, offset, runs, study))
     baselines = (
         adapter.baselines(spec.options) if callable(getattr(adapter, "baselines", None)) else {}
     )

@@ -206,11 +206,23 @@ class RLAdapter(BaseAdapter):
         device: torch.device,
         options: Mapping[str, Any],
         report: Report | None = None,
+        final_state: Mapping[str, Any] | None = None,
     ) -> dict[str, float]:
         """The selected trial's test score: trained again on everything before the test part,
         then scored once on it (a part no trial has seen). `report(epoch, score)` after each
-        epoch, as a trial reports: how the run is getting on, not a figure to choose by."""
+        epoch, as a trial reports: how the run is getting on, not a figure to choose by.
+
+        `final_state`: what the trial saved after its last epoch, when it is kept. On a Gymnasium
+        environment the run before the test part is the trial's own (the same environment and
+        seed: only the scored episodes differ), so its final weights are scored on the test
+        episodes instead of trained again; on a trading market the test run trains on more
+        prices than the trial saw (the validation part too), so it trains."""
         task = test_task(options)
+        if final_state is not None and not task.is_trading:
+            finished = _Finished(final_state)  # resumed after its last epoch: scored, not trained
+            return {
+                "test": self._learn(params, task, epochs, device, options, None, finished).value
+            }
         return {"test": self._learn(params, task, epochs, device, options, report).value}
 
     def baselines(self, options: Mapping[str, Any]) -> dict[str, dict[str, float]]:
@@ -236,3 +248,20 @@ class RLAdapter(BaseAdapter):
             report=report,
             **extra,
         )
+
+
+class _Finished:
+    """A finished run's saved state as a checkpoint handle that only loads: `learn` goes on from
+    it with no epoch left, and scores its weights on the task it is given."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self._state = dict(state)
+
+    def load(self) -> dict[str, Any]:
+        return self._state
+
+    def save(self, epoch: int, state: dict[str, Any]) -> None:
+        """Never written: the state is the trial's, kept by its study."""
+
+    def due(self, epoch: int) -> bool:
+        return False
