@@ -27,18 +27,16 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("algorithm", [dqn, ppo], ids=["dqn", "ppo"])
 def test_a_gymnasium_study_scores_its_trials_final_weights_as_training_again_would(
-    algorithm, tmp_path, one_torch_thread
+    tmp_path, one_torch_thread
 ):
     url = f"sqlite:///{tmp_path}/s.db"
-    name = algorithm.adapter.name
     done = run_cli(
-        "run", name, "--env", "CartPole-v1", "--trials", "2", "--epochs", "2",
+        "run", "dqn", "--env", "CartPole-v1", "--trials", "2", "--epochs", "2",
         "--option", "steps_per_epoch=800", "--gpus", "none", "--storage", url, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    study = optuna.load_study(study_name=name, storage=url)
+    study = optuna.load_study(study_name="dqn", storage=url)
     scores = final_scores_of(study.user_attrs)
     assert scores is not None and scores.test is not None
     selected = next(t for t in study.trials if t.number == scores.selected_trial)
@@ -46,10 +44,47 @@ def test_a_gymnasium_study_scores_its_trials_final_weights_as_training_again_wou
     assert f"test run of trial #{selected.number}: epoch" not in done.stderr  # nothing trained
 
     spec = load_spec(study)
-    again = algorithm.adapter.final_scores(
+    again = dqn.adapter.final_scores(
         selected.params, epochs=spec.epochs, device=CPU, options=spec.options
     )
     assert scores.test == pytest.approx(again["test"], rel=1e-6), (scores.test, again)
+
+
+class _Kept:
+    """A trial's checkpoint handle that keeps every state in memory."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, dict] = {}
+
+    def load(self) -> None:
+        return None
+
+    def due(self, epoch: int) -> bool:
+        return True
+
+    def save(self, epoch: int, state: dict) -> None:
+        self.saved[epoch] = state
+
+
+def test_ppos_final_weights_score_on_the_test_episodes_as_training_again_would(
+    one_torch_thread, monkeypatch
+):
+    options = {**ppo.adapter.options, "env": "CartPole-v1", "steps_per_epoch": 1024}
+    params = dict(ppo.adapter.default_params)
+    kept = _Kept()
+    ppo.adapter.train(
+        params, epochs=2, device=CPU, options=options, report=lambda e, v: None, checkpoint=kept
+    )
+    updates = []
+    update = ppo.update
+    monkeypatch.setattr(ppo, "update", lambda *a, **k: updates.append(1) or update(*a, **k))
+    scored = ppo.adapter.final_scores(
+        params, epochs=2, device=CPU, options=options, final_state=kept.saved[1]
+    )
+    assert not updates  # scored, not trained
+    again = ppo.adapter.final_scores(params, epochs=2, device=CPU, options=options)
+    assert updates  # training again updates the network
+    assert scored == pytest.approx(again, rel=1e-6)
 
 
 def test_a_trading_test_run_trains_on_the_validation_part_too_whatever_was_kept():
