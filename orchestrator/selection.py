@@ -283,11 +283,13 @@ def _test_score(
     study: optuna.Study,
 ) -> float:
     """One test run of the selected trial, its progress said as a trial's (when the adapter's
-    final_scores takes a report), from the trial's final weights where the adapter can score
-    them (`final_state`) and the study kept them."""
+    final_scores takes a report), from the trial's final weights where the adapter scores them
+    (`scores_kept_weights`: its `final_scores` takes them as `final_state`) and the study kept
+    them."""
     kwargs: dict[str, Any] = {}
     takes = inspect.signature(adapter.final_scores).parameters
-    if "final_state" in takes and offset == 0:
+    scores_weights = getattr(adapter, "scores_kept_weights", None)
+    if offset == 0 and callable(scores_weights) and scores_weights(spec.options):
         state = final_state(study, spec, selected)
         if state is not None:
             kwargs["final_state"] = state

@@ -96,3 +96,5 @@ def test_a_trading_test_run_trains_on_the_validation_part_too_whatever_was_kept(
     )
     trained = dqn.adapter.final_scores(params, epochs=1, device=CPU, options=options)
     assert kept == trained
+    assert not dqn.adapter.scores_kept_weights(options)  # so the end reads no weights for it
+    assert dqn.adapter.scores_kept_weights({**options, "env": "CartPole-v1"})

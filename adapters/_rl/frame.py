@@ -218,12 +218,17 @@ class RLAdapter(BaseAdapter):
         episodes instead of trained again; on a trading market the test run trains on more
         prices than the trial saw (the validation part too), so it trains."""
         task = test_task(options)
-        if final_state is not None and not task.is_trading:
+        if final_state is not None and self.scores_kept_weights(options):
             finished = _Finished(final_state)  # resumed after its last epoch: scored, not trained
             return {
                 "test": self._learn(params, task, epochs, device, options, None, finished).value
             }
         return {"test": self._learn(params, task, epochs, device, options, report).value}
+
+    def scores_kept_weights(self, options: Mapping[str, Any]) -> bool:
+        """Whether `final_scores` scores a trial's kept final weights for these options instead
+        of training again: on a Gymnasium environment, not on a trading market."""
+        return not test_task(options).is_trading
 
     def baselines(self, options: Mapping[str, Any]) -> dict[str, dict[str, float]]:
         return baselines(options)
