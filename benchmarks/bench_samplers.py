@@ -766,8 +766,8 @@ def _scores(results: list[dict], tasks: list[str], seeds: range, k: int) -> dict
         if "history" in r:
             per["recommended"] = _recommended(r)
         for score, value in per.items():
-            if value is not None:
-                out.setdefault((r["sampler"], r["task"], score), {})[r["seed"]] = value
+            if value is not None:  # a run in two files: the first read (--out's) stands
+                out.setdefault((r["sampler"], r["task"], score), {}).setdefault(r["seed"], value)
     return out
 
 
@@ -833,7 +833,50 @@ def render_hpo(results: list[dict], tasks: list[str], args) -> str:
         samplers = [s for s in args.samplers if any(key[0] == s for key in scores)]
         if samplers:
             lines += _render_in_flight(scores, samplers, tasks, k, args, results)
+    if len(args.in_flight) > 1:
+        lines += _render_summary(results, tasks, seeds, args)
     return "\n".join(lines)
+
+
+def _render_summary(results: list[dict], tasks: list[str], seeds: range, args) -> list[str]:
+    """One row per sampler and number in flight: the three scores' means (all 15 tables, the
+    luck-bound 3, the other 12), how the recommendation compares with the best observed trial,
+    and the CPU seconds of a run."""
+    others = [t for t in tasks if t not in LUCK_BOUND]
+    bound = [t for t in tasks if t in LUCK_BOUND]
+    lines = [
+        "Every sampler at every number in flight (mean rank regret: obs. / rec. / eval.; "
+        "geometric mean of rec. / obs. with its 95% bootstrap interval):",
+        "",
+        "| sampler | in flight | seeds | all 15 | luck-bound 3 | other 12 | rec. / obs., geo. | "
+        "rec. better than obs. on | CPU s a run |",
+        "|---|---:|---:|---|---|---|---:|---:|---:|",
+    ]
+    for s in args.samplers:
+        for k in args.in_flight:
+            scores = _scores(results, tasks, seeds, k)
+            per = {score: _per_task(scores, s, score, tasks) for score in SCORES}
+            if len(per["observed"]) < len(tasks):
+                continue
+
+            def cell(among: list[str], per: dict = per) -> str:
+                return " / ".join(
+                    f"{statistics.fmean(statistics.fmean(per[x][t].values()) for t in among):.4f}"
+                    if all(t in per[x] for t in among)
+                    else "-"
+                    for x in SCORES
+                )
+
+            count = min(len(v) for v in per["observed"].values())
+            cpu = [r["seconds"] for r in results if r["sampler"] == s and r["in_flight"] == k]
+            has_rec = len(per["recommended"]) == len(tasks)
+            lines.append(
+                f"| {s} | {k} | {count} | {cell(tasks)} | {cell(bound)} | {cell(others)} | "
+                f"{_ratio_cell(per['recommended'], per['observed'], tasks) if has_rec else ''} | "
+                f"{_wins(per['recommended'], per['observed']) if has_rec else ''} | "
+                f"{statistics.median(cpu):.2f} |"
+            )
+    return ["", *lines, ""]
 
 
 def _render_in_flight(scores, samplers, tasks, k, args, results) -> list[str]:
