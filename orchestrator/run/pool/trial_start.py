@@ -90,11 +90,10 @@ PRELOAD = (
     "optuna.artifacts",
     "optuna_dashboard._note",
     # Which trials keep their final weights is the study's model's call, made as a trial ends
-    # (run/trial/checkpoints.py): its solvers are 0.3 s of CPU to import in each process.
+    # (run/trial/checkpoints.py). Its solvers (scipy, 0.4 s of CPU) are left to the processes
+    # that fit it: a study of fewer than 10 configurations never does, and every command would
+    # pay them in its server.
     "samplers._model.recommend",
-    "scipy.linalg",
-    "scipy.optimize",
-    "scipy.special",
 )
 
 
