@@ -94,7 +94,7 @@ def _assert_stopped_and_resumed(url: str, name: str, stopped_numbers: list[int])
         assert assert_resumed(stopped, reruns[0]) >= 1
         log = Path(stopped.user_attrs["log_file"]).read_text()
         assert "Traceback" not in log, log
-        assert log.count("its host process") == 1, log
+        assert log.count("stopped: its host process is gone") == 1, log  # said once, not per member
         assert "re-queued" in log and "checkpoint" in log, log
 
 
@@ -168,6 +168,30 @@ def test_a_run_killed_alone_leaves_its_trials_to_the_next_run(sqlite_url):
     again = run_cli(*args, timeout=300, env=ENV)
     assert again.returncode == 0, again.stderr
     # The four stopped trials were failed and re-queued by their processes: the counts say so.
+    done = "4/4 trials done (4 complete, 0 pruned, 0 failed; 4 failed and re-run)"
+    assert done in again.stdout, again.stdout
+    _assert_stopped_and_resumed(sqlite_url, "synthetic", [t.number for t in victims])
+
+
+def test_a_run_killed_alone_mid_group_leaves_each_member_to_the_next_run(sqlite_url):
+    """A fused group (one process training four trials) under a host killed alone: every
+    member stops at once and is re-queued as a single trial is, and the next run resumes each
+    from its own checkpoint."""
+    args = _run_args(sqlite_url, "--fuse", "4")
+    host = start_cli(*args, env=ENV)
+    victims = wait_for(
+        lambda: len(_training(sqlite_url, "synthetic")) == 4 and _training(sqlite_url, "synthetic"),
+        "a group of four with two checkpoints each",
+        timeout=240,
+        tolerate=TOLERATE,
+    )
+    (pid,) = {t.user_attrs["pid"] for t in victims}  # one process holds the whole group
+    assert all(len(t.user_attrs["fused_with"]) == 3 for t in victims), victims
+    seconds = _kill_host_alone(host)
+    assert seconds < GONE_WITHIN_S, f"the group's process outlived its host by {seconds:.1f} s"
+
+    again = run_cli(*args, timeout=300, env=ENV)
+    assert again.returncode == 0, again.stderr
     done = "4/4 trials done (4 complete, 0 pruned, 0 failed; 4 failed and re-run)"
     assert done in again.stdout, again.stdout
     _assert_stopped_and_resumed(sqlite_url, "synthetic", [t.number for t in victims])

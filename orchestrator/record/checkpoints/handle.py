@@ -84,6 +84,8 @@ class CheckpointHandle:
         self.on_unsaved: Callable[[str], None] = lambda line: None  # the host's line, each failure
         self.failing: str | None = None  # why the last save failed, until one works again
         self._tried_at: int | None = None  # the last epoch a save was tried at
+        # Where its lines go: the trial's log (stdout); a fused member's, its own log.
+        self.say: Callable[[str], None] = _say
 
     # --- the adapter's side ---------------------------------------------------------------
 
@@ -95,10 +97,10 @@ class CheckpointHandle:
             return None
         found = stored.latest(self._study, self.source)
         if found is None:
-            _say(f"trial {self.source} left no checkpoint: training starts at epoch 0")
+            self.say(f"trial {self.source} left no checkpoint: training starts at epoch 0")
             return None
         if self._store is None:
-            _say("this study keeps no checkpoints (no --artifacts): training starts at epoch 0")
+            self.say("this study keeps no checkpoints (no --artifacts): training starts at epoch 0")
             return None
         return self._read(found, copy=True)
 
@@ -147,7 +149,7 @@ class CheckpointHandle:
         try:
             state = stored.read(self._store, found)
         except stored.CheckpointUnreadable as why:
-            _say(
+            self.say(
                 f"the checkpoint of trial {found.trial} at epoch {found.epoch} could not be read "
                 f"({why}): training starts at epoch 0"
             )
@@ -156,7 +158,7 @@ class CheckpointHandle:
             self._copy_curve(found)
         set_user_attrs(self._trial, {names.RESUMED_FROM_EPOCH: found.epoch})
         self.resumed_epoch = found.epoch
-        _say(
+        self.say(
             f"resumed from the checkpoint of trial {found.trial} at epoch {found.epoch}: "
             f"training goes on at epoch {found.epoch + 1}"
         )
@@ -190,7 +192,7 @@ class CheckpointHandle:
             return
         if self.failing is not None:
             self.failing = None
-            _say(f"epoch {epoch}: checkpoints are saved again in {self.location}")
+            self.say(f"epoch {epoch}: checkpoints are saved again in {self.location}")
         try:
             with single_attempt():
                 self._name(artifact_id, epoch)
@@ -212,7 +214,7 @@ class CheckpointHandle:
         cause = cause_of(error)
         if self.failing is None:
             latest = f"epoch {self.saved[-1].epoch}" if self.saved else "none of its own yet"
-            _say(
+            self.say(
                 f"epoch {epoch}: the checkpoint could not be saved in {self.location} ({cause}): "
                 f"training goes on and the next save tries again; its latest usable checkpoint: "
                 f"{latest}"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,12 +117,19 @@ def run_group(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) 
             return late_outcome(first.trial.number, first.log_file)
         if len(seats) > 1 and any(_requeued(seat) for seat in seats if seat.outcome is None):
             channel.send(("requeuing",))  # the pool starts none of them until all are queued
-        with output_to(first.log_file):
-            outcomes = [
-                seat.outcome or end_member(ctx, job, spec, seat, company, len(seats))
-                for seat in seats
-            ]
+        outcomes = [
+            seat.outcome or _ended(ctx, job, spec, seat, company, len(seats)) for seat in seats
+        ]
     return group_outcome(outcomes, peak)
+
+
+def _ended(
+    ctx: TrialContext, job: TrialJob, spec: StudySpec, seat: Seat, company: Any, size: int
+) -> TrialOutcome:
+    """`end_member` with what ending it prints (why it stopped, where it was re-queued) in the
+    member's own log, as a single trial's ending is in its log."""
+    with output_to(seat.log_file):
+        return end_member(ctx, job, spec, seat, company, size)
 
 
 def _requeued(seat: Seat) -> bool:
@@ -259,13 +267,15 @@ def member_of(
     seat.result.flush = report.flush  # run before the result is told (run/trial/spool)
     handle = open_handle(ctx.study, seat.trial, spec, ctx.config.storage, True, tell_host(channel))
     seat.result.checkpoint = handle
+    if seat.log_file is not None:  # its resumes and failed saves in its own log, not the group's
+        handle.say = functools.partial(_append, seat.log_file)
     watched = group_memory(ctx, seats, channel, noted(seat.result, report))
 
     def end_pruned() -> None:
         with held():  # a stop waits for the member's end to be written whole
             seat.result.state = optuna.trial.TrialState.PRUNED
             seat.result.vram_peak_mb = share_of(measure_vram_peak_mb(ctx), seat, seats)
-            seat.outcome = end_member(ctx, job, spec, seat, company, len(seats))
+            seat.outcome = _ended(ctx, job, spec, seat, company, len(seats))
 
     return Member(
         seat.params, ended_when_pruned(reporting_to(handle, watched, True), end_pruned), handle
@@ -376,6 +386,12 @@ def group_outcome(outcomes: list[TrialOutcome], peak: float | None) -> TrialOutc
         vram_peak_mb=peak,
         fused=tuple(outcomes[1:]),
     )
+
+
+def _append(path: Path, line: str) -> None:
+    """One line at the end of a log, written at once (a process killed next keeps it)."""
+    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as log:
+        log.write(line + "\n")
 
 
 def _section(seat: Seat, line: str, output_of: Seat | None = None) -> None:
