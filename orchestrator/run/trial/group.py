@@ -45,7 +45,7 @@ from orchestrator.run.trial.ending import end_trial
 from orchestrator.run.trial.errors import fail_with
 from orchestrator.run.trial.host import name_process, trial_name
 from orchestrator.run.trial.member import ended_when_pruned, shape_of, unfused_because
-from orchestrator.run.trial.member_logs import member_lines_to
+from orchestrator.run.trial.member_logs import append_line, member_lines_to
 from orchestrator.run.trial.memory import (
     hold_simulated_mb,
     measure_vram_peak_mb,
@@ -268,7 +268,7 @@ def member_of(
     handle = open_handle(ctx.study, seat.trial, spec, ctx.config.storage, True, tell_host(channel))
     seat.result.checkpoint = handle
     if seat.log_file is not None:  # its resumes and failed saves in its own log, not the group's
-        handle.say = functools.partial(_append, seat.log_file)
+        handle.say = functools.partial(append_line, seat.log_file)
     watched = group_memory(ctx, seats, channel, noted(seat.result, report))
 
     def end_pruned() -> None:
@@ -386,12 +386,6 @@ def group_outcome(outcomes: list[TrialOutcome], peak: float | None) -> TrialOutc
         vram_peak_mb=peak,
         fused=tuple(outcomes[1:]),
     )
-
-
-def _append(path: Path, line: str) -> None:
-    """One line at the end of a log, written at once (a process killed next keeps it)."""
-    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as log:
-        log.write(line + "\n")
 
 
 def _section(seat: Seat, line: str, output_of: Seat | None = None) -> None:

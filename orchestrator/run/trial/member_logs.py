@@ -92,3 +92,13 @@ def member_lines_to(logs: Sequence[Path | None]) -> Iterator[None]:
     finally:
         router.close_partial()
         sys.stdout = group
+
+
+def append_line(path: Path, line: str) -> None:
+    """One line at the end of a member's log, written at once (a process killed next keeps it);
+    where the log cannot be written, the group's output keeps the line."""
+    try:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(line + "\n")
+    except OSError:
+        print(line, flush=True)
