@@ -150,27 +150,36 @@ def test_a_trial_process_stops_as_its_host_s_end_of_the_pipe_closes():
     assert "Traceback" not in err, err
 
 
-def test_a_run_killed_alone_leaves_its_trials_to_the_next_run(sqlite_url):
-    args = _run_args(sqlite_url, "--concurrency", "4")
+def _four_training(url: str, args: tuple[str, ...], what: str):
+    """The host that `args` starts, once four of its trials have saved twice; and those trials."""
     host = start_cli(*args, env=ENV)
     victims = wait_for(
-        lambda: len(_training(sqlite_url, "synthetic")) == 4 and _training(sqlite_url, "synthetic"),
-        "four trials with two checkpoints each",
+        lambda: len(_training(url, "synthetic")) == 4 and _training(url, "synthetic"),
+        what,
         timeout=240,
         tolerate=TOLERATE,
     )
-    pids = [t.user_attrs["pid"] for t in victims]
-    names = {_comm(pid) for pid in pids}
-    assert names == {f"trial-{t.number}:synthetic"[:15] for t in victims}, names
-    seconds = _kill_host_alone(host)
-    assert seconds < GONE_WITHIN_S, f"the trial processes outlived their host by {seconds:.1f} s"
+    return host, victims
 
+
+def _next_run_resumes(url: str, args: tuple[str, ...], victims: list) -> None:
     again = run_cli(*args, timeout=300, env=ENV)
     assert again.returncode == 0, again.stderr
     # The four stopped trials were failed and re-queued by their processes: the counts say so.
     done = "4/4 trials done (4 complete, 0 pruned, 0 failed; 4 failed and re-run)"
     assert done in again.stdout, again.stdout
-    _assert_stopped_and_resumed(sqlite_url, "synthetic", [t.number for t in victims])
+    _assert_stopped_and_resumed(url, "synthetic", [t.number for t in victims])
+
+
+def test_a_run_killed_alone_leaves_its_trials_to_the_next_run(sqlite_url):
+    args = _run_args(sqlite_url, "--concurrency", "4")
+    host, victims = _four_training(sqlite_url, args, "four trials with two checkpoints each")
+    pids = [t.user_attrs["pid"] for t in victims]
+    names = {_comm(pid) for pid in pids}
+    assert names == {f"trial-{t.number}:synthetic"[:15] for t in victims}, names
+    seconds = _kill_host_alone(host)
+    assert seconds < GONE_WITHIN_S, f"the trial processes outlived their host by {seconds:.1f} s"
+    _next_run_resumes(sqlite_url, args, victims)
 
 
 def test_a_run_killed_alone_mid_group_leaves_each_member_to_the_next_run(sqlite_url):
@@ -178,23 +187,12 @@ def test_a_run_killed_alone_mid_group_leaves_each_member_to_the_next_run(sqlite_
     member stops at once and is re-queued as a single trial is, and the next run resumes each
     from its own checkpoint."""
     args = _run_args(sqlite_url, "--fuse", "4")
-    host = start_cli(*args, env=ENV)
-    victims = wait_for(
-        lambda: len(_training(sqlite_url, "synthetic")) == 4 and _training(sqlite_url, "synthetic"),
-        "a group of four with two checkpoints each",
-        timeout=240,
-        tolerate=TOLERATE,
-    )
+    host, victims = _four_training(sqlite_url, args, "a group of four with two checkpoints each")
     (pid,) = {t.user_attrs["pid"] for t in victims}  # one process holds the whole group
     assert all(len(t.user_attrs["fused_with"]) == 3 for t in victims), victims
     seconds = _kill_host_alone(host)
     assert seconds < GONE_WITHIN_S, f"the group's process outlived its host by {seconds:.1f} s"
-
-    again = run_cli(*args, timeout=300, env=ENV)
-    assert again.returncode == 0, again.stderr
-    done = "4/4 trials done (4 complete, 0 pruned, 0 failed; 4 failed and re-run)"
-    assert done in again.stdout, again.stdout
-    _assert_stopped_and_resumed(sqlite_url, "synthetic", [t.number for t in victims])
+    _next_run_resumes(sqlite_url, args, victims)
 
 
 def test_a_worker_killed_alone_leaves_its_trials_to_the_study(postgres_url, tmp_path):
