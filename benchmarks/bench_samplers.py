@@ -150,7 +150,9 @@ HPO_FAMILIES = {
     "hpolib": ("HPOLib", "val_loss"),
     "nasbench201": ("NASBench201", "val_acc"),
 }
-HPO_SAMPLERS = ("pso", "random", "tpe", "tpe_mv", "cmaes", "gp", "pso_noise1", "pso_noise_both")
+HPO_SAMPLERS = (
+    "pso", "random", "tpe", "tpe_mv", "cmaes", "gp", "pso_noise1", "pso_noise_both", "pso_warm",
+)  # fmt: skip
 # The swarm with its model's fits started from another noise variance (gp.NOISE_STARTS).
 SWARM_NOISE_STARTS = {"pso": (0.01,), "pso_noise1": (1.0,), "pso_noise_both": (0.01, 1.0)}
 # Results kept from an earlier version, shown beside the others but not run again:
@@ -253,16 +255,54 @@ def make_hpo(name: str, seed: int):
     import optuna
 
     if name in SWARM_NOISE_STARTS:
-        from samplers._model import gp
+        from samplers._model import gp, screen
 
+        screen.fit_kernel = gp.fit_kernel  # not an earlier pso_warm run's in this process
         gp.NOISE_STARTS = SWARM_NOISE_STARTS[name]
         gp._KERNELS.clear()  # kernels fitted from another start, on the same first trials
+        name = "pso"
+    if name == "pso_warm":
+        _warm_start_swarm_fits()
         name = "pso"
     if name == "tpe_mv":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, warn_independent_sampling=False)
     return make(name, seed)
+
+
+def _warm_start_swarm_fits() -> None:
+    """`pso_warm`: each of the swarm's kernel fits also starts from the study's previous fit
+    (the product starts every fit from fixed values, so that every process finds the same
+    kernel), the more probable of the two kept. One study at a time per process."""
+    import math
+
+    from scipy import optimize
+
+    from samplers._model import gp, screen
+
+    gp.NOISE_STARTS = (0.01,)
+    gp._KERNELS.clear()
+    last: list[np.ndarray] = []
+
+    def fit(x, y, categorical, counts=None, noise_starts=None):
+        sq = gp.squared_differences(x, x, categorical)
+        d = x.shape[1]
+        starts = [np.concatenate([np.zeros(d), [0.0, math.log(n)]]) for n in gp.NOISE_STARTS]
+        starts += [r for r in last[-1:] if len(r) == d + 2]
+        fits = [
+            optimize.minimize(
+                gp._loss, start, args=(sq, y, gp._shares(counts, len(y))), jac=True,
+                method="L-BFGS-B", bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
+                options={"gtol": 1e-2, "maxiter": 60},
+            )
+            for start in starts
+        ]  # fmt: skip
+        best = min(fits, key=lambda f: float(f.fun)).x
+        last.append(best)
+        return gp._unpack(best)
+
+    screen.fit_kernel = fit
 
 
 _TABLES: dict[str, Table] = {}
