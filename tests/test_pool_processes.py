@@ -341,13 +341,14 @@ def test_timeout_starts_nothing_new_and_lets_running_trials_finish(sqlite_url):
         "--gpus",
         "sim:24576",
         # The first trial must start before the timeout: a trial process's start takes 10 s
-        # and more on a loaded machine, so the timeout leaves room for it.
+        # and more on a loaded machine, so the timeout leaves room for it. A trial longer than
+        # the timeout is still running when it passes, however soon it started.
         "--timeout",
         "20",
         "--grace",
         "0",
         "--option",
-        "trial_seconds=30",
+        "trial_seconds=21",
         "--epochs",
         "2",
         "--pruner",
