@@ -277,8 +277,6 @@ def _warm_start_swarm_fits() -> None:
     kernel), the more probable of the two kept. One study at a time per process."""
     import math
 
-    from scipy import optimize
-
     from samplers._model import gp, screen
 
     gp.NOISE_STARTS = (0.01,)
@@ -290,14 +288,7 @@ def _warm_start_swarm_fits() -> None:
         d = x.shape[1]
         starts = [np.concatenate([np.zeros(d), [0.0, math.log(n)]]) for n in gp.NOISE_STARTS]
         starts += [r for r in last[-1:] if len(r) == d + 2]
-        fits = [
-            optimize.minimize(
-                gp._loss, start, args=(sq, y, gp._shares(counts, len(y))), jac=True,
-                method="L-BFGS-B", bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
-                options={"gtol": 1e-2, "maxiter": 60},
-            )
-            for start in starts
-        ]  # fmt: skip
+        fits = [gp.fit_from(start, sq, y, counts) for start in starts]
         best = min(fits, key=lambda f: float(f.fun)).x
         last.append(best)
         return gp._unpack(best)

@@ -148,18 +148,27 @@ def fit_kernel(
     sq = squared_differences(x, x, categorical)
     d = x.shape[1]
     fits = [
-        optimize.minimize(
-            _loss,
-            np.concatenate([np.zeros(d), [0.0, math.log(noise)]]),
-            args=(sq, y, _shares(counts, len(y))),
-            jac=True,
-            method="L-BFGS-B",
-            bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
-            options={"gtol": 1e-2, "maxiter": 60},
-        )
+        fit_from(np.concatenate([np.zeros(d), [0.0, math.log(noise)]]), sq, y, counts)
         for noise in noise_starts or NOISE_STARTS
     ]
     return _unpack(min(fits, key=lambda f: float(f.fun)).x)
+
+
+def fit_from(
+    start: np.ndarray, sq: np.ndarray, y: np.ndarray, counts: np.ndarray | None = None
+) -> Any:
+    """One fit of the raw (log) kernel values from `start`: scipy's result, `.x` the values and
+    `.fun` minus their log posterior probability."""
+    d = sq.shape[-1]
+    return optimize.minimize(
+        _loss,
+        start,
+        args=(sq, y, _shares(counts, len(y))),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(-10.0, 10.0)] * d + [(-10.0, 5.0), (-20.0, 2.0)],
+        options={"gtol": 1e-2, "maxiter": 60},
+    )
 
 
 def _shares(counts: np.ndarray | None, n: int) -> np.ndarray:
