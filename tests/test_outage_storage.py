@@ -180,29 +180,33 @@ def test_a_training_trial_keeps_training_and_its_reports_arrive_later(cluster, s
     )
     trial = study.ask()
     report = reporter(trial)
-    epochs = 30
-    cluster_stopped = threading.Event()
+    cluster_stopped, restarting = threading.Event(), threading.Event()
 
     def stop_for_a_while() -> None:
         cluster.stop()
         cluster_stopped.set()
         time.sleep(3)
+        restarting.set()
         cluster.start()
 
     stopper = threading.Timer(0.5, stop_for_a_while)
     stopper.start()
-    started = time.monotonic()
-    for epoch in range(epochs):
-        report(epoch, float(epoch))
+    epochs, during_outage = 0, 0
+    # At least 30 epochs of 0.2 s, and on until the restart began (a slow stop must not let the
+    # loop end before the outage).
+    while epochs < 30 or not restarting.is_set():
+        if cluster_stopped.is_set() and not restarting.is_set():
+            during_outage += 1
+        report(epochs, float(epochs))
         time.sleep(0.2)
-    trained_s = time.monotonic() - started
+        epochs += 1
     stopper.join()
     report.flush()
     study.tell(trial, 1.0)
-    assert cluster_stopped.is_set()
-    # 30 epochs of 0.2 s: the 3 s outage did not pause them (a pause would add at least its 3 s;
-    # the rest of the margin is 30 sleeps and reports on a loaded machine).
-    assert trained_s < epochs * 0.2 + 2.5
+    # Training went on while the database was away: a report that waited for it would leave one
+    # epoch in the outage's 3 s; going on, about 15 (at least 4 on a loaded machine). Counted,
+    # not timed, so that the machine's load cannot fail it.
+    assert during_outage >= 4, during_outage
     told = optuna.load_study(study_name="train", storage=url).trials[0]
     assert told.intermediate_values == {epoch: float(epoch) for epoch in range(epochs)}
 
