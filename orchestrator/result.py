@@ -131,8 +131,18 @@ def outcome_lines(outcome: Outcome, *, metric: str, as_json: bool) -> list[str]:
         shown = f"{value:.6g}" if isinstance(value, float) else value
         lines.append(f"  {name} = {shown}")
     lines += said
-    if outcome.final is not None:
-        lines.append(side_by_side(outcome.final))
+    final = outcome.final
+    shown = outcome.best_trial if rec is None else rec.trial
+    if final is not None and final.confirmed and final.selected_trial != shown:
+        # The confirmation's re-runs ranked another trial first: that is the one to deploy.
+        lines.append(
+            f"selected by the confirmation: trial #{final.selected_trial} (ranked first on "
+            f"{len(final.confirmed[0].values)} seeds; `best --format yaml` writes its parameters)"
+        )
+        for name, value in final.selected_params.items():
+            lines.append(f"  {name} = {f'{value:.6g}' if isinstance(value, float) else value}")
+    if final is not None:
+        lines.append(side_by_side(final))
     return lines
 
 

@@ -38,6 +38,7 @@ from orchestrator.record.study.final_scores import (
     Confirmed,
     FinalScores,
     final_scores_of,
+    is_current,
     save_final_scores,
 )
 from orchestrator.record.study.spec import count_trials
@@ -266,7 +267,7 @@ def _still_current(study: optuna.Study, spec: StudySpec, selection: Selection) -
     stored = final_scores_of(study.user_attrs)
     if stored is None:
         return None
-    same_trials = stored.complete_trials == len(_completed(study.get_trials(deepcopy=False)))
+    same_trials = is_current(stored, study.get_trials(deepcopy=False))
     same_ask = not selection.top or (
         selection.top == len(stored.confirmed) and selection.seeds == stored.seeds
     )
@@ -380,4 +381,5 @@ def score_selection(
         confirmed=confirmed,
         baselines=baselines,
         complete_trials=len(_completed(trials)),
+        selected_params=dict(selected.params),
     )

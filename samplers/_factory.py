@@ -186,16 +186,27 @@ def make_sampler(
     gets the same `seed` and still makes different steps; with several objectives it is the
     multi-objective swarm. Optuna's own samplers draw from a random generator inside the
     sampler object: two processes seeded alike propose the same points. So for them the seed is
-    `seed + independent_seed_offset`, and each process must pass a different offset (its pid, or
+    `process_seed(seed, independent_seed_offset)`, and each process must pass a different offset (its pid, or
     a slot counter). QMC is the exception: its points come from one shared (scrambled) sequence,
     so it keeps `seed` as it is and the offset only seeds its fallback. "grid" needs `grid`, the
     values of each parameter (Optuna's GridSampler, which every process walks without repeats).
     "pbt" is population-based training of `swarm_size` members, shared as the swarm is.
     """
     kind = _check(name, n_objectives, grid)
-    own_seed = None if seed is None else (seed + independent_seed_offset) % 2**32
+    own_seed = None if seed is None else process_seed(seed, independent_seed_offset)
     shared = seed if kind.shared_seed else own_seed
     return kind.make(Asked(shared, own_seed, swarm_size, bounds, grid))
+
+
+def process_seed(seed: int, offset: int) -> int:
+    """The seed of the sampler made with `offset` in a study seeded `seed`: `seed` itself at
+    offset 0, else a hash of the pair. Not `seed + offset`: the study seeded 4 would draw
+    exactly what the study seeded 3 draws one trial later."""
+    if not offset:
+        return seed % 2**32
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed % 2**32, offset % 2**32]).generate_state(1)[0])
 
 
 def _not_declared() -> BaseSampler:

@@ -92,3 +92,51 @@ def test_a_study_s_best_trial_is_none_before_a_completed_one_and_with_several_ob
     pareto = optuna.create_study(directions=["minimize", "maximize"])
     pareto.add_trial(optuna.trial.create_trial(values=[1.0, 2.0]))
     assert best_of_study(pareto) is None  # `study.best_trial` raises RuntimeError here
+
+
+def test_a_current_confirmation_decides_what_best_hands_out_and_an_older_one_does_not(
+    sqlite_url, capsys
+):
+    """`--confirm K` re-ranks the model's top K on more seeds: while no trial has completed since,
+    `best` hands out its first (and says so before the model's view); once the study has grown,
+    the confirmation no longer decides and its scores are said to be older than the study."""
+    import optuna
+    from optuna.trial import create_trial
+    from test_status import distributions, trial_params
+
+    from orchestrator.record.store.location import StorageLocation
+    from orchestrator.record.store.migrate import open_storage
+    from orchestrator.record.study.final_scores import Confirmed, FinalScores, save_final_scores
+
+    build_study(sqlite_url)
+    study = optuna.load_study(
+        study_name="demo", storage=open_storage(StorageLocation.parse(sqlite_url))
+    )
+    _, out, _ = run_cli(capsys, "best", "--storage", sqlite_url)
+    recommended = json.loads(out)["trial"]
+    other = next(t for t in study.trials if t.value is not None and t.number != recommended)
+    confirmed = [
+        Confirmed(other.number, other.value, [0.1, 0.1], 0.1, 0.0),
+        Confirmed(recommended, 1.0, [0.5, 0.7], 0.6, 0.1),
+    ]
+    scores = FinalScores(
+        other.number, other.value, "value", seeds=2, confirmed=confirmed, complete_trials=10,
+        selected_params=dict(other.params),
+    )  # fmt: skip
+    save_final_scores(study, scores)
+
+    _, out, _ = run_cli(capsys, "best", "--storage", sqlite_url, "--format", "yaml")
+    assert yaml.safe_load(out) == other.params
+    _, text, _ = run_cli(capsys, "best", "--storage", sqlite_url, "--format", "text")
+    first, *rest = text.splitlines()
+    assert first == f"trial #{other.number}, selected by the confirmation; the model's view below"
+    said = f"selected by the confirmation (ranked first on 2 seeds): trial #{other.number}, "
+    assert any(line.startswith(said) for line in rest)
+    assert not any("older than the study" in line for line in rest)
+
+    study.add_trial(create_trial(params=trial_params(3), distributions=distributions(), value=99.0))
+    _, out, err = run_cli(capsys, "best", "--storage", sqlite_url)
+    assert json.loads(out)["trial"] == recommended
+    assert f"a confirmation older than the study ranked #{other.number} first" in err
+    _, text, _ = run_cli(capsys, "best", "--storage", sqlite_url, "--format", "text")
+    assert "it has 11 now: these scores are older than the study" in text

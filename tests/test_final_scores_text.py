@@ -61,6 +61,38 @@ def test_a_confirmation_s_mean_is_the_validation_figure():
     )
 
 
+def test_a_confirmation_that_ranks_another_trial_first_names_it_and_its_params_at_run_s_end():
+    confirmed = [
+        Confirmed(3, 1.1, [0.9, 0.7, 0.8], 0.8, 0.08),
+        Confirmed(7, 1.26, [1, 0, 0.5], 0.5, 0.4),
+    ]
+    scores = FinalScores(
+        3, 1.1, "sharpe", seeds=3, confirmed=confirmed, complete_trials=4,
+        selected_params={"gamma": 0.95},
+    )  # fmt: skip
+    lines = outcome_lines(_outcome(final=scores), metric="sharpe", as_json=False)
+    at = lines.index(
+        "selected by the confirmation: trial #3 (ranked first on 3 seeds; "
+        "`best --format yaml` writes its parameters)"
+    )
+    assert lines[at + 1] == "  gamma = 0.95" and lines[-1].endswith("(trial #3)")
+    # Where it ranks the shown trial first, nothing more is said.
+    same = FinalScores(7, 1.26, "sharpe", seeds=3, confirmed=confirmed[::-1], complete_trials=4)
+    said = outcome_lines(_outcome(final=same), metric="sharpe", as_json=False)
+    assert not any(line.startswith("selected by") for line in said)
+    assert final_score_lines(scores)[0].startswith(
+        "selected by the confirmation (ranked first on 3 seeds): trial #3"
+    )
+
+
+def test_scores_older_than_the_study_say_so():
+    scores = FinalScores(7, 1.26, "sharpe", complete_trials=24)
+    assert len(final_score_lines(scores, valued_now=24)) == len(final_score_lines(scores))
+    older = final_score_lines(scores, valued_now=26)[1]
+    assert older.startswith("scored when the study had 24 completed trials, it has 26 now")
+    assert "`best --confirm 0`" in older
+
+
 def test_several_objectives_end_with_the_front_not_with_nothing_completed():
     lines = outcome_lines(
         _outcome(best_trial=None, best_value=None, pareto_front=3), metric="x", as_json=False

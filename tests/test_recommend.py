@@ -156,6 +156,32 @@ def test_a_few_trials_are_too_few_for_a_model_and_the_best_observed_stands():
     assert found.reason.startswith("only 4 configurations finished: too few")
     one = recommendation(study.trials[:1], ["minimize"])
     assert one.reason.startswith("only 1 configuration finished: too few")
+    assert not found.modelled and not one.modelled
+
+
+def test_too_few_for_a_model_a_configuration_run_several_times_pools_its_runs():
+    """No model below ten configurations, but runs of one configuration (re-runs, --repeats)
+    still pool: the lucky draw whose three re-runs came out worse is not named, and the pick
+    is the one `ranked` (and so --confirm) puts first."""
+    dists = {"x": FloatDistribution(0.0, 1.0)}
+    values = [(0.9, -1.4), (0.1, 0.9), (0.2, 0.15), (0.9, 1.7), (0.9, 1.5), (0.9, 1.6)]
+    trials = [_trial({"x": x}, v, dists) for x, v in values]
+    for number, t in enumerate(trials):
+        t.number = number
+    found = recommendation(trials, ["minimize"])
+    assert found.best_observed.number == 0
+    assert found.trial.number == 2 == ranked(trials, ["minimize"])[0][0].number
+    assert (found.observed, found.repeats, found.modelled) == (0.15, 1, False)
+    assert "trial 0 observed 0.85 on average over 4 runs" in found.reason
+    # One configuration run four times: the mean of its runs, said as such.
+    alone = recommendation([t for t in trials if t.params["x"] == 0.9], ["minimize"])
+    assert alone.repeats == 4 and alone.observed == pytest.approx(0.85)
+    assert "also the best on average" in alone.reason
+    # --repeats: a trial's value is the mean of its seeds, and counts as that many.
+    repeated = recommendation(
+        [_trial({"x": 0.5}, 0.4, dists, repeat_values=[0.3, 0.5])], ["minimize"]
+    )
+    assert repeated.repeats == 2
 
 
 def test_errors_are_the_ones_optunas_best_trial_raises():

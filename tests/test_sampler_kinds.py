@@ -33,6 +33,7 @@ from samplers._factory import (
     Asked,
     SamplerKind,
     make_sampler,
+    process_seed,
     sampler_kind,
 )
 
@@ -114,12 +115,13 @@ def _spec(**changes: Any) -> StudySpec:
 def test_a_planted_sampler_is_made_with_the_seed_it_declares(monkeypatch) -> None:
     _plant(monkeypatch, several_objectives=False)
     made: Any = make_sampler("walk", seed=10, independent_seed_offset=3, swarm_size=4)
-    assert (made.asked.seed, made.asked.own_seed, made.asked.swarm_size) == (13, 13, 4)
+    own = process_seed(10, 3)
+    assert (made.asked.seed, made.asked.own_seed, made.asked.swarm_size) == (own, own, 4)
     with pytest.raises(ValueError, match="'walk' optimises one objective only.*nsga2"):
         make_sampler("walk", seed=0, n_objectives=2)
     _plant(monkeypatch, shared_seed=True)
     made = make_sampler("walk", seed=10, independent_seed_offset=3)
-    assert (made.asked.seed, made.asked.own_seed) == (10, 13)
+    assert (made.asked.seed, made.asked.own_seed) == (10, own)
     with pytest.raises(ValueError, match="Unknown sampler 'nope': choose one of .*pbt, walk"):
         make_sampler("nope", seed=0)
 
@@ -171,5 +173,13 @@ def test_a_trial_process_keeps_a_planted_sampler_only_if_it_says_so(monkeypatch,
     second = TrialContext.sampler_for(ctx, (8, 32), 2)
     assert (first is second) is kept
     assert first.asked.bounds == {"batch_size": (8, 32)}
-    assert second.asked.own_seed == (7 if kept else 9)  # kept: made once, with no offset
+    assert second.asked.own_seed == (7 if kept else process_seed(7, 2))  # kept: made once, with no offset
     assert _factory.sampler_kind("walk").kept is kept
+
+
+def test_studies_of_neighbouring_seeds_draw_apart() -> None:
+    """A study seeded 4 must not be the study seeded 3 one trial later: each trial's sampler is
+    seeded by (study seed, trial number), never by their sum."""
+    seeds = {(s, n): process_seed(s, n) for s in range(5) for n in range(50)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert process_seed(7, 0) == 7  # a sampler made once for the study keeps its seed

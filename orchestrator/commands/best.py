@@ -122,13 +122,17 @@ def best_command(args: argparse.Namespace) -> int:
         about += f"; its final weights: {weights}"
     rec = detail.recommended
     if args.format == "text":
-        text = "".join(f"{key}: {value}\n" for key, value in params.items())
+        text = ""
+        if rec is not None and best.number != rec.trial:  # a confirmation ranked another first
+            text = f"trial #{best.number}, selected by the confirmation; the model's view below\n"
+        text += "".join(f"{key}: {value}\n" for key, value in params.items())
         text += "".join(
             f"{line}\n" for line in (show_recommended.lines(rec, "value") if rec else [])
         )
-        text += "".join(
-            f"{line}\n" for line in (final_scores_text.final_score_lines(scores) if scores else [])
+        said = (
+            final_scores_text.final_score_lines(scores, valued_now=detail.valued) if scores else []
         )
+        text += "".join(f"{line}\n" for line in said)
         text += "".join(f"{line}\n" for line in _lineage_lines(detail.lineage, best.number))
     elif args.format == "yaml":
         text = format_params(params, args.format)
@@ -187,6 +191,11 @@ def _chosen(storage: Any, name: str, detail: Any, scores: Any) -> tuple[Any, str
         chosen, about = best, f"best of {name!r}: trial #{best.number}, value {best.value:.6g}"
     if scores is None or not scores.confirmed or scores.selected_trial == chosen.number:
         return chosen, about
+    if scores.complete_trials != detail.valued:  # trials completed since: the model decides
+        return (
+            chosen,
+            about + f"; a confirmation older than the study ranked #{scores.selected_trial} first",
+        )
     first = scores.confirmed[0]
     trial = _trial(storage, name, scores.selected_trial)
     return trial, (

@@ -31,12 +31,22 @@ def _baseline_name(name: str) -> str:
     return name.replace("_", "-")
 
 
-def final_score_lines(scores: FinalScores) -> list[str]:
-    """What `best` and `status` show, a person's lines."""
+def final_score_lines(scores: FinalScores, *, valued_now: int | None = None) -> list[str]:
+    """What `best` and `status` show, a person's lines (`valued_now`: the study's completed
+    trials with a value now, to say when the scores are older than the study)."""
     metric = scores.metric
-    lines = [
-        f"selected on validation: trial #{scores.selected_trial}, {metric} {_validation(scores)}"
-    ]
+    by = (
+        f"selected by the confirmation (ranked first on {len(scores.confirmed[0].values)} seeds)"
+        if scores.confirmed
+        else "selected on validation"
+    )
+    lines = [f"{by}: trial #{scores.selected_trial}, {metric} {_validation(scores)}"]
+    if valued_now is not None and valued_now != scores.complete_trials:
+        lines.append(
+            f"scored when the study had {scores.complete_trials} completed trials, it has "
+            f"{valued_now} now: these scores are older than the study "
+            f"(`best --confirm {len(scores.confirmed)}` scores it again)"
+        )
     if scores.confirmed:
         runs = ", ".join(
             f"#{c.trial} {_pm(c.mean, c.std, len(c.values))} (was {c.validation:.4g})"

@@ -13,6 +13,7 @@ from orchestrator.record.store.locks import schema_lock
 from orchestrator.record.store.optuna_private import replace_trial_reads, study_id_of
 from orchestrator.record.store.storage import create_storage, location_of
 from orchestrator.record.store.storage_failures import unreachable
+from orchestrator.record.study.final_scores import valued_trials
 from orchestrator.record.study.spec import (
     count_trials,
     load_existing_study,
@@ -238,6 +239,7 @@ def study_detail(
         directions=directions,
         lineage=best_lineage(trials, best.number if best else None),
         recommended=recommended_of(trials, directions) if best is not None else None,
+        valued=valued_trials(trials),
     )
 
 

@@ -46,6 +46,7 @@ class Recommended:
     best_observed_value: float
     best_observed_params: dict[str, Any]
     reason: str  # one line: why the two differ
+    modelled: bool = True  # False: too few configurations for a model, `expected` is observed
 
     @property
     def same(self) -> bool:
@@ -82,6 +83,7 @@ def recommended_of(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> 
         best_observed_value=float(lucky.values[0]),
         best_observed_params=dict(lucky.params),
         reason=found.reason,
+        modelled=bool(found.modelled),
     )
 
 
@@ -100,8 +102,9 @@ def lines(rec: Recommended, metric: str, *, with_best_observed: bool = True) -> 
             f"{expects} ({rec.reason})"
         ]
     lucky = f"best observed: trial #{rec.best_observed}, {metric} {rec.best_observed_value:.4g}"
+    expects = f"{metric} expected {rec.expected:.4g}, " if rec.modelled else f"{metric} "
     return [
-        f"recommended: trial #{rec.trial}, {metric} expected {rec.expected:.4g}, {observed}",
+        f"recommended: trial #{rec.trial}, {expects}{observed}",
         *([lucky] if with_best_observed else []),
         f"why they differ: {rec.reason}",
     ]
@@ -109,9 +112,9 @@ def lines(rec: Recommended, metric: str, *, with_best_observed: bool = True) -> 
 
 def about(rec: Recommended, study: str) -> str:
     """One line for stderr beside what `best` writes."""
-    head = (
-        f"recommended in {study!r}: trial #{rec.trial}, expected {rec.expected:.6g} "
-        f"(observed {rec.observed:.6g}, {_times(rec.repeats)})"
+    observed = f"observed {rec.observed:.6g}, {_times(rec.repeats)}"
+    head = f"recommended in {study!r}: trial #{rec.trial}, " + (
+        f"expected {rec.expected:.6g} ({observed})" if rec.modelled else observed
     )
     if rec.same:
         return head + f"; the best observed too ({rec.reason})"

@@ -70,7 +70,7 @@ def render_detail(
         *heading(detail),
         *updates_section(settings_updates),
         *best_section(detail),
-        *scores_section(final_scores),
+        *scores_section(final_scores, detail),
         workers_section(detail),
         concurrency_section(detail),
         oom_section(detail),
@@ -152,14 +152,33 @@ def _spread(best: Any) -> str:
     return f", mean of {len(values)} seeds ({each}){spread}"
 
 
-def scores_section(scores: FinalScores | None) -> list[RenderableType]:
-    """The scores to trust: the selection's validation and test, beside the baselines."""
+def scores_section(scores: FinalScores | None, detail: StudyDetail) -> list[RenderableType]:
+    """The scores to trust: the selection's validation and test, beside the baselines; where a
+    current confirmation ranked another trial first than the model, that trial's parameters
+    (the one `best` hands out)."""
     if scores is None:
         return []
-    return [
+    out: list[RenderableType] = [
         "Scores to trust:",
-        *(rich_markup.escape("  " + line) for line in final_score_lines(scores)),
+        *(
+            rich_markup.escape("  " + line)
+            for line in final_score_lines(scores, valued_now=detail.valued)
+        ),
     ]
+    rec = detail.recommended
+    if (
+        scores.confirmed
+        and scores.selected_params
+        and rec is not None
+        and scores.selected_trial != rec.trial
+        and scores.complete_trials == detail.valued
+    ):
+        out += [
+            f"To deploy: trial #{scores.selected_trial}, ranked first by the confirmation "
+            "(`best --format yaml` writes its parameters)",
+            _params_table(scores.selected_params),
+        ]
+    return out
 
 
 def workers_section(detail: StudyDetail) -> RenderableType:

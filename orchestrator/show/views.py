@@ -154,6 +154,7 @@ class StudyDetail:
     lineage: dict[str, Any] | None = None
     # The trial to deploy: the configuration the model expects best (show/recommended.py).
     recommended: Recommended | None = None
+    valued: int = 0  # completed trials with a finite value (record/study/final_scores.py)
 
 
 # --- pure shaping ------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ class Recommendation:
     repeats: int
     best_observed: FrozenTrial
     reason: str
+    modelled: bool = True  # False: too few configurations, the best mean of runs stands
 
 
 def recommendation(
@@ -80,17 +81,11 @@ def recommendation(
         return _segment_best(trials, directions)
     sign = 1.0 if directions[0] == "minimize" else -1.0
     configs = configurations(trials, 0, sign)
+    mine = next(i for i, c in enumerate(configs) if lucky in c.trials)
     if len(configs) < MIN_CONFIGURATIONS:
-        return _plain(
-            lucky,
-            lucky,
-            1,
-            f"only {len(configs)} configuration{'' if len(configs) == 1 else 's'} finished: "
-            "too few for a model, the best observed trial stands",
-        )
+        return _unmodelled(configs, configs[mine], sign)
     order, expected = _scored(configs, sign)
     top = configs[order[0]]
-    mine = next(i for i, c in enumerate(configs) if lucky in c.trials)
     return Recommendation(
         trial=top.trial,
         expected=expected[order[0]],
@@ -200,9 +195,31 @@ def _segment_best(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> R
     )
 
 
+def _unmodelled(configs: list[Configuration], lucky: Configuration, sign: float) -> Recommendation:
+    """Too few configurations for a model: the configuration of best mean over its runs (a
+    configuration run several times pools its runs, as `ranked` orders them)."""
+    top = min(configs, key=lambda c: (c.mean, c.trial.number))
+    few = (
+        f"only {len(configs)} configuration{'' if len(configs) == 1 else 's'} finished: "
+        "too few for a model"
+    )
+    if top is lucky and top.count == 1:
+        reason = f"{few}, the best observed trial stands"
+    elif top is lucky:
+        reason = f"{few}; the best observed trial's configuration is also the best on average"
+    else:
+        reason = (
+            f"{few}; trial {lucky.trial.number} observed {_g(sign * lucky.mean)} "
+            f"{_times(lucky.count)}, trial {top.trial.number}'s configuration "
+            f"{_g(sign * top.mean)} {_times(top.count)}"
+        )
+    value = sign * top.mean
+    return Recommendation(top.trial, value, value, top.count, lucky.trial, reason, False)
+
+
 def _plain(trial: FrozenTrial, lucky: FrozenTrial, repeats: int, reason: str) -> Recommendation:
     value = float(trial.values[0])
-    return Recommendation(trial, value, value, repeats, lucky, reason)
+    return Recommendation(trial, value, value, repeats, lucky, reason, False)
 
 
 def _reason(

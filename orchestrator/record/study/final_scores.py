@@ -10,11 +10,14 @@ the study's user attributes under `FINAL_SCORES_ATTR` (optuna-dashboard shows th
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
 FINAL_SCORES_ATTR = "final_scores"
 
@@ -44,7 +47,8 @@ class FinalScores:
     test_values: list[float] = field(default_factory=list)
     confirmed: list[Confirmed] = field(default_factory=list)  # re-ranked, best first
     baselines: dict[str, dict[str, float]] = field(default_factory=dict)
-    complete_trials: int = 0  # the study's completed trials when it was scored
+    complete_trials: int = 0  # the study's completed trials (finite values) when it was scored
+    selected_params: dict[str, Any] = field(default_factory=dict)  # the selected trial's
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +59,23 @@ class FinalScores:
         data = {k: v for k, v in value.items() if k in known}
         data["confirmed"] = [Confirmed(**c) for c in data.get("confirmed", [])]
         return cls(**data)
+
+
+def valued_trials(trials: Iterable[FrozenTrial]) -> int:
+    """The completed trials with a finite value: what `complete_trials` counts."""
+    from optuna.trial import TrialState
+
+    return sum(
+        1
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+    )
+
+
+def is_current(scores: FinalScores, trials: Iterable[FrozenTrial]) -> bool:
+    """Whether no trial has completed since the scores were stored: a confirmation ranked the
+    model's top configurations of that study, and a later trial may have displaced them."""
+    return scores.complete_trials == valued_trials(trials)
 
 
 def save_final_scores(study: optuna.Study, scores: FinalScores) -> None:

@@ -77,9 +77,8 @@ def best_html(detail: StudyDetail, metric: str) -> list[str]:
         said: list[str] = []
         params = best.params
     else:
-        heading = (
-            f"<h2>Recommended trial #{rec.trial}: {esc(metric)} expected {rec.expected:.6g}</h2>"
-        )
+        value = f"expected {rec.expected:.6g}" if rec.modelled else f"observed {rec.observed:.6g}"
+        heading = f"<h2>Recommended trial #{rec.trial}: {esc(metric)} {value}</h2>"
         said = [f"<p class='note'>{esc(line)}</p>" for line in recommended_lines(rec, metric)]
         params = rec.params
     rows = "".join(
