@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import yaml
@@ -140,3 +141,38 @@ def test_a_current_confirmation_decides_what_best_hands_out_and_an_older_one_doe
     assert f"a confirmation older than the study ranked #{other.number} first" in err
     _, text, _ = run_cli(capsys, "best", "--storage", sqlite_url, "--format", "text")
     assert "it has 11 now: these scores are older than the study" in text
+
+
+def test_infinite_values_are_said_as_such_and_never_hide_the_finite_best(sqlite_url, capsys):
+    """Trials that completed with inf are not "no completed trial yet"; a study that holds an
+    infinite value beside finite ones lists its best finite one."""
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+    from test_status import run_cli as run
+
+    import orchestrator
+    from orchestrator.record.store.location import StorageLocation
+    from orchestrator.record.store.migrate import open_storage
+
+    storage = open_storage(StorageLocation.parse(sqlite_url))
+    dists = {"x": FloatDistribution(-1, 1)}
+    endless = optuna.create_study(study_name="endless", storage=storage)
+    mixed = optuna.create_study(study_name="mixed", storage=storage)
+    for i in range(3):
+        endless.add_trial(create_trial(params={"x": i / 4}, distributions=dists, value=-math.inf))
+        mixed.add_trial(create_trial(params={"x": i / 4}, distributions=dists, value=2.0 + i))
+    mixed.add_trial(create_trial(params={"x": -0.5}, distributions=dists, value=-math.inf))
+
+    code, out, err = run(capsys, "best", "--storage", sqlite_url, "--study", "endless")
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "has 3 trials completed, none with a finite value" in err and "wait" not in err
+    code, out, _ = run(capsys, "status", "--storage", sqlite_url, "--study", "endless")
+    assert code == 0 and "Best: 3 trials completed, none with a finite value" in out
+    with pytest.raises(ValueError, match="No trial completed with a finite value"):
+        orchestrator.recommend(endless)
+
+    code, out, _ = run(capsys, "status", "--storage", sqlite_url, "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert (rows["mixed"]["best_trial"], rows["mixed"]["best_value"]) == (0, 2.0)
+    assert rows["endless"]["best_trial"] is None

@@ -428,9 +428,29 @@ def test_best_of_a_multi_objective_study_gives_its_pareto_front(sqlite_url, caps
             "trial": 0,
             "values": {"value 0": 0.0, "value 1": 0.0},
             "params": {"x": 0.0},
+            "observed_front": True,
             "expected_front": True,
         }
     ]
+
+
+def test_best_lists_a_trial_on_the_expected_front_that_is_off_the_observed_one(
+    sqlite_url, capsys, monkeypatch
+):
+    from orchestrator.commands import best
+
+    build_multi_objective_study(sqlite_url)  # #0 dominates #1 and #2 as observed
+    monkeypatch.setattr(best.show_recommended, "front_of", lambda study: [0, 2])
+    code, out, err = run_cli(capsys, "best", "--study", "pareto", "--storage", sqlite_url)
+    assert code == 0, err
+    rows = {row["trial"]: row for row in json.loads(out)}
+    assert sorted(rows) == [0, 2]
+    assert (rows[2]["observed_front"], rows[2]["expected_front"]) == (False, True)
+    assert rows[2]["values"] == {"value 0": 2.0, "value 1": -2.0}
+    code, out, _ = run_cli(
+        capsys, "best", "--study", "pareto", "--storage", sqlite_url, "--format", "text"
+    )
+    assert out.rstrip().endswith("front of expected values: #0, #2")
 
 
 def test_best_of_a_multi_objective_trial_list_is_none():

@@ -106,8 +106,10 @@ def best_command(args: argparse.Namespace) -> int:
             )
         return _write(args, *_front(storage, name, args.format))
     if detail.best is None:
+        complete = detail.states.get("COMPLETE", 0)
+        advice = "wait for one" if not complete else "fix the objective and run more trials"
         raise UserError(
-            f"study {name!r} has no completed trial yet: wait for one "
+            f"study {name!r} has {views.no_best_yet(complete)}: {advice} "
             f"(`python -m orchestrator status --study {name}` shows its progress)"
         )
     if args.confirm is None and args.confirm_seeds is not None:
@@ -272,14 +274,20 @@ def _front(storage: Any, name: str, fmt: str) -> tuple[str, str]:
     if fmt == "text":
         said = ", ".join(f"#{n}" for n in expected) or "none (the model could not say)"
         return show_front.front_table(front, names) + f"front of expected values: {said}\n", about
+    # Both fronts, each trial once by number: a configuration the model puts on its front of
+    # expected values may lie off the observed one (a run less lucky than its neighbours).
+    observed = {t.number for t in front}
+    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    shown = sorted(observed | set(expected))
     rows = [
         {
-            "trial": t.number,
-            "values": t.values,
-            "params": t.params,
-            "expected_front": t.number in expected,
+            "trial": n,
+            "values": dict(zip(names, by_number[n].values, strict=True)),
+            "params": by_number[n].params,
+            "observed_front": n in observed,
+            "expected_front": n in expected,
         }
-        for t in front
+        for n in shown
     ]
     return format_params(show_text.to_jsonable(rows), fmt), about
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -135,7 +136,11 @@ def _stored_best(storage: RDBStorage, study_id: int, direction: str) -> BestTria
         trial = storage.get_best_trial(study_id)  # one ordered query, one trial read
     except ValueError:
         return None
-    return best_of([trial], direction)
+    best = best_of([trial], direction)
+    if best is None and trial.value is not None and not math.isfinite(trial.value):
+        # Optuna's order puts an infinite value first; the best is among the finite ones.
+        best = best_of(read_trials(storage.engine, study_id), direction)
+    return best
 
 
 def _has_table(storage: RDBStorage, name: str) -> bool:

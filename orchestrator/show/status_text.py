@@ -12,7 +12,7 @@ from orchestrator.imports import LazyImport
 from orchestrator.show.final_scores_text import final_score_lines
 from orchestrator.show.recommended import lines as recommended_lines
 from orchestrator.show.text import mb_text, plural
-from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction
+from orchestrator.show.views import MULTI_OBJECTIVE, describe_direction, no_best_yet
 
 if TYPE_CHECKING:
     import rich.box as rich_box
@@ -32,11 +32,13 @@ else:
 
 
 def render_studies(rows: list[StudyRow], location: str) -> RenderableType:
-    """Every study in the storage, one row each: its trials, how many run, its best value."""
+    """Every study in the storage, one row each: its trials, how many run, its best observed
+    value (the luckiest run: `status --study` and `best` name the recommended trial, which takes
+    a model of each study's trials)."""
     if not rows:
         return f"No studies in {location} yet: start one with `python -m orchestrator run ADAPTER`."
     table = _table(
-        f"Studies in {location}", "study", "adapter", "trials", "running", "best", "best trial"
+        f"Studies in {location}", "study", "adapter", "trials", "running", "best observed", "trial"
     )
     for row in rows:
         budget = "?" if row.budget is None else str(row.budget)
@@ -119,7 +121,7 @@ def best_section(detail: StudyDetail) -> list[RenderableType]:
             "(`python -m orchestrator dashboard` shows its Pareto front)"
         ]
     if detail.best is None:
-        return ["Best: no completed trial yet"]
+        return [f"Best: {no_best_yet(detail.states.get('COMPLETE', 0))}"]
     best = detail.best
     rec = detail.recommended
     observed = f"trial #{best.number}, value {_value(best.value)}{_spread(best)}"

@@ -179,6 +179,16 @@ def describe_direction(direction: str, directions: Sequence[str]) -> str:
     return direction
 
 
+def no_best_yet(complete: int) -> str:
+    """Why a study has no best trial: none completed yet, or none with a finite value."""
+    if not complete:
+        return "no completed trial yet"
+    return (
+        f"{complete} trial{'' if complete == 1 else 's'} completed, none with a finite value "
+        "(the objective returned inf or nan)"
+    )
+
+
 def best_of(trials: Iterable[FrozenTrial], direction: str) -> BestTrial | None:
     """The best trial, by orchestrator.record.trials.best's rule, as the views show it.
 

@@ -127,6 +127,10 @@ def recommend(study: optuna.Study) -> FrozenTrial:
         if best is not None:
             return best
     found = recommendation(done, directions)
+    if found is None and done:
+        raise ValueError(
+            f"No trial completed with a finite value ({len(done)} completed with inf or nan)."
+        )
     if found is None:
         raise ValueError("No trials are completed yet.")
     return found.trial

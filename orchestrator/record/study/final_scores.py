@@ -68,7 +68,9 @@ def valued_trials(trials: Iterable[FrozenTrial]) -> int:
     return sum(
         1
         for t in trials
-        if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+        if t.state == TrialState.COMPLETE
+        and t.values  # `value` raises on a trial of several objectives
+        and all(math.isfinite(v) for v in t.values)
     )
 
 
