@@ -176,3 +176,28 @@ def test_infinite_values_are_said_as_such_and_never_hide_the_finite_best(sqlite_
     rows = {row["name"]: row for row in json.loads(out)}
     assert (rows["mixed"]["best_trial"], rows["mixed"]["best_value"]) == (0, 2.0)
     assert rows["endless"]["best_trial"] is None
+
+
+def test_the_objective_s_name_is_said_where_the_study_stores_one(sqlite_url, capsys):
+    import optuna
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import create_trial
+    from test_status import run_cli as run
+
+    from orchestrator.record.store.location import StorageLocation
+    from orchestrator.record.store.migrate import open_storage
+
+    study = optuna.create_study(
+        study_name="named", storage=open_storage(StorageLocation.parse(sqlite_url))
+    )
+    study.set_metric_names(["mse"])
+    for i in range(3):
+        study.add_trial(
+            create_trial(
+                params={"x": i / 4}, distributions={"x": FloatDistribution(0, 1)}, value=1.0 + i
+            )
+        )
+    _, text, _ = run(capsys, "best", "--storage", sqlite_url, "--format", "text")
+    assert "recommended: trial #0, the best observed too: mse observed 1 (once)" in text
+    _, out, _ = run(capsys, "status", "--storage", sqlite_url, "--study", "named")
+    assert "Best: trial #0, mse 1" in out

@@ -184,6 +184,14 @@ def test_too_few_for_a_model_a_configuration_run_several_times_pools_its_runs():
     assert repeated.repeats == 2
 
 
+def test_something_other_than_a_study_is_named_in_the_error():
+    for wrong in (None, "noisy_min"):
+        with pytest.raises(TypeError, match=r"^recommend\(\) takes an optuna.Study .*not "):
+            recommend(wrong)
+        with pytest.raises(TypeError, match=r"^recommend_front\(\) takes an optuna.Study"):
+            recommend_front(wrong)
+
+
 def test_errors_are_the_ones_optunas_best_trial_raises():
     empty = optuna.create_study()
     with pytest.raises(ValueError):

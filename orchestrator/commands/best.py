@@ -129,7 +129,7 @@ def best_command(args: argparse.Namespace) -> int:
             text = f"trial #{best.number}, selected by the confirmation; the model's view below\n"
         text += "".join(f"{key}: {value}\n" for key, value in params.items())
         text += "".join(
-            f"{line}\n" for line in (show_recommended.lines(rec, "value") if rec else [])
+            f"{line}\n" for line in (show_recommended.lines(rec, detail.metric) if rec else [])
         )
         said = (
             final_scores_text.final_score_lines(scores, valued_now=detail.valued) if scores else []

@@ -245,6 +245,7 @@ def study_detail(
         lineage=best_lineage(trials, best.number if best else None),
         recommended=recommended_of(trials, directions) if best is not None else None,
         valued=valued_trials(trials),
+        metric=(study.metric_names or ["value"])[0] if len(directions) == 1 else "value",
     )
 
 

@@ -124,10 +124,10 @@ def best_section(detail: StudyDetail) -> list[RenderableType]:
         return [f"Best: {no_best_yet(detail.states.get('COMPLETE', 0))}"]
     best = detail.best
     rec = detail.recommended
-    observed = f"trial #{best.number}, value {_value(best.value)}{_spread(best)}"
+    observed = f"trial #{best.number}, {detail.metric} {_value(best.value)}{_spread(best)}"
     if rec is None:
         return [f"Best: {observed}", _params_table(best.params)]
-    said = recommended_lines(rec, "value", with_best_observed=False)
+    said = recommended_lines(rec, detail.metric, with_best_observed=False)
     heading = "Best" if rec.same else "Best observed"
     return [
         f"{heading}: {observed}",

@@ -155,6 +155,7 @@ class StudyDetail:
     # The trial to deploy: the configuration the model expects best (show/recommended.py).
     recommended: Recommended | None = None
     valued: int = 0  # completed trials with a finite value (record/study/final_scores.py)
+    metric: str = "value"  # the objective's name where the study stores one (Optuna's metric_names)
 
 
 # --- pure shaping ------------------------------------------------------------------------------

@@ -115,6 +115,7 @@ def ranked(
 def recommend(study: optuna.Study) -> FrozenTrial:
     """The trial the study recommends (see the module). Raises as `study.best_trial` does:
     RuntimeError for a study of several objectives, ValueError when no trial is complete."""
+    _check_study(study, "recommend")
     directions = best_rule.directions_of(study)
     if len(directions) != 1:
         raise RuntimeError(
@@ -139,6 +140,7 @@ def recommend(study: optuna.Study) -> FrozenTrial:
 def recommend_front(study: optuna.Study) -> list[FrozenTrial]:
     """Several objectives: the evaluated configurations no other one dominates by the model's
     expected values (one trial each), by number."""
+    _check_study(study, "recommend_front")
     return front(
         study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
         best_rule.directions_of(study),
@@ -161,6 +163,14 @@ def front(trials: Sequence[FrozenTrial], directions: Sequence[str]) -> list[Froz
     means = np.column_stack([_posterior_means(p)[0] for p in per])
     keep = pareto.non_dominated(means)
     return sorted((per[0][i].trial for i in keep), key=lambda t: t.number)
+
+
+def _check_study(study: Any, name: str) -> None:
+    if not isinstance(study, optuna.Study):
+        raise TypeError(
+            f"{name}() takes an optuna.Study (optuna.load_study(study_name=..., storage=...)), "
+            f"not {type(study).__name__}."
+        )
 
 
 def _scored(configs: list[Configuration], sign: float) -> tuple[np.ndarray, list[float]]:
