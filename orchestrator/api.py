@@ -23,6 +23,7 @@ objective's module is importable there. It returns the `optuna.Study`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -249,6 +250,15 @@ def plan(
     ).plan
 
 
+def _fuse_text(text: str) -> int | str:
+    try:
+        return host_options.fuse_setting(text)
+    except argparse.ArgumentTypeError:
+        raise ValueError(
+            f"fuse={text!r} must be 'auto' or a whole number from 1 to {host_options.MAX_FUSE}"
+        ) from None
+
+
 def _run(
     spec: Any,
     name: str,
@@ -264,6 +274,8 @@ def _run(
     )
     if isinstance(host.get("log_dir"), PathLike):
         host["log_dir"] = str(host["log_dir"])
+    if isinstance(host.get("fuse"), str):  # "auto", " 4 ", "AUTO": as `--fuse` and a config take
+        host["fuse"] = _fuse_text(host["fuse"])
     with said_as_api():
         settings = host_options.HostOptions(
             gpus=gpus, quiet=quiet_by_default(host.pop("quiet", None)), **host

@@ -96,6 +96,8 @@ def test_a_batch_size_mismatch_stops_at_the_first_trial(sqlite_url):
         ({"gpus": "sim:abc"}, ValueError, "gpus="),
         ({"bogus": 1}, TypeError, "optimize() got an unexpected keyword argument 'bogus'"),
         ({"pruner": "nope"}, ValueError, "nope"),
+        ({"fuse": "lots"}, ValueError, "fuse='lots' must be 'auto' or a whole number from 1"),
+        ({"fuse": 0}, ValueError, "fuse=0 must be auto or a whole number from 1"),
     ],
 )
 def test_a_wrong_argument_is_refused_in_the_api_s_words_before_anything_is_stored(

@@ -46,7 +46,9 @@ def _assert_fused(group: list[optuna.trial.FrozenTrial], shape=("activation",)) 
     """One group: each member names the others, and all share the first's `shape` params."""
     numbers = {t.number for t in group}
     for trial in group:
-        assert set(trial.user_attrs["fused_with"]) == numbers - {trial.number}, trial.user_attrs
+        assert set(trial.user_attrs.get("fused_with", [])) == numbers - {trial.number}, (
+            trial.user_attrs
+        )
     for name in shape:
         assert len({t.params[name] for t in group}) == 1, [t.params for t in group]
 
@@ -86,7 +88,7 @@ def test_fuse_auto_takes_the_trials_each_gpu_packs_into_one_process(sqlite_url):
     assert f"--fuse auto: up to {packs} trials per process on sim:0 " in done.stderr, done.stderr
     study = stored_study(sqlite_url, "synthetic")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6
-    sizes = sorted(1 + len(t.user_attrs["fused_with"]) for t in study.trials)
+    sizes = sorted(1 + len(t.user_attrs.get("fused_with", [])) for t in study.trials)
     assert 1 < max(sizes) <= packs, (sizes, packs)
     assert load_spec(study).fuse == "auto"
 
@@ -227,7 +229,7 @@ def test_a_population_trains_fused_each_segment_from_its_parent(tmp_path):
     assert done.returncode == 0, done.stderr
     trials = stored_study(url, "synthetic").trials
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 12
-    assert any(t.user_attrs["fused_with"] for t in trials)
+    assert any(t.user_attrs.get("fused_with") for t in trials)
     by_number = {t.number: t for t in trials}
     for trial in trials:
         attrs = trial.user_attrs
@@ -237,7 +239,7 @@ def test_a_population_trains_fused_each_segment_from_its_parent(tmp_path):
         if parent is not None:
             assert attrs["pbt_start_epoch"] == by_number[parent].user_attrs["train_until_epoch"] + 1
             assert attrs["resumed_from_epoch"] == attrs["pbt_start_epoch"] - 1
-        group = [by_number[n] for n in attrs["fused_with"]]
+        group = [by_number[n] for n in attrs.get("fused_with", [])]
         members = [attrs["pbt_member"], *(t.user_attrs["pbt_member"] for t in group)]
         assert len(set(members)) == len(members), members  # a member once in a group
     for one in trials:  # and never in two groups at once (a trial trains from its admission)
@@ -275,11 +277,12 @@ def test_fuse_1_is_a_process_per_trial_and_a_resume_may_fuse(sqlite_url):
 
 
 def test_an_objective_without_train_fused_runs_unfused_and_says_so_once(sqlite_url, caplog):
-    """`optimize(..., fuse=4)` takes the host's setting as `run` does; a plain objective has no
-    `train_fused`, so its trials run a process each, with one line saying why."""
+    """`optimize(..., fuse=4)` takes the host's setting as `run` does (as text too, as
+    `--fuse` and a config file take it); a plain objective has no `train_fused`, so its trials
+    run a process each, with one line saying why."""
     caplog.set_level(logging.WARNING, logger="orchestrator")
     study = orchestrator.optimize(
-        objective, n_trials=2, storage=sqlite_url, gpus="none", epochs=2, pruner="none", fuse=4
+        objective, n_trials=2, storage=sqlite_url, gpus="none", epochs=2, pruner="none", fuse=" 4"
     )
     said = [r.getMessage() for r in caplog.records if "--fuse 4" in r.getMessage()]
     assert len(said) == 1 and "has no train_fused" in said[0], said
@@ -339,7 +342,7 @@ def test_a_group_that_runs_out_of_memory_is_split_in_halves(sqlite_url):
     assert sorted(t.user_attrs["retry_of"] for t in reruns) == [0, 1, 2, 3]  # each once
     assert all(t.state == TrialState.COMPLETE for t in reruns), [t.state for t in reruns]
     by_number = {t.number: t for t in reruns}
-    halves = {tuple(sorted([t.number, *t.user_attrs["fused_with"]])) for t in reruns}
+    halves = {tuple(sorted([t.number, *t.user_attrs.get("fused_with", [])])) for t in reruns}
     # Two groups of two: the pool starts none of the members while the first group's process
     # is still re-queuing them (it started one alone under load: groups of 1, 1 and 2).
     assert sorted(n for half in halves for n in half) == sorted(by_number), halves
@@ -376,3 +379,33 @@ def test_a_stopped_group_re_queues_every_member(sqlite_url):
     assert all(t.state == TrialState.FAIL for t in stopped), [t.state for t in stopped]
     queued = [t for t in study.trials if t.state == TrialState.WAITING]
     assert sorted(t.user_attrs["retry_of"] for t in queued) == [0, 1, 2]
+
+
+def test_a_member_of_another_shape_trains_alone_and_says_so_in_its_own_log(sqlite_url, tmp_path):
+    """Three queued trials claimed by one process, two of one activation (the synthetic shape)
+    and one of another: the two train fused and name each other, the third trains alone after
+    them, as a single trial: no `fused_with`, its log saying whom it sat beside."""
+    import yaml
+
+    sets = [{"activation": a, "batch_size": 64} for a in ("relu", "relu", "tanh")]
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump(sets))
+    logs = tmp_path / "logs"
+    done = run_cli(
+        "run", "synthetic", "--fuse", "4", "--trials", "3", "--epochs", "2", *QUICK,
+        "--concurrency", "1", "--gpus", "none", "--enqueue", str(path), "--log-dir", str(logs),
+        "--storage", sqlite_url,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trials = stored_study(sqlite_url, "synthetic").trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    assert len({t.user_attrs["pid"] for t in trials}) == 1  # one process claimed all three
+    relu = [t.number for t in trials if t.params["activation"] == "relu"]
+    (tanh,) = (t for t in trials if t.params["activation"] == "tanh")
+    for trial in trials:
+        others = [n for n in relu if n != trial.number] if trial.number in relu else None
+        assert trial.user_attrs.get("fused_with") == others, trial.user_attrs
+    alone = next(logs.rglob(f"trial-{tanh.number}.log")).read_text()
+    pid = tanh.user_attrs["pid"]
+    assert f"trial {tanh.number}: trains alone in process {pid}, beside trials {relu}" in alone
+    assert "trains fused with" not in alone and f"trial {tanh.number}: COMPLETE" in alone

@@ -303,7 +303,7 @@ def test_run_ppo_fuse_4_completes_every_trial_fused(sqlite_url):
     for group in groups.values():
         numbers = {t.number for t in group}
         for trial in group:
-            assert set(trial.user_attrs["fused_with"]) == numbers - {trial.number}
+            assert set(trial.user_attrs.get("fused_with", [])) == numbers - {trial.number}
         for name in ("hidden_size", "batch_size", "rollout_steps"):
             assert len({t.params[name] for t in group}) == 1, [t.params for t in group]
     assert max(len(group) for group in groups.values()) > 1, groups

@@ -229,7 +229,7 @@ def test_run_tft_fuse_4_through_the_command_line(tmp_path):
     assert all(t.state == TrialState.COMPLETE for t in study.trials), study.trials
     numbers = {t.number for t in study.trials}
     for trial in study.trials:
-        partners = set(trial.user_attrs["fused_with"])
+        partners = set(trial.user_attrs.get("fused_with", []))
         assert partners and partners <= numbers - {trial.number}, trial.user_attrs
         assert sorted(trial.intermediate_values) == [0, 1]
         assert trial.value == min(trial.intermediate_values.values())

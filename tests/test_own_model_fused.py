@@ -131,7 +131,7 @@ def test_run_my_mlp_fuse_4_gives_four_trials_each_its_own(example, tmp_path):
     numbers = {t.number for t in trials}
     options = {"samples": 4096, "seed": 0}  # the adapter's defaults, as the run had them
     for trial in trials:
-        assert set(trial.user_attrs["fused_with"]) == numbers - {trial.number}
+        assert set(trial.user_attrs.get("fused_with", [])) == numbers - {trial.number}
         assert trial.params["hidden"] == trials[0].params["hidden"]  # fuse_key fixed for all
         value, curve = _alone(example, trial.params, epochs=2, options=options)
         _assert_as_alone(trial.value, trial.intermediate_values, value, curve)

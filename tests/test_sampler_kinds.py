@@ -173,7 +173,9 @@ def test_a_trial_process_keeps_a_planted_sampler_only_if_it_says_so(monkeypatch,
     second = TrialContext.sampler_for(ctx, (8, 32), 2)
     assert (first is second) is kept
     assert first.asked.bounds == {"batch_size": (8, 32)}
-    assert second.asked.own_seed == (7 if kept else process_seed(7, 2))  # kept: made once, with no offset
+    assert second.asked.own_seed == (
+        7 if kept else process_seed(7, 2)
+    )  # kept: made once, with no offset
     assert _factory.sampler_kind("walk").kept is kept
 
 

@@ -146,7 +146,11 @@ def test_a_fused_members_lines_go_to_its_own_log_and_the_rest_to_the_group_s(tmp
     )
     with member_lines_to(logs[:1]):  # a sub-group of one: its lines as a single trial's
         trial_log.write_member(0, "value: return 9.5 (1.1 s)")
-    assert logs[0].read_text().splitlines()[-1] == "value: return 9.5 (1.1 s)"
+        print("step 1: return 9.7 (1.3 s)")  # it trains as `train` does, which prints plainly
+    assert logs[0].read_text().splitlines()[-2:] == [
+        "value: return 9.5 (1.1 s)",
+        "step 1: return 9.7 (1.3 s)",
+    ]
     assert capsys.readouterr().out == ""
 
 

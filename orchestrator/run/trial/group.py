@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 else:
     optuna = LazyImport("optuna")
 
-FUSED_WITH = "fused_with"  # user attribute: the numbers of the group's other members
+FUSED_WITH = "fused_with"  # user attribute: the others of the member's fused step, by number
 
 
 @dataclass
@@ -182,13 +182,11 @@ def train_group(
     of the group's, in proportion to what its memory model says it needs alone."""
     for seat in seats:
         placement_attrs(ctx, job, seat.trial, seat.log_file)
-        others = [s.trial.number for s in seats if s is not seat]
-        set_user_attrs(seat.trial, {FUSED_WITH: others})
-        _section(seat, f"trains fused with trials {others} in process {os.getpid()}", seats[0])
     reset_memory(ctx)
     try:
         with interruptible():  # only this part can be interrupted: the outcomes are written whole
             draw(ctx, spec, job, seats)
+            introduce(ctx, seats)
             admit(ctx, seats, channel)
             members = [member_of(ctx, job, spec, seat, seats, channel, company) for seat in seats]
             with time_limit(ctx.config.settings.recycling.trial_timeout):
@@ -233,6 +231,27 @@ def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -
         seat.result.batch_size = None if batch is None else int(batch)
         if seat is seats[0] and not kind.plans_params:  # a plan's params are its own
             shape = shape_of(ctx.adapter, seat.params)
+
+
+def introduce(ctx: TrialContext, seats: list[Seat]) -> None:
+    """Each member's `fused_with`, the others of its sub-group (those it trains with in one
+    fused step), and the first line of its section. A member alone in its sub-group (a re-run
+    of another shape) trains as a single trial does: no `fused_with`, and its log says so."""
+    for indices in _by_key(ctx.adapter, seats):
+        for index in indices:
+            seat = seats[index]
+            others = [seats[i].trial.number for i in indices if i != index]
+            if others:
+                set_user_attrs(seat.trial, {FUSED_WITH: others})
+                line = f"trains fused with trials {others} in process {os.getpid()}"
+            elif len(seats) > 1:
+                apart = [s.trial.number for i, s in enumerate(seats) if i not in indices]
+                line = (
+                    f"trains alone in process {os.getpid()}, beside trials {apart} of another shape"
+                )
+            else:
+                continue  # a group of one is a single trial
+            _section(seat, line, seats[0])
 
 
 def admit(ctx: TrialContext, seats: list[Seat], channel: Channel) -> None:

@@ -44,11 +44,16 @@ class MemberLines(io.TextIOBase):
     def _route(self, line: str) -> None:
         found = MEMBER_LINE.fullmatch(line)
         index = int(found[1]) if found else -1
+        if found is None and len(self._logs) == 1:
+            # A sub-group of one trains as a single trial and prints as one: all its own.
+            index, found_text = 0, line
+        else:
+            found_text = None if found is None else found[2]
         path = self._logs[index] if 0 <= index < len(self._logs) else None
-        if path is not None and found is not None:
+        if path is not None and found_text is not None:
             try:
                 with open(path, "a", encoding="utf-8") as log:
-                    log.write(found[2] + "\n")
+                    log.write(found_text + "\n")
                 return
             except OSError:
                 pass  # its log cannot be written: the group's output keeps the line
