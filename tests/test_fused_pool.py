@@ -334,6 +334,8 @@ def test_a_group_that_runs_out_of_memory_is_split_in_halves(sqlite_url):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "a fused group of 4 ran out of memory" in done.stderr, done.stderr
+    # The progress line and the result count the same thing: trials that ran out of memory.
+    assert "4 OOMs, 4 retries" in done.stderr and "4 out-of-memory" in done.stdout, done
     study = stored_study(sqlite_url, "synthetic")
     first = [t for t in study.trials if t.number < 4]
     assert all(t.state == TrialState.FAIL and t.user_attrs["oom"] for t in first), first

@@ -23,7 +23,7 @@ class GpuSnapshot:
     running: int  # trial processes alive on it now
     vram_used_mb: float | None  # total minus free, from the probe (None without a GPU)
     vram_total_mb: float | None
-    ooms: int  # out-of-memory failures on it since this worker started
+    ooms: int  # trials that ran out of memory on it since this worker started
     batch_bounds: tuple[int, int]
 
 
@@ -40,7 +40,7 @@ class PoolSnapshot:
     metric: str
     elapsed_s: float
     gpus: tuple[GpuSnapshot, ...]
-    ooms: int  # out-of-memory failures seen by this worker
+    ooms: int  # trials that ran out of memory under this worker
     retries: int  # re-queued trials in the whole study
     counted_at_start: int = 0  # counted when this worker started: a resumed study's earlier trials
     front: int | None = None  # several objectives: trials on their Pareto front (no one is best)

@@ -241,7 +241,8 @@ class Supervisor:
             return None  # stopped while it waited: it says nothing about memory
         learn = self.learn and self.device is not None
         if outcome.oom:  # the policy: orchestrator.run.oom_policy
-            self.ooms += 1
+            # Trials that ran out, as the study's end counts them: a fused group's members each.
+            self.ooms += 1 + sum(1 for member in outcome.fused if member.oom)
             self.group_cap = group_after_oom(trial.members, self.group_cap)
             admitted = OomAdmitted(
                 number=outcome.trial_number,
