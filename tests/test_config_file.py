@@ -70,6 +70,8 @@ def test_a_yaml_file_names_the_study_a_worker_joins(tmp_path):
         ("s.toml", 'trials = "many"\n', "trials = 'many': --trials 'many' is not a whole number"),
         ("s.toml", 'pruner = "asha"\n', "pruner = 'asha' is not one of: median, hyperband"),
         ("s.toml", "json = 1\n", "json = 1 must be true or false"),
+        ("s.toml", "fuse = true\n", "s.toml: fuse = true: --fuse 'true' is not a whole"),
+        ("s.yaml", "concurrency: false\n", "concurrency = false: --concurrency 'false' is not"),
         ("s.toml", "trials = [1, 2]\n", "trials must be a single value"),
         ("s.toml", "options = 3\n", "options must be a table of KEY = VALUE"),
         ("s.toml", "trials = \n", "is not valid TOML"),

@@ -119,17 +119,19 @@ def _checked(action: argparse.Action, key: Any, value: Any, path: str) -> Any:
         return value
     if isinstance(value, Mapping | list):
         raise UserError(f"{where} must be a single value, not {type(value).__name__}")
-    if action.type is not None and not isinstance(value, bool):
+    if action.type is not None:
+        # A TOML boolean is checked as the text the file holds (`true`), not Python's `True`.
+        shown = _text(value) if isinstance(value, bool) else repr(value)
         try:
-            value = action.type(str(value))
+            value = action.type(_text(value))
         except argparse.ArgumentTypeError as error:
             # The flag's own check says what is wrong and what to give (finite, in range...).
-            raise UserError(f"{where} = {value!r}: {error}") from None
+            raise UserError(f"{where} = {shown}: {error}") from None
         except (TypeError, ValueError):
             kind = {"int": "an integer", "float": "a number"}.get(
                 getattr(action.type, "__name__", ""), "a valid value"
             )
-            raise UserError(f"{where} = {value!r} must be {kind}") from None
+            raise UserError(f"{where} = {shown} must be {kind}") from None
     elif value is not None and not isinstance(value, str):
         value = str(value)
     if action.choices is not None and value not in action.choices:
