@@ -130,4 +130,6 @@ def slice_note(params: Sequence[str], sampled: str | None = None) -> str:
     shown = len(params[:SLICE_PARAMS])
     of = f" of {len(params)}" if len(params) > shown else ""
     dots = f"each dot a completed trial: {sampled}" if sampled else "each dot a completed trial"
+    if shown == 1 and not of:
+        return f"the study's one parameter; {dots}"
     return f"the {shown}{of} most important parameters, in name order; {dots}"
