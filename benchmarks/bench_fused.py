@@ -745,7 +745,7 @@ def drawn_ppo_members(count: int, seed: int) -> list[dict[str, Any]]:
     import optuna
 
     from adapters import ppo
-    from orchestrator.run.trial.group import shape_of
+    from orchestrator.run.trial.member import shape_of
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     options = {**ppo.adapter.options, "env": "CartPole-v1"}

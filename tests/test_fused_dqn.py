@@ -22,7 +22,7 @@ from adapters._rl import fused, fused_dqn, fused_group
 from adapters.base import Member
 from benchmarks.bench_fused import backpropagated
 from orchestrator.record.checkpoints import files as stored
-from orchestrator.run.trial.group import shape_of
+from orchestrator.run.trial.member import shape_of
 
 CPU = torch.device("cpu")
 STEPS = (

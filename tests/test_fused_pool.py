@@ -411,3 +411,47 @@ def test_a_member_of_another_shape_trains_alone_and_says_so_in_its_own_log(sqlit
     pid = tanh.user_attrs["pid"]
     assert f"trial {tanh.number}: trains alone in process {pid}, beside trials {relu}" in alone
     assert "trains fused with" not in alone and f"trial {tanh.number}: COMPLETE" in alone
+
+
+def test_re_runs_queued_in_mixed_shapes_are_claimed_by_groups_of_one_shape(sqlite_url):
+    """Re-runs come back in the order their groups ended, shapes interleaved (relu, tanh, relu,
+    tanh): a group trains the shape of its first re-run and leaves the others queued for a group
+    of their own, so each shape trains fused, in a process of its own, not as two halves of one."""
+    from optuna.trial import create_trial
+
+    from orchestrator.record.trials.retry import requeue
+
+    first = run_cli(
+        "run", "synthetic", "--fuse", "4", "--trials", "1", "--epochs", "2", *QUICK,
+        "--gpus", "none", "--storage", sqlite_url,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    study = stored_study(sqlite_url, "synthetic")
+    done = study.trials[0]
+    for activation in ("relu", "tanh", "relu", "tanh"):
+        params = dict(done.params, activation=activation)
+        study.add_trial(
+            create_trial(state=TrialState.FAIL, params=params, distributions=done.distributions)
+        )
+        requeue(study, study.trials[-1], max_retries=None, reason="interrupted")
+    again = run_cli(
+        "run", "synthetic", "--fuse", "4", "--trials", "5", "--epochs", "2", *QUICK,
+        "--concurrency", "1", "--gpus", "none", "--storage", sqlite_url,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    trials = stored_study(sqlite_url, "synthetic").trials
+    reruns = [t for t in trials if t.system_attrs.get("retry_history")]
+    assert [t.state for t in reruns] == [TrialState.COMPLETE] * 4
+    by_shape = defaultdict(list)
+    for trial in reruns:
+        by_shape[trial.params["activation"]].append(trial)
+    for group in by_shape.values():
+        _assert_fused(group)
+
+    def admitted(trial: optuna.trial.FrozenTrial) -> datetime.datetime:
+        at = datetime.datetime.fromisoformat(trial.user_attrs["admitted_at"])
+        return at.astimezone().replace(tzinfo=None)  # as Optuna's datetime_complete, local
+
+    # Two groups one after the other, not one group of two halves admitted at once.
+    earlier, later = sorted(by_shape.values(), key=lambda g: min(map(admitted, g)))
+    assert max(t.datetime_complete for t in earlier) <= min(map(admitted, later)), by_shape

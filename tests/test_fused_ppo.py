@@ -23,7 +23,7 @@ from adapters._rl import fused_ppo_group
 from adapters.base import Member
 from benchmarks.bench_fused import backpropagated
 from orchestrator.record.checkpoints import files as stored
-from orchestrator.run.trial.group import shape_of
+from orchestrator.run.trial.member import shape_of
 from tests.cli_helpers import run_cli
 from tests.waiting import stored_study
 

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from adapters import _tft_fused, tft
 from adapters.base import Member, parse_options
 from orchestrator.record.checkpoints import files as stored
-from orchestrator.run.trial.group import shape_of
+from orchestrator.run.trial.member import shape_of
 from tests.cli_helpers import run_cli
 from tests.waiting import stored_study
 

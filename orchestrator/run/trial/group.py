@@ -5,11 +5,13 @@ The group path beside `runner.run_trial`, step by step:
 
 1. Ask up to N trials, one after the other, each by the very ask a single trial makes (under the
    study's budget lock, so the budget stays exact); the group is what was claimed. Each member's
-   heartbeat starts as it is claimed.
-2. Draw the first member's parameters freely; the others are drawn with the first's *shape*
-   fixed: the parameters the adapter's `fuse_key` reads (`shape_of`), as Optuna fixes an
-   enqueued trial's. A member that came with parameters of its own (a re-run) keeps them; when
-   its key differs it trains in a sub-group of its own, after the others.
+   heartbeat starts as it is claimed. A re-run of another shape than the group's first re-run
+   is queued again for a group of its own shape (`group_seats.claim`).
+2. Draw the first member's parameters freely (or take the first re-run's shape); the others
+   are drawn with that *shape* fixed: the parameters the adapter's `fuse_key` reads
+   (`shape_of`), as Optuna fixes an enqueued trial's. A member that came with parameters of its
+   own (a re-run, an enqueued trial) keeps them; when its key differs it trains in a sub-group
+   of its own, after the others.
 3. Wait to be admitted as one, by the group's bytes: ("sized", largest batch, members).
 4. Give each member its own report (pruning it alone), checkpoint handle and section in its own
    log, then call the adapter's `train_fused` once per sub-group.
@@ -27,24 +29,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapters.base import Member
 from orchestrator.imports import LazyImport
 from orchestrator.record.checkpoints.handle import TrainedUntil
-from orchestrator.record.store.optuna_private import fixed_params_of, system_attrs_of, trial_id_of
-from orchestrator.record.trials import attr_names as names
-from orchestrator.record.trials.attrs import set_user_attrs
 from orchestrator.run.messages import Channel, Go, TrialJob, TrialOutcome
 from orchestrator.run.trial.checkpoints import open_handle, reporting_to, tell_host
 from orchestrator.run.trial.clock import time_limit
 from orchestrator.run.trial.ending import end_trial
 from orchestrator.run.trial.errors import fail_with
+from orchestrator.run.trial.group_seats import (
+    Seat,
+    by_key,
+    claim,
+    draw,
+    introduce,
+    log_line,
+)
 from orchestrator.run.trial.host import name_process, trial_name
-from orchestrator.run.trial.member import ended_when_pruned, shape_of, unfused_because
+from orchestrator.run.trial.member import ended_when_pruned, unfused_because
 from orchestrator.run.trial.member_logs import append_line, member_lines_to
 from orchestrator.run.trial.memory import (
     hold_simulated_mb,
@@ -52,14 +56,9 @@ from orchestrator.run.trial.memory import (
     release_memory,
     reset_memory,
 )
-from orchestrator.run.trial.result import RunResult, trial_outcome
+from orchestrator.run.trial.result import trial_outcome
 from orchestrator.run.trial.runner import (
-    LockTiming,
-    ask,
-    fit_fixed_batch_size,
-    heartbeat,
     late_outcome,
-    log_file_of,
     note_admission,
     output_to,
     placement_attrs,
@@ -68,9 +67,8 @@ from orchestrator.run.trial.runner import (
     settle_value,
     trial_reporter,
 )
-from orchestrator.run.trial.signals import Interrupted, held, interruptible, stop_requested
+from orchestrator.run.trial.signals import Interrupted, held, interruptible
 from orchestrator.run.trial.spool import noted
-from samplers import sampler_kind
 
 if TYPE_CHECKING:
     import optuna
@@ -79,20 +77,6 @@ if TYPE_CHECKING:
     from orchestrator.run.trial.context import TrialContext
 else:
     optuna = LazyImport("optuna")
-
-FUSED_WITH = "fused_with"  # user attribute: the others of the member's fused step, by number
-
-
-@dataclass
-class Seat:
-    """One claimed member of the group, as the process follows it."""
-
-    trial: optuna.Trial
-    lock: LockTiming | None
-    log_file: Path | None
-    result: RunResult = field(default_factory=lambda: RunResult(optuna.trial.TrialState.FAIL))
-    params: dict[str, Any] = field(default_factory=dict)
-    outcome: TrialOutcome | None = None  # once it is ended (a member pruned mid-group)
 
 
 def run_group(ctx: TrialContext, job: TrialJob, channel: Channel, company: Any) -> TrialOutcome:
@@ -135,38 +119,6 @@ def _ended(
 def _requeued(seat: Seat) -> bool:
     """Whether ending this member queues it again (`requeue_if_interrupted`'s cases)."""
     return bool(seat.result.oom or seat.result.interrupted or seat.result.timed_out)
-
-
-def claim(
-    ctx: TrialContext,
-    job: TrialJob,
-    spec: StudySpec,
-    channel: Channel,
-    beating: contextlib.ExitStack,
-) -> list[Seat]:
-    """Up to --fuse trials, each asked as a single trial is (the budget's rules, its lock).
-    The supervisor hears the first one's number once all are claimed: until then it counts
-    this process as able to take --fuse trials of the budget, and starts no other for them."""
-    seats: list[Seat] = []
-    beat: Any = None  # one heartbeat thread for the whole group
-    most = min(ctx.config.settings.fuse, job.members)
-    while len(seats) < most and not (seats and stop_requested()):
-        # Only the first waits for the sampler: a group holding members never waits for another
-        # (a population's member it waits for could be one it holds).
-        trial, lock = ask(ctx, spec, wait=not seats)
-        if trial is None:
-            break
-        if beat is None:
-            beat = beating.enter_context(heartbeat(ctx, trial))
-        else:
-            beat.add(trial_id_of(trial))
-        fit_fixed_batch_size(trial, job.batch_bounds)
-        seats.append(Seat(trial, lock, log_file_of(ctx, trial)))
-        # A member of a group that ran out of memory comes back in a group of half its size.
-        most = min(most, system_attrs_of(trial).get(names.FUSE_AT_MOST, most))
-    if seats:
-        channel.send(("asked", seats[0].trial.number))
-    return seats
 
 
 def train_group(
@@ -213,45 +165,6 @@ def share_of(peak: float | None, seat: Seat, seats: list[Seat]) -> float | None:
     planned = sum(s.result.planned_mb or 0.0 for s in seats)
     part = (seat.result.planned_mb or 0.0) / planned if planned > 0 else 1 / len(seats)
     return None if peak is None else peak * part
-
-
-def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -> None:
-    """Each member's parameters: the first's drawn freely, the others' with its shape fixed
-    (what a member brought fixed, a re-run's parameters, it keeps)."""
-    kind = sampler_kind(spec.sampler)
-    shape: dict[str, Any] = {}
-    for seat in seats:
-        if not kind.kept:  # Optuna's samplers: one per trial, seeded by its number (as run_trial)
-            ctx.study.sampler = ctx.sampler_for(job.batch_bounds, seat.trial.number)
-        fixed = fixed_params_of(seat.trial)
-        for name, value in shape.items():
-            fixed.setdefault(name, value)
-        seat.params = ctx.adapter.suggest(seat.trial, spec.options)
-        batch = seat.params.get(names.BATCH_SIZE)
-        seat.result.batch_size = None if batch is None else int(batch)
-        if seat is seats[0] and not kind.plans_params:  # a plan's params are its own
-            shape = shape_of(ctx.adapter, seat.params)
-
-
-def introduce(ctx: TrialContext, seats: list[Seat]) -> None:
-    """Each member's `fused_with`, the others of its sub-group (those it trains with in one
-    fused step), and the first line of its section. A member alone in its sub-group (a re-run
-    of another shape) trains as a single trial does: no `fused_with`, and its log says so."""
-    for indices in _by_key(ctx.adapter, seats):
-        for index in indices:
-            seat = seats[index]
-            others = [seats[i].trial.number for i in indices if i != index]
-            if others:
-                set_user_attrs(seat.trial, {FUSED_WITH: others})
-                line = f"trains fused with trials {others} in process {os.getpid()}"
-            elif len(seats) > 1:
-                apart = [s.trial.number for i, s in enumerate(seats) if i not in indices]
-                line = (
-                    f"trains alone in process {os.getpid()}, beside trials {apart} of another shape"
-                )
-            else:
-                continue  # a group of one is a single trial
-            _section(seat, line, seats[0])
 
 
 def admit(ctx: TrialContext, seats: list[Seat], channel: Channel) -> None:
@@ -328,7 +241,7 @@ def fused_entries(
     """One entry per member, in order: `train_fused`'s, called once for each set of members
     with one key (one set, unless a re-run brought a shape of its own)."""
     entries: list[Any] = [None] * len(seats)
-    for indices in _by_key(ctx.adapter, seats):
+    for indices in by_key(ctx.adapter, seats):
         with member_lines_to([seats[i].log_file for i in indices]):  # each member's own lines
             got = list(
                 ctx.adapter.train_fused(
@@ -345,16 +258,6 @@ def fused_entries(
         for index, entry in zip(indices, got, strict=True):
             entries[index] = entry
     return entries
-
-
-def _by_key(adapter: Any, seats: list[Seat]) -> list[list[int]]:
-    """The members' indices, in sets of one `fuse_key` each, in the order they first appear."""
-    fuse_key = getattr(adapter, "fuse_key", None)
-    sets: dict[Any, list[int]] = {}
-    for index, seat in enumerate(seats):
-        key = fuse_key(seat.params) if callable(fuse_key) else None
-        sets.setdefault(key, []).append(index)
-    return list(sets.values())
 
 
 def settle_entry(seat: Seat, entry: Any) -> None:
@@ -387,7 +290,7 @@ def end_member(
     except optuna.exceptions.UpdateFinishedTrialError:
         return late_outcome(trial.number, seat.log_file)
     ended = result.state.name + (f" {result.value}" if result.value is not None else "")
-    _section(seat, ended + (f": {result.error}" if result.error else ""))
+    log_line(seat, ended + (f": {result.error}" if result.error else ""))
     log = None if seat.log_file is None else str(seat.log_file)
     return trial_outcome(result, trial.number, alone=alone, requeued=requeued, log_file=log)
 
@@ -405,15 +308,3 @@ def group_outcome(outcomes: list[TrialOutcome], peak: float | None) -> TrialOutc
         vram_peak_mb=peak,
         fused=tuple(outcomes[1:]),
     )
-
-
-def _section(seat: Seat, line: str, output_of: Seat | None = None) -> None:
-    """A line of this member's section in its own log (the group's output goes to the first
-    member's log, which `output_of` names)."""
-    if seat.log_file is None:
-        return
-    where = ""
-    if output_of is not None and output_of is not seat and output_of.log_file is not None:
-        where = f"; the group's output is in {output_of.log_file}"
-    with contextlib.suppress(OSError), open(seat.log_file, "a") as log:
-        log.write(f"trial {seat.trial.number}: {line}{where}\n")
