@@ -156,7 +156,7 @@ def _spread(best: Any) -> str:
 
 def scores_section(scores: FinalScores | None, detail: StudyDetail) -> list[RenderableType]:
     """The scores to trust: the selection's validation and test, beside the baselines; where a
-    current confirmation ranked another trial first than the model, that trial's parameters
+    current confirmation ranked first another trial than the recommended one, that trial's parameters
     (the one `best` hands out)."""
     if scores is None:
         return []
