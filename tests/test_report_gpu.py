@@ -106,7 +106,8 @@ def test_the_report_says_what_ran_and_when(ran):
 def test_the_best_trial_is_named_by_its_metric_with_parameters_as_yaml(ran):
     page, study = ran["page"], ran["study"]
     best = orchestrator.recommend(study)  # the trial to deploy, not the luckiest run
-    assert f"<h2>Recommended trial #{best.number}: loss expected " in page
+    # Six configurations are too few for a model: the figure is what was observed.
+    assert f"<h2>Recommended trial #{best.number}: loss observed " in page
     block = re.search(r"<pre class='yaml' id='best-params'>(.*?)</pre>", page, re.S)
     assert block is not None
     assert yaml.safe_load(html.unescape(block.group(1))) == best.params
