@@ -5,7 +5,8 @@ with one shape, and each member's first line saying whom it trains with.
 A re-run brings its parameters, so its shape: re-runs come back in the order their groups
 ended, shapes interleaved, and a group trains those of its first re-run's shape. One of another
 shape is queued again as soon as the group is claimed, for a group of its own shape, rather
-than trained alone beside this one.
+than trained alone beside this one. Not a population's (population-based training): its
+sampler re-plans a re-run as it is asked, so a re-run once claimed stays claimed.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def claim(
     seats: list[Seat] = []
     beat: Any = None  # one heartbeat thread for the whole group
     most = min(ctx.config.settings.fuse, job.members)
+    # A population's re-runs are re-planned by its sampler as they are asked: they stay claimed.
+    planned = sampler_kind(spec.sampler).plans_params
     key: Any = None  # the fuse key of the group's first re-run: the shape it trains
     passed: list[optuna.Trial] = []  # re-runs of another shape, queued again once claimed
     while len(seats) < most and not (seats and stop_requested()):
@@ -83,7 +86,7 @@ def claim(
         trial, lock = ask(ctx, spec, wait=not seats)
         if trial is None:
             break
-        brought = rerun_key(ctx.adapter, trial)
+        brought = None if planned else rerun_key(ctx.adapter, trial)
         if brought is not None and key is not None and brought != key:
             # Re-runs come back in the order their groups ended, shapes interleaved: one of
             # another shape is left for a group of its own shape, not trained alone here.
@@ -125,7 +128,8 @@ def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -
     kind = sampler_kind(spec.sampler)
     # A re-run's shape is fixed: the members drawn afresh take the first re-run's, if any.
     rerun = next((s for s in seats if rerun_key(ctx.adapter, s.trial) is not None), None)
-    shape = {} if rerun is None else shape_of(ctx.adapter, fixed_params_of(rerun.trial))
+    planned = kind.plans_params  # population-based training: each member's plan is its own
+    shape = {} if rerun is None or planned else shape_of(ctx.adapter, fixed_params_of(rerun.trial))
     for seat in seats:
         if not kind.kept:  # Optuna's samplers: one per trial, seeded by its number (as run_trial)
             ctx.study.sampler = ctx.sampler_for(job.batch_bounds, seat.trial.number)
