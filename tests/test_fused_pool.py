@@ -459,3 +459,23 @@ def test_re_runs_queued_in_mixed_shapes_are_claimed_by_groups_of_one_shape(sqlit
     # Two groups one after the other, not one group of two halves admitted at once.
     earlier, later = sorted(by_shape.values(), key=lambda g: min(map(admitted, g)))
     assert max(t.datetime_complete for t in earlier) <= min(map(admitted, later)), by_shape
+
+
+def test_a_re_run_without_the_shape_s_parameters_has_its_shape_drawn():
+    """A re-run of a trial lost before it had parameters brings none: its shape is still to
+    draw, so it neither sets a group's shape nor is queued again for one."""
+    import types as pytypes
+
+    from orchestrator.run.trial.group_seats import rerun_key
+
+    def trial(fixed: dict, history: list[int]) -> object:
+        frozen = pytypes.SimpleNamespace(system_attrs={"retry_history": history})
+        return pytypes.SimpleNamespace(_fixed_params=fixed, _cached_frozen_trial=frozen)
+
+    adapter = resolve_adapter(
+        StudySpec(adapter="synthetic", trials=1, epochs=1, direction="minimize")
+    )
+    assert rerun_key(adapter, trial({"activation": "tanh", "x": 1.0}, [3])) == "tanh"
+    assert rerun_key(adapter, trial({}, [3])) is None  # lost before it drew
+    assert rerun_key(adapter, trial({"x": 1.0}, [3])) is None  # enqueued without its shape
+    assert rerun_key(adapter, trial({"activation": "tanh"}, [])) is None  # enqueued, not a re-run

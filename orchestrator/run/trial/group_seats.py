@@ -115,11 +115,16 @@ def claim(
 
 def rerun_key(adapter: Any, trial: optuna.Trial) -> Any:
     """The fuse key of a re-run (its parameters all fixed, from the trial it re-runs); None for
-    a trial whose shape is still to draw."""
+    a trial whose shape is still to draw (a new one, or the re-run of a trial lost before it
+    had parameters)."""
     fuse_key = getattr(adapter, "fuse_key", None)
-    if not callable(fuse_key) or not system_attrs_of(trial).get("retry_history"):
+    fixed = fixed_params_of(trial)
+    if not callable(fuse_key) or not fixed or not system_attrs_of(trial).get("retry_history"):
         return None
-    return fuse_key(fixed_params_of(trial))
+    try:
+        return fuse_key(fixed)
+    except (KeyError, TypeError, ValueError):  # a shape parameter it does not carry
+        return None
 
 
 def draw(ctx: TrialContext, spec: StudySpec, job: TrialJob, seats: list[Seat]) -> None:
