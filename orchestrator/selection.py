@@ -40,6 +40,7 @@ from orchestrator.record.study.final_scores import (
     final_scores_of,
     is_current,
     save_final_scores,
+    valued_trials,
 )
 from orchestrator.record.study.spec import count_trials
 from orchestrator.record.trials import attr_names as names
@@ -380,6 +381,6 @@ def score_selection(
         test_values=test_values,
         confirmed=confirmed,
         baselines=baselines,
-        complete_trials=len(_completed(trials)),
+        complete_trials=valued_trials(trials),
         selected_params=dict(selected.params),
     )
